@@ -1,0 +1,156 @@
+# esd: one GNU Makefile for the library, the programs, the tests and the benchmarks.
+#
+#   make                     build common/libesd.a and ctl/esctl
+#   make check               unit tests (check) and integration scripts
+#   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
+#   make bench               benchmarks in bench/ (print ratios)
+#   make install             PREFIX, DESTDIR, BINDIR, MANDIR
+#
+# Knobs: V=1 (echo commands), WERROR=1, SANITIZE=address,undefined,
+# CC, CFLAGS, LDFLAGS, PKG_CONFIG.
+
+CC          ?= cc
+PKG_CONFIG  ?= pkg-config
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+SBINDIR     ?= $(PREFIX)/sbin
+MANDIR      ?= $(PREFIX)/share/man
+SYSCONFDIR  ?= /etc
+DESTDIR     ?=
+FUZZ_SECONDS ?= 60
+CLANG       ?= clang
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# libcjson, yaml-0.1 and libcrypto have .pc files; libev does not on Debian.
+PKGS := libcjson yaml-0.1 libcrypto
+PKG_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null || echo -lcjson -lyaml -lcrypto)
+CHECK_CFLAGS := $(shell $(PKG_CONFIG) --cflags check 2>/dev/null)
+CHECK_LIBS   := $(shell $(PKG_CONFIG) --libs check 2>/dev/null || echo -lcheck -lsubunit -lm -lrt -lpthread)
+EV_LIBS      := $(shell $(PKG_CONFIG) --libs libev 2>/dev/null || echo -lev)
+
+WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+        -Wformat=2 -Wpointer-arith -Wcast-qual -Wwrite-strings -Wvla \
+        -Wno-unused-parameter
+OPT ?= -O2 -g
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread $(OPT) $(WARN) \
+        -Icommon $(PKG_CFLAGS)
+ifeq ($(WERROR),1)
+BASE_CFLAGS += -Werror
+endif
+ifneq ($(SANITIZE),)
+BASE_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+BASE_LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+ALL_CFLAGS  = $(BASE_CFLAGS) $(CFLAGS)
+ALL_LDFLAGS = -pthread $(BASE_LDFLAGS) $(LDFLAGS)
+
+# Object files of different flavours live apart so a sanitizer build never
+# links against a plain one.
+BUILD := build/$(if $(SANITIZE),san-$(subst $(comma),-,$(SANITIZE)),default)
+comma := ,
+
+COMMON_SRC := $(sort $(wildcard common/*.c))
+COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/%.o)
+LIBESD     := $(BUILD)/libesd.a
+
+CTL_SRC := $(sort $(wildcard ctl/*.c))
+CTL_OBJ := $(CTL_SRC:%.c=$(BUILD)/%.o)
+ESCTL   := $(BUILD)/esctl
+
+UNIT_SRC   := $(sort $(wildcard tests/unit/check_*.c))
+UNIT_BINS  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+UNIT_HELP  := $(filter-out $(UNIT_SRC),$(sort $(wildcard tests/unit/*.c)))
+UNIT_HOBJ  := $(UNIT_HELP:%.c=$(BUILD)/%.o)
+
+INTEGRATION := $(sort $(wildcard tests/integration/*.sh))
+FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+.PHONY: all deps check unit integration fuzz fuzz-build bench install uninstall clean distclean
+all: deps $(ESCTL)
+	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
+
+# Installs missing Debian build dependencies when run as root, otherwise
+# prints the exact apt-get line and fails.
+deps:
+	$(Q)scripts/deps
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  CC      $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(LIBESD): $(COMMON_OBJ)
+	$(if $(Q),@echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(ESCTL): $(CTL_OBJ) $(LIBESD)
+	$(if $(Q),@echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(CTL_OBJ) $(LIBESD) $(PKG_LIBS) -lm
+
+$(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBESD)
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  CC/LD   $<")
+	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/unit -MMD -MP -MF $@.d -o $@ $< \
+		$(UNIT_HOBJ) $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) $(CHECK_LIBS) -lm
+
+# check: every unit suite (check prints its own summary line), then every
+# integration script. All of them run even if one fails; the target fails
+# if any did.
+check: all unit integration
+
+unit: deps $(UNIT_BINS)
+	$(Q)fail=0; for t in $(UNIT_BINS); do \
+		echo "== $$t"; \
+		CK_DEFAULT_TIMEOUT=$${CK_DEFAULT_TIMEOUT:-60} ESD_TEST_DATA=$(CURDIR)/tests/data $$t || fail=1; \
+	done; exit $$fail
+
+integration: all
+	$(Q)fail=0; for t in $(INTEGRATION); do \
+		echo "== $$t"; \
+		ESCTL=$(CURDIR)/$(ESCTL) TOP=$(CURDIR) bash $$t || { echo "FAIL: $$t"; fail=1; }; \
+	done; exit $$fail
+
+# libFuzzer targets are built with clang against the library sources
+# directly (the fuzzer needs its own instrumentation on every object).
+FUZZ_BUILD := build/fuzz
+FUZZ_BINS  := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+$(FUZZ_BUILD)/%: tests/fuzz/%.c $(COMMON_SRC)
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  FUZZ    $<")
+	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -g -O1 -Icommon $(PKG_CFLAGS) \
+		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+		-o $@ $< $(COMMON_SRC) $(PKG_LIBS) -lm -pthread
+fuzz-build: deps $(FUZZ_BINS)
+fuzz: fuzz-build
+	$(Q)for f in $(FUZZ_BINS); do \
+		n=$$(basename $$f); mkdir -p build/fuzz/corpus/$$n; \
+		echo "== $$n for $(FUZZ_SECONDS)s"; \
+		$$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=1024 \
+			build/fuzz/corpus/$$n tests/fuzz/seeds/$$n || exit 1; \
+	done
+
+bench: all
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bash bench/prepare
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bash bench/merge
+
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1
+	install -m 0755 $(ESCTL) $(DESTDIR)$(BINDIR)/esctl
+	install -m 0644 man/esctl.1 $(DESTDIR)$(MANDIR)/man1/esctl.1
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/esctl $(DESTDIR)$(MANDIR)/man1/esctl.1
+
+clean:
+	rm -rf build esctl
+
+distclean: clean
+	rm -rf .venv
+
+-include $(shell find build -name '*.d' 2>/dev/null)

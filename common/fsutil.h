@@ -1,0 +1,96 @@
+/*
+ * fsutil: the filesystem primitives the job-directory contract rests on
+ * (spec §3, §5.1; DESIGN.md "On-disk contract"): atomic replace, exclusive
+ * publish, O_EXCL create, directory fsync, Python-compatible path
+ * resolution and the safe join that keeps every path inside its job dir.
+ *
+ * Temporary files are named ".<final-name>.<uuid32hex>.tmp" in the
+ * destination directory, as the reference names them.
+ */
+#ifndef ESD_FSUTIL_H
+#define ESD_FSUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include "util.h"
+
+/* Writes all of data to fd, retrying short writes and EINTR. 0 or -errno. */
+int fs_write_all(int fd, const void *data, size_t len);
+
+/* Returns "<dir>/.<base>.<uuid32hex>.tmp" for final path `path` (caller frees). */
+char *fs_tmp_path(const char *path);
+
+/* fsync()s the directory `dir`. */
+int fs_fsync_dir(const char *dir, struct esd_err *err);
+/* fsync()s the directory containing `path`. */
+int fs_fsync_parent(const char *path, struct esd_err *err);
+
+/*
+ * Atomic replace: temp file + write + fsync + rename over path + fsync of the
+ * directory. A crash leaves the old content or the new, never a mix.
+ */
+int fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode,
+                    struct esd_err *err);
+
+/*
+ * Exclusive publish: temp file + write + fsync + link() to path + unlink
+ * temp + fsync of the directory. Returns -EEXIST (message set) if path
+ * already exists; nothing is left behind in that case.
+ */
+int fs_publish_excl(const char *path, const void *data, size_t len, mode_t mode,
+                    struct esd_err *err);
+
+/*
+ * O_CREAT|O_EXCL create of path with data, fsynced. Returns -EEXIST if it
+ * exists. If ret_fd is not NULL the descriptor (O_RDWR, O_CLOEXEC) is
+ * returned open; otherwise it is closed.
+ */
+int fs_create_excl(const char *path, const void *data, size_t len, mode_t mode, int *ret_fd,
+                   struct esd_err *err);
+
+/* Reads a whole regular file of at most max bytes. *ret is NUL-terminated. */
+int fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err);
+
+/* mkdir -p with mode; existing directories are fine. */
+int fs_mkdir_p(const char *path, mode_t mode, struct esd_err *err);
+
+/* rm -rf without following symlinks. Best effort; returns the first error. */
+int fs_rm_rf(const char *path);
+
+/*
+ * Python's os.path.realpath(path, strict=False) for an absolute path:
+ * symlinks resolved component by component, "." dropped, ".." applied to
+ * the resolved prefix, non-existent tails kept. Symlink loops keep the
+ * remaining path unresolved as Python does. Caller frees *ret.
+ */
+int fs_realpath_lax(const char *path, char **ret, struct esd_err *err);
+
+/*
+ * A path from the command line: "~" and "~user" expanded, made absolute
+ * against the working directory, then fs_realpath_lax. Caller frees *ret.
+ */
+int fs_resolve_cli(const char *path, char **ret, struct esd_err *err);
+
+/* Joins two path fragments with exactly one '/'. Caller frees. */
+char *fs_join(const char *a, const char *b);
+
+/*
+ * Safe join (spec §3): joins the POSIX relative path rel onto the resolved
+ * job directory root, resolves it with fs_realpath_lax and refuses, with
+ * "Manifest path escapes job directory: <rel>", any result that is not
+ * root itself or below it. Absolute rel is refused the same way.
+ */
+int fs_join_inside(const char *root, const char *rel, char **ret, struct esd_err *err);
+
+/* True if path is inside (or equal to) dir; both must be resolved. */
+bool fs_is_inside(const char *dir, const char *path);
+
+/* The final component of path (pointer into path); "" for "/". */
+const char *fs_basename(const char *path);
+/* The directory part of path (allocated); "/" for "/x", "." for "x". */
+char *fs_dirname(const char *path);
+
+#endif

@@ -1,0 +1,81 @@
+/*
+ * recipe: loads a Data-Juicer YAML recipe with libyaml and validates it for
+ * per-shard execution (spec §7), with bounded memory and time whatever the
+ * input (size cap, node budget counted through aliases, depth cap).
+ *
+ * esd has no Python operator registry, so operators are classified by
+ * Data-Juicer's naming convention: names ending in "_mapper" or "_filter"
+ * are shard-safe; names ending in "_deduplicator", "_selector", "_grouper"
+ * or "_aggregator", or containing "deduplicator", "global_" or
+ * "full_dataset_" need the whole dataset and are refused; anything else is
+ * refused as unknown. A deny list (always refused) and an allow list
+ * (accepted whatever the name) given by the caller take precedence, deny
+ * first.
+ *
+ * Scalars are typed as PyYAML's SafeLoader types them (YAML 1.1: null, bool
+ * with yes/no/on/off, int incl. 0x/0o/0b/sexagesimal, float incl. .inf/.nan,
+ * quoted scalars are strings), so "truthy" means what it means to the
+ * reference. Merge keys ("<<") are honoured; later duplicate keys win.
+ */
+#ifndef ESD_RECIPE_H
+#define ESD_RECIPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "util.h"
+
+struct recipe_limits {
+    size_t max_bytes; /* file size cap; default RECIPE_MAX_BYTES */
+    size_t max_nodes; /* nodes visited, aliases counted at every use */
+    size_t max_depth; /* nesting of sequences/mappings */
+};
+
+#define RECIPE_MAX_BYTES (4u << 20)
+#define RECIPE_MAX_NODES 200000u
+#define RECIPE_MAX_DEPTH 64u
+
+struct recipe_policy {
+    const struct strv *allow; /* may be NULL */
+    const struct strv *deny;  /* may be NULL */
+    struct recipe_limits limits; /* zero fields take the defaults */
+};
+
+struct recipe {
+    char *executor_type;  /* "default" (also when absent) or "ray" */
+    char *dataset_path;   /* recipe value as written; NULL if absent/null */
+    bool dataset_path_valid; /* a non-empty, non-whitespace string */
+    char *ray_address;    /* Python str() of the recipe's ray_address; NULL if absent */
+    struct strv ops;      /* operator names, in process order */
+    struct strv media_keys; /* image_key, audio_key, video_key (defaults images,
+                               audios, videos), deduplicated, in that order */
+    struct strv index_keys; /* distinct non-null index_key values of operator
+                               args, sorted */
+    struct strv custom_operator_paths; /* as written */
+    struct strv warnings; /* executor warning, then save_dir warnings in
+                             operator order */
+};
+
+/*
+ * Loads and validates the recipe at path. On success *ret is filled (the
+ * caller calls recipe_free). On failure err names the file, and the line
+ * where one applies ("Invalid YAML in r.yaml:3: …", "Unknown operator
+ * 'foo_op' in r.yaml:7; cannot prove it is shard-safe", …); *ret untouched.
+ * pol may be NULL (no lists, default limits).
+ */
+int recipe_load(const char *path, const struct recipe_policy *pol, struct recipe *ret,
+                struct esd_err *err);
+
+/* The same on a buffer; name is used in messages. */
+int recipe_parse(const char *data, size_t len, const char *name, const struct recipe_policy *pol,
+                 struct recipe *ret, struct esd_err *err);
+
+/*
+ * The name rule alone (without the lists): 0 shard-safe, -EPERM whole-
+ * dataset, -ENOENT unknown.
+ */
+int recipe_classify(const char *op);
+
+void recipe_free(struct recipe *r);
+
+#endif

@@ -1,0 +1,416 @@
+/*
+ * util: error struct, aborting allocators, byte buffers, string lists,
+ * Python-compatible timestamps and random tokens for the rest of libesd.
+ */
+#include "util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+int
+err_setv(struct esd_err *err, int code, const char *fmt, va_list ap)
+{
+    if (err) {
+        err->code = code;
+        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    }
+    return code;
+}
+
+int
+err_set(struct esd_err *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    err_setv(err, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int
+err_sys(struct esd_err *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+    size_t n;
+
+    if (!err)
+        return code;
+    va_start(ap, fmt);
+    err_setv(err, code, fmt, ap);
+    va_end(ap);
+    n = strlen(err->msg);
+    snprintf(err->msg + n, sizeof(err->msg) - n, ": %s", strerror(code < 0 ? -code : code));
+    return code;
+}
+
+void
+err_clear(struct esd_err *err)
+{
+    if (err) {
+        err->code = 0;
+        err->msg[0] = '\0';
+    }
+}
+
+static void
+oom(size_t n)
+{
+    fprintf(stderr, "esd: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *
+xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+
+    if (!p)
+        oom(n);
+    return p;
+}
+
+void *
+xcalloc(size_t n, size_t m)
+{
+    void *p = calloc(n ? n : 1, m ? m : 1);
+
+    if (!p)
+        oom(n * m);
+    return p;
+}
+
+void *
+xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+
+    if (!q)
+        oom(n);
+    return q;
+}
+
+char *
+xstrdup(const char *s)
+{
+    return xstrndup(s, strlen(s));
+}
+
+char *
+xstrndup(const char *s, size_t n)
+{
+    char *p = xmalloc(n + 1);
+
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+char *
+xasprintf(const char *fmt, ...)
+{
+    va_list ap;
+    char *p;
+    int n;
+
+    va_start(ap, fmt);
+    n = vasprintf(&p, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        oom(0);
+    return p;
+}
+
+void
+buf_init(struct buf *b)
+{
+    b->p = NULL;
+    b->len = 0;
+    b->cap = 0;
+}
+
+void
+buf_free(struct buf *b)
+{
+    free(b->p);
+    buf_init(b);
+}
+
+void
+buf_reset(struct buf *b)
+{
+    b->len = 0;
+    if (b->p)
+        b->p[0] = '\0';
+}
+
+void
+buf_reserve(struct buf *b, size_t extra)
+{
+    size_t need = b->len + extra + 1;
+    size_t cap;
+
+    if (need <= b->cap)
+        return;
+    if (need < b->len)
+        oom(SIZE_MAX);
+    cap = b->cap ? b->cap : 64;
+    while (cap < need)
+        cap = cap * 2 > cap ? cap * 2 : need;
+    b->p = xrealloc(b->p, cap);
+    b->cap = cap;
+}
+
+void
+buf_append(struct buf *b, const void *data, size_t n)
+{
+    buf_reserve(b, n);
+    if (n)
+        memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void
+buf_putc(struct buf *b, char c)
+{
+    buf_reserve(b, 1);
+    b->p[b->len++] = c;
+    b->p[b->len] = '\0';
+}
+
+void
+buf_puts(struct buf *b, const char *s)
+{
+    buf_append(b, s, strlen(s));
+}
+
+void
+buf_printf(struct buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    buf_reserve(b, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+char *
+buf_steal(struct buf *b)
+{
+    char *p;
+
+    if (!b->p)
+        buf_reserve(b, 0), b->p[0] = '\0';
+    p = b->p;
+    buf_init(b);
+    return p;
+}
+
+void
+strv_init(struct strv *s)
+{
+    s->v = NULL;
+    s->n = 0;
+    s->cap = 0;
+}
+
+void
+strv_free(struct strv *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        free(s->v[i]);
+    free(s->v);
+    strv_init(s);
+}
+
+void
+strv_push_owned(struct strv *s, char *str)
+{
+    if (s->n + 1 >= s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 8;
+        s->v = xrealloc(s->v, s->cap * sizeof(*s->v));
+    }
+    s->v[s->n++] = str;
+    s->v[s->n] = NULL;
+}
+
+void
+strv_push(struct strv *s, const char *str)
+{
+    strv_push_owned(s, xstrdup(str));
+}
+
+bool
+strv_contains(const struct strv *s, const char *str)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->v[i], str) == 0)
+            return true;
+    return false;
+}
+
+static int
+cmp_str(const void *a, const void *b)
+{
+    /* strcmp compares as unsigned char: code point order for UTF-8. */
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void
+strv_sort(struct strv *s)
+{
+    if (s->n > 1)
+        qsort(s->v, s->n, sizeof(*s->v), cmp_str);
+}
+
+void
+time_iso_format(const struct timespec *ts, char out[40])
+{
+    struct tm tm;
+    long usec = ts->tv_nsec / 1000;
+    size_t n;
+
+    gmtime_r(&ts->tv_sec, &tm);
+    n = strftime(out, 40, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (usec)
+        snprintf(out + n, 40 - n, ".%06ld+00:00", usec);
+    else
+        snprintf(out + n, 40 - n, "+00:00");
+}
+
+void
+time_iso_now(char out[40], double *ret_epoch)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    /* Python works in microseconds: truncate so both fields agree. */
+    ts.tv_nsec = ts.tv_nsec / 1000 * 1000;
+    time_iso_format(&ts, out);
+    if (ret_epoch)
+        *ret_epoch = (double)ts.tv_sec + (double)(ts.tv_nsec / 1000) / 1e6;
+}
+
+double
+time_mono(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void
+rand_hex32(char out[33])
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[16];
+    size_t got = 0;
+
+    while (got < sizeof(raw)) {
+        ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
+
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            fprintf(stderr, "esd: getrandom: %s\n", strerror(errno));
+            abort();
+        }
+        got += (size_t)n;
+    }
+    /* uuid4: version and variant bits, so the token reads as one. */
+    raw[6] = (unsigned char)((raw[6] & 0x0f) | 0x40);
+    raw[8] = (unsigned char)((raw[8] & 0x3f) | 0x80);
+    for (size_t i = 0; i < sizeof(raw); i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 15];
+    }
+    out[32] = '\0';
+}
+
+int
+parse_int(const char *s, long long min, long long max, long long *ret)
+{
+    const char *p = s;
+    bool neg = false, digit = false;
+    long long v = 0;
+
+    while (isspace((unsigned char)*p))
+        p++;
+    if (*p == '+' || *p == '-')
+        neg = *p++ == '-';
+    for (; *p; p++) {
+        if (*p == '_' && digit && p[1] >= '0' && p[1] <= '9')
+            continue;
+        if (*p < '0' || *p > '9')
+            break;
+        digit = true;
+        if (v > (LLONG_MAX - (*p - '0')) / 10)
+            return -ERANGE;
+        v = v * 10 + (*p - '0');
+    }
+    while (isspace((unsigned char)*p))
+        p++;
+    if (!digit || *p)
+        return -EINVAL;
+    if (neg)
+        v = -v;
+    if (v < min || v > max)
+        return -ERANGE;
+    *ret = v;
+    return 0;
+}
+
+void
+fmt_size(uint64_t bytes, char out[32])
+{
+    static const char *unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+    double v = (double)bytes;
+    int u = 0;
+
+    while (v >= 1024 && u < 5) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(out, 32, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(out, 32, "%.*f %s", v < 10 ? 2 : v < 100 ? 1 : 0, v, unit[u]);
+}
+
+void
+fmt_duration(double secs, char out[32])
+{
+    long long s;
+
+    if (secs < 0 || secs != secs)
+        secs = 0;
+    if (secs < 10) {
+        snprintf(out, 32, "%.1fs", secs);
+        return;
+    }
+    s = (long long)(secs + 0.5);
+    if (s < 60)
+        snprintf(out, 32, "%llds", s);
+    else if (s < 3600)
+        snprintf(out, 32, "%lldm%02llds", s / 60, s % 60);
+    else if (s < 86400)
+        snprintf(out, 32, "%lldh%02lldm", s / 3600, s % 3600 / 60);
+    else
+        snprintf(out, 32, "%lldd%02lldh", s / 86400, s % 86400 / 3600);
+}

@@ -1,0 +1,105 @@
+/*
+ * testutil: shared helpers for the check suites.
+ */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "util.h"
+
+char *
+tu_tmpdir(void)
+{
+    const char *base = getenv("TMPDIR");
+    char *tmpl = xasprintf("%s/esd-test.XXXXXX", base && *base ? base : "/tmp");
+
+    if (!mkdtemp(tmpl)) {
+        perror("mkdtemp");
+        abort();
+    }
+    return tmpl;
+}
+
+char *
+tu_write(const char *dir, const char *rel, const char *data, size_t len)
+{
+    char *path = fs_join(dir, rel);
+    char *parent = fs_dirname(path);
+    FILE *f;
+
+    fs_mkdir_p(parent, 0755, NULL);
+    free(parent);
+    if (len == (size_t)-1)
+        len = strlen(data);
+    f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len || fclose(f) != 0) {
+        perror(path);
+        abort();
+    }
+    return path;
+}
+
+char *
+tu_read(const char *path, size_t *len)
+{
+    char *data = NULL;
+    size_t n = 0;
+
+    if (fs_read_file(path, (size_t)1 << 30, &data, &n, NULL) < 0)
+        return NULL;
+    if (len)
+        *len = n;
+    return data;
+}
+
+int
+tu_exists(const char *path)
+{
+    struct stat st;
+
+    return lstat(path, &st) == 0;
+}
+
+int
+tu_count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            n++;
+    closedir(d);
+    return n;
+}
+
+char *
+tu_data(const char *rel)
+{
+    const char *base = getenv("ESD_TEST_DATA");
+
+    return fs_join(base && *base ? base : "tests/data", rel);
+}
+
+int
+tu_run(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    int failed;
+
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,28 @@
+/*
+ * testutil: helpers shared by the check suites: private temp directories,
+ * writing and reading fixture files, and running a suite in fork mode.
+ */
+#ifndef ESD_TESTUTIL_H
+#define ESD_TESTUTIL_H
+
+#include <check.h>
+#include <stddef.h>
+
+ /* Creates a fresh directory under $TMPDIR (or /tmp); caller frees; it is
+ * the test's to remove (fs_rm_rf). */
+char *tu_tmpdir(void);
+/* Writes len bytes (or strlen when len == (size_t)-1) to dir/rel, creating
+ * parent directories. Returns the full path (caller frees). */
+char *tu_write(const char *dir, const char *rel, const char *data, size_t len);
+/* Reads a whole file; NULL if it cannot be read. *len may be NULL. */
+char *tu_read(const char *path, size_t *len);
+/* True if path exists (lstat). */
+int tu_exists(const char *path);
+/* Number of directory entries other than . and .. (-1 if unreadable). */
+int tu_count_entries(const char *dir);
+/* Path to a fixture under tests/data ($ESD_TEST_DATA). Caller frees. */
+char *tu_data(const char *rel);
+/* Runs suite s in fork mode and returns the exit status for main(). */
+int tu_run(Suite *s);
+
+#endif
