@@ -8,7 +8,7 @@
 #include <check.h>
 #include <stddef.h>
 
- /* Creates a fresh directory under $TMPDIR (or /tmp); caller frees; it is
+/* Creates a fresh directory under $TMPDIR (or /tmp); caller frees; it is
  * the test's to remove (fs_rm_rf). */
 char *tu_tmpdir(void);
 /* Writes len bytes (or strlen when len == (size_t)-1) to dir/rel, creating
