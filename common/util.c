@@ -16,9 +16,13 @@
 int
 err_setv(struct esd_err *err, int code, const char *fmt, va_list ap)
 {
+    char msg[ESD_ERR_MAX];
+
     if (err) {
+        /* Through a copy: callers may pass err->msg itself as an argument. */
+        vsnprintf(msg, sizeof(msg), fmt, ap);
         err->code = code;
-        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+        memcpy(err->msg, msg, sizeof(msg));
     }
     return code;
 }
@@ -153,13 +157,13 @@ buf_reset(struct buf *b)
 void
 buf_reserve(struct buf *b, size_t extra)
 {
-    size_t need = b->len + extra + 1;
-    size_t cap;
+    size_t need, cap;
 
+    if (extra >= SIZE_MAX - b->len)
+        oom(SIZE_MAX);
+    need = b->len + extra + 1;
     if (need <= b->cap)
         return;
-    if (need < b->len)
-        oom(SIZE_MAX);
     cap = b->cap ? b->cap : 64;
     while (cap < need)
         cap = cap * 2 > cap ? cap * 2 : need;
@@ -200,8 +204,10 @@ buf_printf(struct buf *b, const char *fmt, ...)
     va_start(ap, fmt);
     n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n < 0)
+    if (n < 0) {
+        buf_append(b, "", 0);
         return;
+    }
     buf_reserve(b, (size_t)n);
     va_start(ap, fmt);
     vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
@@ -348,28 +354,33 @@ parse_int(const char *s, long long min, long long max, long long *ret)
 {
     const char *p = s;
     bool neg = false, digit = false;
-    long long v = 0;
+    unsigned long long u = 0, limit;
+    long long v;
 
     while (isspace((unsigned char)*p))
         p++;
     if (*p == '+' || *p == '-')
         neg = *p++ == '-';
+    /* The magnitude of LLONG_MIN is one more than LLONG_MAX. */
+    limit = neg ? (unsigned long long)LLONG_MAX + 1 : (unsigned long long)LLONG_MAX;
     for (; *p; p++) {
         if (*p == '_' && digit && p[1] >= '0' && p[1] <= '9')
             continue;
         if (*p < '0' || *p > '9')
             break;
         digit = true;
-        if (v > (LLONG_MAX - (*p - '0')) / 10)
+        if (u > (limit - (unsigned)(*p - '0')) / 10)
             return -ERANGE;
-        v = v * 10 + (*p - '0');
+        u = u * 10 + (unsigned)(*p - '0');
     }
     while (isspace((unsigned char)*p))
         p++;
     if (!digit || *p)
         return -EINVAL;
     if (neg)
-        v = -v;
+        v = u == (unsigned long long)LLONG_MAX + 1 ? LLONG_MIN : -(long long)u;
+    else
+        v = (long long)u;
     if (v < min || v > max)
         return -ERANGE;
     *ret = v;
@@ -400,6 +411,9 @@ fmt_duration(double secs, char out[32])
 
     if (secs < 0 || secs != secs)
         secs = 0;
+    /* Keeps the conversion to long long below defined (inf, 1e300). */
+    if (secs > 1e15)
+        secs = 1e15;
     if (secs < 10) {
         snprintf(out, 32, "%.1fs", secs);
         return;

@@ -1,0 +1,805 @@
+/*
+ * fsutil: the filesystem primitives the job-directory contract rests on
+ * (spec §3, §5.1; DESIGN.md "On-disk contract"). Metadata reaches its final
+ * name only through rename() (atomic replace), link() (exclusive publish) or
+ * O_CREAT|O_EXCL (claims), always after an fsync of the data and followed by
+ * an fsync of the directory, so a crash leaves the old state or the new one
+ * and a failed write leaves nothing behind. Path resolution copies CPython
+ * 3.11's os.path.realpath(strict=False) step by step, because the reference
+ * decides what is inside a job directory with it, and the safe join built
+ * on it is the one check every manifest path goes through. Every descriptor
+ * is opened O_CLOEXEC; nothing here logs.
+ */
+#include "fsutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A chain of distinct symlinks this long is refused (CPython would hit its
+ * recursion limit at about 1000). */
+#define REALPATH_MAX_DEPTH 256
+
+int
+fs_write_all(int fd, const void *data, size_t len)
+{
+    const char *p = data;
+
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            return -EIO;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+const char *
+fs_basename(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+
+    return slash ? slash + 1 : path;
+}
+
+char *
+fs_dirname(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    size_t n;
+
+    if (!slash)
+        return xstrdup(".");
+    n = (size_t)(slash - path);
+    while (n > 0 && path[n - 1] == '/')
+        n--;
+    if (n == 0)
+        return xstrdup("/");
+    return xstrndup(path, n);
+}
+
+char *
+fs_join(const char *a, const char *b)
+{
+    size_t na = strlen(a);
+
+    if (na == 0)
+        return xstrdup(b);
+    while (na > 0 && a[na - 1] == '/')
+        na--;
+    while (*b == '/')
+        b++;
+    return xasprintf("%.*s/%s", (int)na, a, b);
+}
+
+bool
+fs_is_inside(const char *dir, const char *path)
+{
+    size_t n = strlen(dir);
+
+    while (n > 0 && dir[n - 1] == '/')
+        n--;
+    if (n == 0)
+        return path[0] == '/';
+    return strncmp(dir, path, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+char *
+fs_tmp_path(const char *path)
+{
+    char hex[33];
+    char *dir = fs_dirname(path);
+    char *name, *tmp;
+
+    rand_hex32(hex);
+    name = xasprintf(".%s.%s.tmp", fs_basename(path), hex);
+    tmp = fs_join(dir, name);
+    free(name);
+    free(dir);
+    return tmp;
+}
+
+int
+fs_fsync_dir(const char *dir, struct esd_err *err)
+{
+    int fd, r = 0;
+
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return err_sys(err, -errno, "cannot open directory %s", dir);
+    /* EINVAL: the filesystem cannot sync directories; there is nothing more to do. */
+    if (fsync(fd) < 0 && errno != EINVAL)
+        r = err_sys(err, -errno, "cannot fsync directory %s", dir);
+    close(fd);
+    return r;
+}
+
+int
+fs_fsync_parent(const char *path, struct esd_err *err)
+{
+    char *dir = fs_dirname(path);
+    int r = fs_fsync_dir(dir, err);
+
+    free(dir);
+    return r;
+}
+
+/* Writes data to fd and fsyncs it; messages name path. */
+static int
+write_sync(int fd, const char *path, const void *data, size_t len, struct esd_err *err)
+{
+    int r = fs_write_all(fd, data, len);
+
+    if (r < 0)
+        return err_sys(err, r, "cannot write %s", path);
+    if (fsync(fd) < 0)
+        return err_sys(err, -errno, "cannot fsync %s", path);
+    return 0;
+}
+
+/* close() for a descriptor that was written: NFS may report a write error
+ * only here. Linux releases the descriptor even on EINTR. */
+static int
+close_written(int fd, const char *path, struct esd_err *err)
+{
+    if (close(fd) < 0 && errno != EINTR)
+        return err_sys(err, -errno, "cannot write %s", path);
+    return 0;
+}
+
+/*
+ * Creates a fresh temp file next to path holding data, fsynced and closed.
+ * On success *ret_tmp is its name (caller frees); on failure nothing is left.
+ */
+static int
+write_temp(const char *path, const void *data, size_t len, mode_t mode, char **ret_tmp,
+           struct esd_err *err)
+{
+    char *tmp = fs_tmp_path(path);
+    int fd, r;
+
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+        r = err_sys(err, -errno, "cannot create temporary file %s", tmp);
+        free(tmp);
+        return r;
+    }
+    r = write_sync(fd, path, data, len, err);
+    if (r < 0)
+        close(fd);
+    else
+        r = close_written(fd, path, err);
+    if (r < 0) {
+        unlink(tmp);
+        free(tmp);
+        return r;
+    }
+    *ret_tmp = tmp;
+    return 0;
+}
+
+int
+fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode,
+                struct esd_err *err)
+{
+    char *tmp;
+    int r;
+
+    r = write_temp(path, data, len, mode, &tmp, err);
+    if (r < 0)
+        return r;
+    if (rename(tmp, path) < 0) {
+        r = err_sys(err, -errno, "cannot rename %s to %s", tmp, path);
+        unlink(tmp);
+        free(tmp);
+        return r;
+    }
+    free(tmp);
+    return fs_fsync_parent(path, err);
+}
+
+/* True if a and b name the same inode. */
+static bool
+same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+
+    return lstat(a, &sa) == 0 && lstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+int
+fs_publish_excl(const char *path, const void *data, size_t len, mode_t mode,
+                struct esd_err *err)
+{
+    char *tmp;
+    int r;
+
+    r = write_temp(path, data, len, mode, &tmp, err);
+    if (r < 0)
+        return r;
+    if (link(tmp, path) < 0) {
+        r = -errno;
+        /* A retransmitted NFS link() reports EEXIST after it succeeded:
+         * the name then points at our own inode. */
+        if (r == -EEXIST && same_file(tmp, path))
+            r = 0;
+    }
+    unlink(tmp);
+    if (r == -EEXIST)
+        err_set(err, r, "%s already exists", path);
+    else if (r < 0)
+        err_sys(err, r, "cannot link %s to %s", tmp, path);
+    free(tmp);
+    if (r < 0)
+        return r;
+    return fs_fsync_parent(path, err);
+}
+
+int
+fs_create_excl(const char *path, const void *data, size_t len, mode_t mode, int *ret_fd,
+               struct esd_err *err)
+{
+    int flags = O_CREAT | O_EXCL | O_CLOEXEC | (ret_fd ? O_RDWR : O_WRONLY);
+    int fd, r;
+
+    fd = open(path, flags, mode);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            return err_set(err, -EEXIST, "%s already exists", path);
+        return err_sys(err, -errno, "cannot create %s", path);
+    }
+    r = write_sync(fd, path, data, len, err);
+    if (r == 0 && ret_fd) {
+        *ret_fd = fd;
+        return 0;
+    }
+    if (r < 0)
+        close(fd);
+    else
+        r = close_written(fd, path, err);
+    /* The file is ours (O_EXCL): do not leave a partial one behind. */
+    if (r < 0)
+        unlink(path);
+    return r;
+}
+
+int
+fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err)
+{
+    struct stat st;
+    size_t len = 0, cap;
+    char *data;
+    int fd, r = 0;
+
+    /* O_NONBLOCK: a FIFO is refused below instead of waited on at open. */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return err_sys(err, -errno, "cannot open %s", path);
+    if (fstat(fd, &st) < 0) {
+        r = err_sys(err, -errno, "cannot stat %s", path);
+        close(fd);
+        return r;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return err_set(err, -EINVAL, "%s is not a regular file", path);
+    }
+    if ((uintmax_t)st.st_size > max) {
+        close(fd);
+        return err_set(err, -EFBIG, "%s is larger than %zu bytes", path, max);
+    }
+    /* One spare byte past st_size sees EOF (or growth) without a realloc. */
+    cap = (size_t)st.st_size + 2;
+    data = xmalloc(cap);
+    for (;;) {
+        ssize_t n;
+
+        if (len + 1 >= cap) {
+            cap *= 2;
+            data = xrealloc(data, cap);
+        }
+        n = read(fd, data + len, cap - 1 - len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            r = err_sys(err, -errno, "cannot read %s", path);
+            break;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+        if (len > max) {
+            r = err_set(err, -EFBIG, "%s is larger than %zu bytes", path, max);
+            break;
+        }
+    }
+    close(fd);
+    if (r < 0) {
+        free(data);
+        return r;
+    }
+    data[len] = '\0';
+    *ret = data;
+    if (ret_len)
+        *ret_len = len;
+    return 0;
+}
+
+/* mkdir of one level; an existing directory (or symlink to one) is fine. */
+static int
+mkdir_one(const char *path, mode_t mode, struct esd_err *err)
+{
+    struct stat st;
+    int r;
+
+    if (mkdir(path, mode) == 0)
+        return 0;
+    r = -errno;
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            return 0;
+        if (r == -EEXIST)
+            return err_set(err, -ENOTDIR, "cannot create directory %s: it exists and is not "
+                           "a directory", path);
+    }
+    return err_sys(err, r, "cannot create directory %s", path);
+}
+
+int
+fs_mkdir_p(const char *path, mode_t mode, struct esd_err *err)
+{
+    char *p, *s;
+    int r = 0;
+
+    if (!*path)
+        return err_sys(err, -ENOENT, "cannot create directory \"\"");
+    p = xstrdup(path);
+    for (s = p + 1;; s++) {
+        char c = *s;
+
+        if (c != '/' && c != '\0')
+            continue;
+        if (s[-1] != '/') {
+            *s = '\0';
+            r = mkdir_one(p, mode, err);
+            *s = c;
+            if (r < 0)
+                break;
+        }
+        if (c == '\0')
+            break;
+    }
+    free(p);
+    return r;
+}
+
+static int rm_at(int dirfd, const char *name);
+
+/* Removes everything inside the directory open on fd, then closes fd. */
+static int
+rm_contents(int fd)
+{
+    struct strv names;
+    struct dirent *e;
+    DIR *d;
+    int r = 0;
+
+    d = fdopendir(fd);
+    if (!d) {
+        r = -errno;
+        close(fd);
+        return r;
+    }
+    /* Names are collected before anything is removed: removing entries
+     * while reading a directory can make readdir skip some on NFS. */
+    strv_init(&names);
+    for (;;) {
+        errno = 0;
+        e = readdir(d);
+        if (!e) {
+            if (errno)
+                r = -errno;
+            break;
+        }
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            strv_push(&names, e->d_name);
+    }
+    for (size_t i = 0; i < names.n; i++) {
+        int q = rm_at(dirfd(d), names.v[i]);
+
+        if (q < 0 && r == 0)
+            r = q;
+    }
+    strv_free(&names);
+    closedir(d);
+    return r;
+}
+
+/* Removes name (relative to dirfd) and, if it is a real directory, all
+ * below it. A symlink is removed itself, never followed. */
+static int
+rm_at(int dirfd, const char *name)
+{
+    int fd, r;
+
+    if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT)
+        return 0;
+    /* Linux says EISDIR for a directory, POSIX EPERM. */
+    if (errno != EISDIR && errno != EPERM)
+        return -errno;
+    r = -errno;
+    fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        return errno == ENOTDIR || errno == ELOOP ? r : -errno;
+    }
+    r = rm_contents(fd);
+    if (unlinkat(dirfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT && r == 0)
+        r = -errno;
+    return r;
+}
+
+int
+fs_rm_rf(const char *path)
+{
+    return rm_at(AT_FDCWD, path);
+}
+
+/* posixpath.join(a, b) for two fragments: an absolute b replaces a. */
+static char *
+py_join(const char *a, const char *b)
+{
+    size_t na = strlen(a);
+
+    if (b[0] == '/' || na == 0)
+        return xstrdup(b);
+    if (a[na - 1] == '/')
+        return xasprintf("%s%s", a, b);
+    return xasprintf("%s/%s", a, b);
+}
+
+/* posixpath.split(path)[0] for an absolute path, in place. */
+static void
+py_split_head(char *path)
+{
+    char *slash = strrchr(path, '/');
+    size_t n;
+
+    if (!slash)
+        return;
+    n = (size_t)(slash - path) + 1;
+    path[n] = '\0';
+    /* A head of slashes only stays as it is; otherwise trailing ones go. */
+    if (strspn(path, "/") != n)
+        while (n > 0 && path[n - 1] == '/')
+            path[--n] = '\0';
+}
+
+/* posixpath.normpath for an absolute path. Caller frees. */
+static char *
+py_normpath(const char *path)
+{
+    size_t slashes = strspn(path, "/");
+    struct buf out;
+    const char *p = path;
+    size_t *starts, depth = 0;
+
+    /* POSIX lets exactly two leading slashes mean something else. */
+    slashes = slashes == 2 ? 2 : slashes > 0 ? 1 : 0;
+    starts = xmalloc((strlen(path) / 2 + 2) * sizeof(*starts));
+    buf_init(&out);
+    buf_append(&out, "//", slashes);
+    while (*p) {
+        size_t n = strcspn(p, "/");
+
+        if (n == 0 || (n == 1 && p[0] == '.')) {
+            /* empty or "." */
+        } else if (n == 2 && p[0] == '.' && p[1] == '.') {
+            /* ".." of an absolute path: pops, and stays at the root. */
+            if (depth > 0)
+                out.len = starts[--depth];
+            if (out.p)
+                out.p[out.len] = '\0';
+        } else {
+            starts[depth++] = out.len;
+            if (out.len > slashes)
+                buf_putc(&out, '/');
+            buf_append(&out, p, n);
+        }
+        p += n;
+        if (*p)
+            p++;
+    }
+    free(starts);
+    if (out.len == 0)
+        buf_putc(&out, '.');
+    return buf_steal(&out);
+}
+
+/* Symlinks met while resolving; resolved is NULL while one is in progress. */
+struct seen {
+    char **link;
+    char **resolved;
+    size_t n;
+    size_t cap;
+};
+
+static void
+seen_free(struct seen *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        free(s->link[i]);
+        free(s->resolved[i]);
+    }
+    free(s->link);
+    free(s->resolved);
+}
+
+static ssize_t
+seen_find(const struct seen *s, const char *link)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->link[i], link) == 0)
+            return (ssize_t)i;
+    return -1;
+}
+
+static size_t
+seen_add(struct seen *s, const char *link)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? s->cap * 2 : 8;
+        s->link = xrealloc(s->link, s->cap * sizeof(*s->link));
+        s->resolved = xrealloc(s->resolved, s->cap * sizeof(*s->resolved));
+    }
+    s->link[s->n] = xstrdup(link);
+    s->resolved[s->n] = NULL;
+    return s->n++;
+}
+
+static int
+readlink_alloc(const char *path, char **ret, struct esd_err *err)
+{
+    size_t size = 256;
+
+    for (;;) {
+        char *buf = xmalloc(size);
+        ssize_t n = readlink(path, buf, size);
+
+        if (n < 0) {
+            int r = -errno;
+
+            free(buf);
+            return err_sys(err, r, "cannot read symlink %s", path);
+        }
+        if ((size_t)n < size) {
+            buf[n] = '\0';
+            *ret = buf;
+            return 0;
+        }
+        free(buf);
+        size *= 2;
+    }
+}
+
+/*
+ * posixpath._joinrealpath of CPython 3.11 with strict=False: resolves rest
+ * against the resolved prefix *path (replaced as it goes). Returns 1 when
+ * resolved, 0 when a symlink loop stopped the resolution (*path then ends
+ * with the unresolved remainder, as CPython returns it), or -errno.
+ */
+static int
+join_real(char **path, const char *rest, struct seen *seen, int depth, struct esd_err *err)
+{
+    if (depth > REALPATH_MAX_DEPTH)
+        return err_set(err, -ELOOP, "too many levels of symbolic links resolving %s", *path);
+    if (rest[0] == '/') {
+        rest++;
+        free(*path);
+        *path = xstrdup("/");
+    }
+    while (*rest) {
+        size_t n = strcspn(rest, "/");
+        char *name = xstrndup(rest, n), *newpath, *target = NULL;
+        struct stat st;
+        ssize_t i;
+        size_t k;
+        int r;
+
+        rest += n;
+        if (*rest)
+            rest++;
+        if (n == 0 || strcmp(name, ".") == 0) {
+            free(name);
+            continue;
+        }
+        if (strcmp(name, "..") == 0) {
+            /* The prefix is always absolute here, so ".." just pops. */
+            py_split_head(*path);
+            free(name);
+            continue;
+        }
+        newpath = py_join(*path, name);
+        free(name);
+        /* Whatever lstat cannot see (ENOENT, ENOTDIR, EACCES) is kept as text. */
+        if (lstat(newpath, &st) < 0 || !S_ISLNK(st.st_mode)) {
+            free(*path);
+            *path = newpath;
+            continue;
+        }
+        i = seen_find(seen, newpath);
+        if (i >= 0) {
+            if (seen->resolved[i]) {
+                free(*path);
+                *path = xstrdup(seen->resolved[i]);
+                free(newpath);
+                continue;
+            }
+            /* A loop: the resolved part plus the rest, unresolved. */
+            free(*path);
+            *path = py_join(newpath, rest);
+            free(newpath);
+            return 0;
+        }
+        k = seen_add(seen, newpath);
+        r = readlink_alloc(newpath, &target, err);
+        free(newpath);
+        if (r < 0)
+            return r;
+        r = join_real(path, target, seen, depth + 1, err);
+        free(target);
+        if (r < 0)
+            return r;
+        if (r == 0) {
+            char *p = py_join(*path, rest);
+
+            free(*path);
+            *path = p;
+            return 0;
+        }
+        seen->resolved[k] = xstrdup(*path);
+    }
+    return 1;
+}
+
+int
+fs_realpath_lax(const char *path, char **ret, struct esd_err *err)
+{
+    struct seen seen = { 0 };
+    char *cur = NULL, *abs;
+    int r;
+
+    if (path[0] == '/') {
+        abs = xstrdup(path);
+    } else {
+        char *cwd = getcwd(NULL, 0);
+
+        if (!cwd)
+            return err_sys(err, -errno, "cannot resolve %s: cannot get the working directory",
+                           path);
+        abs = py_join(cwd, path);
+        free(cwd);
+    }
+    cur = xstrdup("/");
+    r = join_real(&cur, abs, &seen, 0, err);
+    seen_free(&seen);
+    free(abs);
+    if (r < 0) {
+        free(cur);
+        return r;
+    }
+    *ret = py_normpath(cur);
+    free(cur);
+    return 0;
+}
+
+/* Home directory of the current user (uid != -1) or of name; NULL if unknown. */
+static char *
+home_of(const char *name)
+{
+    struct passwd pw, *res = NULL;
+    size_t size = 4096;
+    char *home = NULL;
+
+    for (;;) {
+        char *buf = xmalloc(size);
+        int e;
+
+        if (name)
+            e = getpwnam_r(name, &pw, buf, size, &res);
+        else
+            e = getpwuid_r(getuid(), &pw, buf, size, &res);
+        if (e == ERANGE && size < ((size_t)1 << 24)) {
+            free(buf);
+            size *= 2;
+            continue;
+        }
+        if (e == 0 && res)
+            home = xstrdup(pw.pw_dir);
+        free(buf);
+        return home;
+    }
+}
+
+/* posixpath.expanduser of CPython 3.11. Caller frees. */
+static char *
+expand_user(const char *path)
+{
+    const char *slash, *env;
+    char *home, *out;
+    size_t n;
+
+    if (path[0] != '~')
+        return xstrdup(path);
+    slash = strchr(path + 1, '/');
+    if (!slash)
+        slash = path + strlen(path);
+    if (slash == path + 1) {
+        env = getenv("HOME");
+        home = env ? xstrdup(env) : home_of(NULL);
+    } else {
+        char *name = xstrndup(path + 1, (size_t)(slash - path - 1));
+
+        home = home_of(name);
+        free(name);
+    }
+    if (!home)
+        return xstrdup(path);
+    n = strlen(home);
+    while (n > 0 && home[n - 1] == '/')
+        n--;
+    out = xasprintf("%.*s%s", (int)n, home, slash);
+    free(home);
+    if (!*out) {
+        free(out);
+        out = xstrdup("/");
+    }
+    return out;
+}
+
+int
+fs_resolve_cli(const char *path, char **ret, struct esd_err *err)
+{
+    char *exp = expand_user(path);
+    int r = fs_realpath_lax(exp, ret, err);
+
+    free(exp);
+    return r;
+}
+
+int
+fs_join_inside(const char *root, const char *rel, char **ret, struct esd_err *err)
+{
+    char *joined, *resolved;
+    int r;
+
+    if (!rel[0] || rel[0] == '/')
+        return err_set(err, -EINVAL, "Manifest path escapes job directory: %s", rel);
+    joined = fs_join(root, rel);
+    r = fs_realpath_lax(joined, &resolved, err);
+    free(joined);
+    if (r < 0)
+        return r;
+    if (!fs_is_inside(root, resolved)) {
+        free(resolved);
+        return err_set(err, -EINVAL, "Manifest path escapes job directory: %s", rel);
+    }
+    *ret = resolved;
+    return 0;
+}

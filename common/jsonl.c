@@ -1,0 +1,713 @@
+/*
+ * jsonl: a non-allocating, iterative JSON validator for one JSONL record,
+ * plus a bounded streaming line reader. The grammar is Python's json module
+ * (what the reference accepts), with lone surrogate escapes refused. String
+ * bodies, where almost all bytes of real records live, are scanned 16 bytes
+ * at a time with SSE2 when available.
+ */
+#include "jsonl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+const struct jsonl_limits jsonl_default_limits = {
+    .max_line = JSONL_MAX_LINE_DEFAULT,
+    .max_depth = JSONL_MAX_DEPTH_DEFAULT,
+};
+
+void
+jsonl_record_init(struct jsonl_record *rec, bool want_members)
+{
+    memset(rec, 0, sizeof(*rec));
+    rec->want_members = want_members;
+}
+
+void
+jsonl_record_free(struct jsonl_record *rec)
+{
+    free(rec->members);
+    rec->members = NULL;
+    rec->members_cap = 0;
+    rec->nmembers = 0;
+}
+
+/*
+ * Strict UTF-8 sequence at p (p[0] >= 0x80), at most n bytes available.
+ * Returns its length, or 0 if invalid (overlong, surrogate, > U+10FFFF,
+ * truncated, stray continuation byte).
+ */
+static size_t
+utf8_seq(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+
+    if (c < 0xc2)
+        return 0;
+    if (c < 0xe0) {
+        if (n < 2 || (p[1] & 0xc0) != 0x80)
+            return 0;
+        return 2;
+    }
+    if (c < 0xf0) {
+        if (n < 3 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80)
+            return 0;
+        if (c == 0xe0 && p[1] < 0xa0)
+            return 0; /* overlong */
+        if (c == 0xed && p[1] >= 0xa0)
+            return 0; /* UTF-16 surrogate */
+        return 3;
+    }
+    if (c < 0xf5) {
+        if (n < 4 || (p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80)
+            return 0;
+        if (c == 0xf0 && p[1] < 0x90)
+            return 0; /* overlong */
+        if (c == 0xf4 && p[1] >= 0x90)
+            return 0; /* above U+10FFFF */
+        return 4;
+    }
+    return 0;
+}
+
+bool
+jsonl_utf8_valid(const char *p, size_t n, size_t *ret_bad)
+{
+    const unsigned char *s = (const unsigned char *)p;
+    size_t i = 0;
+
+    while (i < n) {
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = utf8_seq(s + i, n - i);
+        if (!k) {
+            if (ret_bad)
+                *ret_bad = i;
+            return false;
+        }
+        i += k;
+    }
+    return true;
+}
+
+static int
+hexval(unsigned char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    c |= 0x20;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Four hex digits at s[0..4) (caller checked length); -1 if not hex. */
+static long
+hex4(const unsigned char *s)
+{
+    long v = 0;
+
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(s[i]);
+        if (h < 0)
+            return -1;
+        v = v << 4 | h;
+    }
+    return v;
+}
+
+struct scan {
+    const unsigned char *s;
+    size_t n;
+    size_t i;
+    struct jsonl_record *rec;
+};
+
+static int
+fault(struct scan *sc, enum jsonl_fault f, size_t off, const char *detail)
+{
+    sc->rec->fault = f;
+    sc->rec->fault_off = off;
+    sc->rec->detail = detail;
+    return -EINVAL;
+}
+
+static inline void
+skip_ws(struct scan *sc)
+{
+    while (sc->i < sc->n) {
+        unsigned char c = sc->s[sc->i];
+        if (c != ' ' && c != '\t' && c != '\r' && c != '\n')
+            break;
+        sc->i++;
+    }
+}
+
+/* Byte classes for the scalar string loop: 1 = stop (quote, backslash,
+ * control, non-ASCII). */
+static const unsigned char str_stop[256] = {
+    [0 ... 0x1f] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xff] = 1,
+};
+
+/*
+ * A string starting at sc->i (the opening quote). On success sc->i is past
+ * the closing quote and *ret_escaped tells whether a backslash occurred.
+ */
+static int
+scan_string(struct scan *sc, bool *ret_escaped)
+{
+    const unsigned char *s = sc->s;
+    size_t n = sc->n, i = sc->i + 1, start = sc->i;
+    bool escaped = false;
+
+    for (;;) {
+#if defined(__SSE2__)
+        {
+            const __m128i quote = _mm_set1_epi8('"');
+            const __m128i bslash = _mm_set1_epi8('\\');
+            const __m128i space = _mm_set1_epi8(0x20);
+
+            while (i + 16 <= n) {
+                __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+                /* signed compare: bytes < 0x20 and bytes >= 0x80 both stop */
+                __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote),
+                                                      _mm_cmpeq_epi8(v, bslash)),
+                                         _mm_cmplt_epi8(v, space));
+                unsigned mask = (unsigned)_mm_movemask_epi8(m);
+                if (mask) {
+                    i += (size_t)__builtin_ctz(mask);
+                    goto stop;
+                }
+                i += 16;
+            }
+        }
+#endif
+        while (i < n && !str_stop[s[i]])
+            i++;
+#if defined(__SSE2__)
+    stop:
+#endif
+        if (i >= n)
+            return fault(sc, JSONL_SYNTAX, start, "unterminated string");
+        unsigned char c = s[i];
+        if (c == '"') {
+            sc->i = i + 1;
+            *ret_escaped = escaped;
+            return 0;
+        }
+        if (c >= 0x80) {
+            /* Runs of non-ASCII text (CJK, …) stay in this inner loop. */
+            do {
+                size_t k = utf8_seq(s + i, n - i);
+                if (!k)
+                    return fault(sc, JSONL_UTF8, i, "invalid UTF-8 sequence");
+                i += k;
+            } while (i < n && s[i] >= 0x80);
+            continue;
+        }
+        if (c < 0x20)
+            return fault(sc, JSONL_SYNTAX, i, "raw control character in string");
+        /* backslash */
+        escaped = true;
+        if (i + 1 >= n)
+            return fault(sc, JSONL_SYNTAX, start, "unterminated string");
+        c = s[i + 1];
+        switch (c) {
+        case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+            i += 2;
+            continue;
+        case 'u':
+            break;
+        default:
+            return fault(sc, JSONL_SYNTAX, i, "invalid escape in string");
+        }
+        if (i + 6 > n)
+            return fault(sc, JSONL_SYNTAX, i, "invalid \\u escape in string");
+        long u = hex4(s + i + 2);
+        if (u < 0)
+            return fault(sc, JSONL_SYNTAX, i, "invalid \\u escape in string");
+        if (u >= 0xd800 && u <= 0xdbff) {
+            long lo = -1;
+            if (i + 12 <= n && s[i + 6] == '\\' && s[i + 7] == 'u')
+                lo = hex4(s + i + 8);
+            if (lo < 0xdc00 || lo > 0xdfff)
+                return fault(sc, JSONL_SURROGATE, i, "lone surrogate escape");
+            i += 12;
+            continue;
+        }
+        if (u >= 0xdc00 && u <= 0xdfff)
+            return fault(sc, JSONL_SURROGATE, i, "lone surrogate escape");
+        i += 6;
+    }
+}
+
+static bool
+match_lit(struct scan *sc, const char *lit, size_t len)
+{
+    if (sc->n - sc->i < len || memcmp(sc->s + sc->i, lit, len) != 0)
+        return false;
+    sc->i += len;
+    return true;
+}
+
+static inline bool
+is_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* Python's NUMBER_RE, plus -Infinity. */
+static int
+scan_number(struct scan *sc)
+{
+    const unsigned char *s = sc->s;
+    size_t n = sc->n, i = sc->i, start = sc->i;
+
+    if (s[i] == '-') {
+        i++;
+        if (i < n && s[i] == 'I') {
+            sc->i = i;
+            if (match_lit(sc, "Infinity", 8))
+                return 0;
+            return fault(sc, JSONL_SYNTAX, start, "expected a value");
+        }
+    }
+    if (i >= n || !is_digit(s[i]))
+        return fault(sc, JSONL_SYNTAX, start, "expected a value");
+    if (s[i] == '0')
+        i++;
+    else
+        while (i < n && is_digit(s[i]))
+            i++;
+    if (i + 1 < n && s[i] == '.' && is_digit(s[i + 1])) {
+        i += 2;
+        while (i < n && is_digit(s[i]))
+            i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        size_t j = i + 1;
+        if (j < n && (s[j] == '+' || s[j] == '-'))
+            j++;
+        if (j < n && is_digit(s[j])) {
+            while (j < n && is_digit(s[j]))
+                j++;
+            i = j;
+        }
+    }
+    sc->i = i;
+    return 0;
+}
+
+static void
+add_member(struct jsonl_record *rec, size_t key_off, size_t key_len, bool key_escaped)
+{
+    struct jsonl_member *m;
+
+    if (rec->nmembers == rec->members_cap) {
+        rec->members_cap = rec->members_cap ? rec->members_cap * 2 : 16;
+        rec->members = xrealloc(rec->members, rec->members_cap * sizeof(*rec->members));
+    }
+    m = &rec->members[rec->nmembers++];
+    m->key_off = key_off;
+    m->key_len = key_len;
+    m->key_escaped = key_escaped;
+    m->val_off = m->val_len = 0;
+}
+
+/*
+ * The grammar as a loop over an explicit container stack: one bit per level
+ * (1 = object), so depth costs max_depth/8 bytes and no recursion.
+ */
+static int
+scan_value(struct scan *sc, unsigned max_depth)
+{
+    enum { STACK_BYTES = 512 };
+    unsigned char stack[STACK_BYTES];
+    unsigned depth = 0;
+    struct jsonl_record *rec = sc->rec;
+    bool members = rec->want_members, esc;
+    size_t kstart;
+    int r;
+
+    if (max_depth > STACK_BYTES * 8)
+        max_depth = STACK_BYTES * 8;
+
+value:
+    skip_ws(sc);
+    if (sc->i >= sc->n)
+        return fault(sc, JSONL_SYNTAX, sc->i, "expected a value");
+    if (members && depth == 1 && (stack[0] & 1))
+        rec->members[rec->nmembers - 1].val_off = sc->i;
+    switch (sc->s[sc->i]) {
+    case '{':
+    case '[': {
+        bool obj = sc->s[sc->i] == '{';
+        if (depth >= max_depth)
+            return fault(sc, JSONL_DEPTH, sc->i, "nested too deeply");
+        if (obj)
+            stack[depth / 8] |= (unsigned char)(1u << (depth % 8));
+        else
+            stack[depth / 8] &= (unsigned char)~(1u << (depth % 8));
+        if (depth == 0 && obj)
+            rec->obj_open = sc->i;
+        depth++;
+        sc->i++;
+        skip_ws(sc);
+        if (sc->i < sc->n && sc->s[sc->i] == (obj ? '}' : ']')) {
+            sc->i++;
+            depth--;
+            if (depth == 0 && obj)
+                rec->obj_close = sc->i - 1;
+            goto after;
+        }
+        if (!obj)
+            goto value;
+        goto key;
+    }
+    case '"':
+        if ((r = scan_string(sc, &esc)) < 0)
+            return r;
+        goto after;
+    case 't':
+        if (match_lit(sc, "true", 4))
+            goto after;
+        break;
+    case 'f':
+        if (match_lit(sc, "false", 5))
+            goto after;
+        break;
+    case 'n':
+        if (match_lit(sc, "null", 4))
+            goto after;
+        break;
+    case 'N':
+        if (match_lit(sc, "NaN", 3))
+            goto after;
+        break;
+    case 'I':
+        if (match_lit(sc, "Infinity", 8))
+            goto after;
+        break;
+    default:
+        if (sc->s[sc->i] == '-' || is_digit(sc->s[sc->i])) {
+            if ((r = scan_number(sc)) < 0)
+                return r;
+            goto after;
+        }
+        break;
+    }
+    return fault(sc, JSONL_SYNTAX, sc->i, "expected a value");
+
+key:
+    /* at the first byte after '{' or ',' (whitespace skipped) */
+    if (sc->i >= sc->n || sc->s[sc->i] != '"')
+        return fault(sc, JSONL_SYNTAX, sc->i, "expected a string key");
+    kstart = sc->i;
+    if ((r = scan_string(sc, &esc)) < 0)
+        return r;
+    if (members && depth == 1)
+        add_member(rec, kstart + 1, sc->i - kstart - 2, esc);
+    skip_ws(sc);
+    if (sc->i >= sc->n || sc->s[sc->i] != ':')
+        return fault(sc, JSONL_SYNTAX, sc->i, "expected ':'");
+    sc->i++;
+    goto value;
+
+after:
+    if (depth == 0)
+        return 0;
+    if (members && depth == 1 && (stack[0] & 1)) {
+        struct jsonl_member *m = &rec->members[rec->nmembers - 1];
+        m->val_len = sc->i - m->val_off;
+    }
+    skip_ws(sc);
+    if (sc->i >= sc->n)
+        return fault(sc, JSONL_SYNTAX, sc->i,
+                     (stack[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1 ? "expected ',' or '}'"
+                                                                      : "expected ',' or ']'");
+    {
+        bool obj = (stack[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1;
+        unsigned char c = sc->s[sc->i];
+        if (c == ',') {
+            sc->i++;
+            if (obj) {
+                skip_ws(sc);
+                goto key;
+            }
+            goto value;
+        }
+        if (c == (obj ? '}' : ']')) {
+            sc->i++;
+            depth--;
+            if (depth == 0 && obj)
+                rec->obj_close = sc->i - 1;
+            goto after;
+        }
+        return fault(sc, JSONL_SYNTAX, sc->i, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+}
+
+static bool
+is_blank(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r' && c != '\v' && c != '\f')
+            return false;
+    }
+    return true;
+}
+
+int
+jsonl_check(struct jsonl_record *rec, const char *p, size_t n, const struct jsonl_limits *lim)
+{
+    struct scan sc = { (const unsigned char *)p, n, 0, rec };
+    size_t bad, first;
+    int r;
+
+    if (!lim)
+        lim = &jsonl_default_limits;
+    rec->fault = JSONL_OK;
+    rec->fault_off = 0;
+    rec->detail = NULL;
+    rec->nmembers = 0;
+    rec->obj_open = rec->obj_close = 0;
+    if (n > lim->max_line)
+        return fault(&sc, JSONL_TOO_LONG, lim->max_line, "record too long");
+    if (is_blank(p, n))
+        return fault(&sc, JSONL_BLANK, 0, NULL);
+    skip_ws(&sc);
+    first = sc.i;
+    r = scan_value(&sc, lim->max_depth ? lim->max_depth : JSONL_MAX_DEPTH_DEFAULT);
+    if (r == 0) {
+        skip_ws(&sc);
+        if (sc.i < n)
+            r = fault(&sc, JSONL_SYNTAX, sc.i, "extra data after the value");
+    }
+    if (r < 0) {
+        /* Python decodes the whole line before parsing: a bad byte anywhere
+         * wins over a syntax error, and a BOM is reported as such. */
+        if (!jsonl_utf8_valid(p, n, &bad))
+            return fault(&sc, JSONL_UTF8, bad, "invalid UTF-8 sequence");
+        if (n >= 3 && memcmp(p, "\xef\xbb\xbf", 3) == 0)
+            return fault(&sc, JSONL_BOM, 0, "Unexpected UTF-8 BOM");
+        return r;
+    }
+    if (p[first] != '{')
+        return fault(&sc, JSONL_NOT_OBJECT, first, NULL);
+    return 0;
+}
+
+int
+jsonl_error(const struct jsonl_record *rec, const struct jsonl_limits *lim, const char *file,
+            unsigned long long line, struct esd_err *err)
+{
+    unsigned long long byte = (unsigned long long)rec->fault_off + 1;
+
+    if (!lim)
+        lim = &jsonl_default_limits;
+    switch (rec->fault) {
+    case JSONL_BLANK:
+        return err_set(err, -EINVAL, "Blank JSONL record at %s:%llu", file, line);
+    case JSONL_TOO_LONG:
+        return err_set(err, -EINVAL, "JSONL record longer than %zu bytes at %s:%llu",
+                       lim->max_line, file, line);
+    case JSONL_UTF8:
+        return err_set(err, -EINVAL, "Invalid UTF-8 at %s:%llu: %s at byte %llu", file, line,
+                       rec->detail, byte);
+    case JSONL_BOM:
+        return err_set(err, -EINVAL, "Invalid JSON at %s:%llu: Unexpected UTF-8 BOM", file, line);
+    case JSONL_DEPTH:
+        return err_set(err, -EINVAL, "Invalid JSON at %s:%llu: nested deeper than %u levels at byte %llu",
+                       file, line, lim->max_depth ? lim->max_depth : JSONL_MAX_DEPTH_DEFAULT, byte);
+    case JSONL_SURROGATE:
+        return err_set(err, -EINVAL, "Invalid JSON at %s:%llu: lone surrogate escape at byte %llu",
+                       file, line, byte);
+    case JSONL_NOT_OBJECT:
+        return err_set(err, -EINVAL, "JSONL record must be an object at %s:%llu", file, line);
+    case JSONL_SYNTAX:
+        return err_set(err, -EINVAL, "Invalid JSON at %s:%llu: %s at byte %llu", file, line,
+                       rec->detail, byte);
+    case JSONL_OK:
+        break;
+    }
+    return err_set(err, -EINVAL, "Invalid JSONL record at %s:%llu", file, line);
+}
+
+static void
+put_utf8(struct buf *out, unsigned long cp)
+{
+    char b[4];
+
+    if (cp < 0x80) {
+        buf_putc(out, (char)cp);
+    } else if (cp < 0x800) {
+        b[0] = (char)(0xc0 | cp >> 6);
+        b[1] = (char)(0x80 | (cp & 0x3f));
+        buf_append(out, b, 2);
+    } else if (cp < 0x10000) {
+        b[0] = (char)(0xe0 | cp >> 12);
+        b[1] = (char)(0x80 | (cp >> 6 & 0x3f));
+        b[2] = (char)(0x80 | (cp & 0x3f));
+        buf_append(out, b, 3);
+    } else {
+        b[0] = (char)(0xf0 | cp >> 18);
+        b[1] = (char)(0x80 | (cp >> 12 & 0x3f));
+        b[2] = (char)(0x80 | (cp >> 6 & 0x3f));
+        b[3] = (char)(0x80 | (cp & 0x3f));
+        buf_append(out, b, 4);
+    }
+}
+
+void
+jsonl_unescape(const char *s, size_t n, struct buf *out)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, run = 0;
+
+    buf_reserve(out, n);
+    while (i < n) {
+        if (u[i] != '\\') {
+            i++;
+            run++;
+            continue;
+        }
+        buf_append(out, s + i - run, run);
+        run = 0;
+        if (i + 1 >= n)
+            break;
+        switch (u[i + 1]) {
+        case 'b': buf_putc(out, '\b'); i += 2; continue;
+        case 'f': buf_putc(out, '\f'); i += 2; continue;
+        case 'n': buf_putc(out, '\n'); i += 2; continue;
+        case 'r': buf_putc(out, '\r'); i += 2; continue;
+        case 't': buf_putc(out, '\t'); i += 2; continue;
+        case 'u': break;
+        default: buf_putc(out, (char)u[i + 1]); i += 2; continue;
+        }
+        long cp = i + 6 <= n ? hex4(u + i + 2) : -1;
+        if (cp < 0)
+            break; /* not reached for validated input */
+        i += 6;
+        if (cp >= 0xd800 && cp <= 0xdbff && i + 6 <= n && u[i] == '\\' && u[i + 1] == 'u') {
+            long lo = hex4(u + i + 2);
+            if (lo >= 0xdc00 && lo <= 0xdfff) {
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                i += 6;
+            }
+        }
+        put_utf8(out, (unsigned long)cp);
+    }
+    buf_append(out, s + i - run, run);
+}
+
+/* ---- streaming reader ---- */
+
+enum { READ_CHUNK = 4 << 20 };
+
+int
+jsonl_reader_open(struct jsonl_reader *r, const char *path, size_t max_line, struct esd_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return err_sys(err, -errno, "cannot open %s", path);
+    (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    memset(r, 0, sizeof(*r));
+    r->fd = fd;
+    r->path = xstrdup(path);
+    r->max_line = max_line ? max_line : JSONL_MAX_LINE_DEFAULT;
+    r->cap = READ_CHUNK;
+    r->buf = xmalloc(r->cap);
+    return 0;
+}
+
+void
+jsonl_reader_close(struct jsonl_reader *r)
+{
+    if (r->fd >= 0 && r->buf)
+        close(r->fd);
+    free(r->buf);
+    free(r->path);
+    r->buf = NULL;
+    r->path = NULL;
+    r->fd = -1;
+}
+
+int
+jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len, bool *ret_nl,
+                  struct esd_err *err)
+{
+    for (;;) {
+        char *nl = NULL;
+
+        if (r->scan < r->end)
+            nl = memchr(r->buf + r->scan, '\n', r->end - r->scan);
+        if (nl) {
+            size_t len = (size_t)(nl - (r->buf + r->beg));
+            if (len > r->max_line)
+                return err_set(err, -EFBIG, "JSONL record longer than %zu bytes at %s:%llu",
+                               r->max_line, r->path, r->lineno + 1);
+            *ret_line = r->buf + r->beg;
+            *ret_len = len;
+            *ret_nl = true;
+            r->beg = r->scan = (size_t)(nl - r->buf) + 1;
+            r->lineno++;
+            r->offset += len + 1;
+            return 1;
+        }
+        r->scan = r->end;
+        if (r->end - r->beg > r->max_line)
+            return err_set(err, -EFBIG, "JSONL record longer than %zu bytes at %s:%llu",
+                           r->max_line, r->path, r->lineno + 1);
+        if (r->eof) {
+            if (r->beg == r->end)
+                return 0;
+            *ret_line = r->buf + r->beg;
+            *ret_len = r->end - r->beg;
+            *ret_nl = false;
+            r->offset += r->end - r->beg;
+            r->beg = r->scan = r->end;
+            r->lineno++;
+            return 1;
+        }
+        /* Keep the partial record, make room, read more. */
+        if (r->beg > 0) {
+            memmove(r->buf, r->buf + r->beg, r->end - r->beg);
+            r->end -= r->beg;
+            r->scan -= r->beg;
+            r->beg = 0;
+        }
+        if (r->cap - r->end < READ_CHUNK / 4) {
+            size_t want = r->cap * 2;
+            if (want > r->max_line + READ_CHUNK)
+                want = r->max_line + READ_CHUNK;
+            if (want > r->cap) {
+                r->buf = xrealloc(r->buf, want);
+                r->cap = want;
+            }
+        }
+        ssize_t got = read(r->fd, r->buf + r->end, r->cap - r->end);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return err_sys(err, -errno, "cannot read %s", r->path);
+        }
+        if (got == 0) {
+            r->eof = true;
+            continue;
+        }
+        if (r->on_data)
+            r->on_data(r->on_data_ctx, r->buf + r->end, (size_t)got);
+        r->end += (size_t)got;
+    }
+}

@@ -1,0 +1,171 @@
+/*
+ * manifest: loading and checking manifest.json, and the job directory's
+ * file names.
+ */
+#include "manifest.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsutil.h"
+#include "json.h"
+
+bool
+manifest_id_ok(const char *id)
+{
+    size_t n = strlen(id);
+
+    if (n == 0 || n > 200 || id[0] == '.')
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = id[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+char *
+manifest_shard_id(long long i, long long n)
+{
+    int width = snprintf(NULL, 0, "%lld", n);
+
+    if (width < 5)
+        width = 5;
+    return xasprintf("part-%0*lld-of-%0*lld", width, i, width, n);
+}
+
+static int
+policy_int(const cJSON *policy, const char *key, long long def, long long min, long long *ret,
+           const char *path, struct esd_err *err)
+{
+    const cJSON *v = policy ? cJSON_GetObjectItemCaseSensitive(policy, key) : NULL;
+    long long x;
+
+    if (!v || cJSON_IsNull(v)) {
+        *ret = def;
+        return 0;
+    }
+    if (json_get_int(policy, key, &x) < 0 || x < min)
+        return err_set(err, -EINVAL, "Malformed manifest %s: policy.%s must be an integer >= %lld",
+                       path, key, min);
+    *ret = x;
+    return 0;
+}
+
+int
+manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
+{
+    struct manifest m = { 0 };
+    char *path = fs_join(job_dir, "manifest.json");
+    const cJSON *shards, *exec, *policy, *item;
+    long long schema;
+    int r, i = 0;
+
+    r = json_load_object(path, MANIFEST_MAX_BYTES, &m.json, err);
+    if (r < 0)
+        goto out;
+    if (json_get_int(m.json, "schema_version", &schema) < 0 || schema != MANIFEST_SCHEMA) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(m.json, "schema_version");
+        char *txt = v ? cJSON_PrintUnformatted(v) : NULL;
+        r = err_set(err, -EINVAL, "Unsupported manifest schema_version %s in %s (expected %d)",
+                    txt ? txt : "(missing)", path, MANIFEST_SCHEMA);
+        free(txt);
+        goto out;
+    }
+    shards = cJSON_GetObjectItemCaseSensitive(m.json, "shards");
+    if (!cJSON_IsArray(shards) || cJSON_GetArraySize(shards) == 0) {
+        r = err_set(err, -EINVAL, "Malformed manifest %s: shards must be a non-empty list", path);
+        goto out;
+    }
+    exec = cJSON_GetObjectItemCaseSensitive(m.json, "execution");
+    m.ray_address = json_get_str(exec, "ray_address");
+    if (!cJSON_IsObject(exec) || !json_get_str(exec, "executor_type") ||
+        strcmp(json_get_str(exec, "executor_type"), "ray") != 0 || !m.ray_address ||
+        !*m.ray_address) {
+        r = err_set(err, -EINVAL,
+                    "Malformed manifest %s: execution must have executor_type \"ray\" and a "
+                    "non-empty ray_address",
+                    path);
+        goto out;
+    }
+    m.execution = exec;
+    m.job_id = json_get_str(m.json, "job_id");
+    if (!m.job_id)
+        m.job_id = fs_basename(job_dir);
+    policy = cJSON_GetObjectItemCaseSensitive(m.json, "policy");
+    if ((r = policy_int(policy, "lock_timeout_secs", POLICY_LOCK_TIMEOUT_DEFAULT, 1,
+                        &m.lock_timeout_secs, path, err)) < 0 ||
+        (r = policy_int(policy, "max_retries", POLICY_MAX_RETRIES_DEFAULT, 0, &m.max_retries,
+                        path, err)) < 0 ||
+        (r = policy_int(policy, "poll_interval_secs", POLICY_POLL_INTERVAL_DEFAULT, 1,
+                        &m.poll_interval_secs, path, err)) < 0)
+        goto out;
+    m.nshards = (size_t)cJSON_GetArraySize(shards);
+    m.shards = xcalloc(m.nshards, sizeof(*m.shards));
+    cJSON_ArrayForEach(item, shards) {
+        struct manifest_shard *s = &m.shards[i];
+        if (!cJSON_IsObject(item) || !(s->id = json_get_str(item, "id")) ||
+            !(s->path = json_get_str(item, "path")) || json_get_int(item, "rows", &s->rows) < 0) {
+            r = err_set(err, -EINVAL,
+                        "Malformed manifest %s: shards[%d] needs string id and path and integer rows",
+                        path, i);
+            goto out;
+        }
+        if (!manifest_id_ok(s->id)) {
+            r = err_set(err, -EINVAL,
+                        "Malformed manifest %s: shard id '%s' is not a plain file name", path,
+                        s->id);
+            goto out;
+        }
+        for (int j = 0; j < i; j++)
+            if (strcmp(m.shards[j].id, s->id) == 0) {
+                r = err_set(err, -EINVAL, "Malformed manifest %s: duplicate shard id '%s'", path,
+                            s->id);
+                goto out;
+            }
+        if (json_get_int(item, "index", &s->index) < 0)
+            s->index = i;
+        if (json_get_int(item, "size_bytes", &s->size_bytes) < 0)
+            s->size_bytes = -1;
+        s->sha256 = json_get_str(item, "sha256");
+        m.total_rows += s->rows;
+        i++;
+    }
+    m.job_dir = xstrdup(job_dir);
+    *ret = m;
+    m.json = NULL;
+    m.shards = NULL;
+out:
+    free(path);
+    free(m.shards);
+    cJSON_Delete(m.json);
+    return r;
+}
+
+void
+manifest_free(struct manifest *m)
+{
+    cJSON_Delete(m->json);
+    free(m->shards);
+    free(m->job_dir);
+    memset(m, 0, sizeof(*m));
+}
+
+long
+manifest_find(const struct manifest *m, const char *id)
+{
+    for (size_t i = 0; i < m->nshards; i++)
+        if (strcmp(m->shards[i].id, id) == 0)
+            return (long)i;
+    return -1;
+}
+
+char *
+manifest_state_path(const struct manifest *m, const char *kind, const char *id, const char *suffix)
+{
+    return xasprintf("%s/state/%s/%s%s", m->job_dir, kind, id, suffix);
+}

@@ -1,0 +1,447 @@
+/*
+ * merge: ordered concatenation of accepted results, with revalidation.
+ *
+ * The bytes of each result file go to the output exactly as read (a missing
+ * final newline is added), so the reader's raw chunks are written and
+ * hashed as they arrive and the lines are only validated; a failure at any
+ * point discards the temporary output.
+ */
+#include "merge.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "hashq.h"
+#include "json.h"
+#include "status.h"
+
+struct result {
+    const char *id;
+    char *path; /* resolved result file */
+    char *hostname;
+    long long rows;
+    char sha256[SHA256_HEX_LEN + 1];
+    uint64_t size;
+};
+
+struct ctx {
+    const struct manifest *m;
+    const struct merge_opts *o;
+    struct jsonl_limits lim;
+    struct result *res;
+    struct hashq *hq;
+    struct sha256 out_sha;
+    int out_fd;
+    const char *out_tmp;
+    double t0;
+    uint64_t bytes_total;
+};
+
+static void
+results_free(struct result *res, size_t n)
+{
+    for (size_t i = 0; res && i < n; i++) {
+        free(res[i].path);
+        free(res[i].hostname);
+    }
+    free(res);
+}
+
+/* Reads every done record: result path, rows, digest, owner. */
+static int
+load_results(struct ctx *c, struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+
+    c->res = xcalloc(m->nshards, sizeof(*c->res));
+    for (size_t i = 0; i < m->nshards; i++) {
+        struct result *x = &c->res[i];
+        char *path = manifest_state_path(m, "done", m->shards[i].id, ".json");
+        cJSON *d = NULL;
+        const char *rel, *sha, *host;
+        struct stat st;
+        int r;
+
+        x->id = m->shards[i].id;
+        r = json_load_object(path, 1 << 20, &d, err);
+        if (r == 0) {
+            rel = json_get_str(d, "output_path");
+            sha = json_get_str(d, "sha256");
+            if (!rel || !sha || strlen(sha) != SHA256_HEX_LEN ||
+                json_get_int(d, "rows", &x->rows) < 0)
+                r = err_set(err, -EINVAL,
+                            "Malformed done record %s: needs output_path, rows and sha256", path);
+            else
+                r = fs_join_inside(m->job_dir, rel, &x->path, err);
+        }
+        if (r == 0) {
+            memcpy(x->sha256, sha, SHA256_HEX_LEN + 1);
+            if ((host = json_get_str(d, "hostname")) && *host)
+                x->hostname = xstrdup(host);
+            if (stat(x->path, &st) < 0)
+                r = err_sys(err, -errno, "Cannot read result of %s: %s", x->id, x->path);
+            else
+                c->bytes_total += (uint64_t)st.st_size;
+        }
+        cJSON_Delete(d);
+        free(path);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+struct sink {
+    struct ctx *c;
+    struct sha256 *shard_sha;
+    int r;
+};
+
+static void
+sink_data(void *arg, const char *p, size_t n)
+{
+    struct sink *k = arg;
+    int r;
+
+    if (k->r < 0)
+        return;
+    hashq_update(k->c->hq, k->shard_sha, p, n);
+    hashq_update(k->c->hq, &k->c->out_sha, p, n);
+    if (k->c->out_fd >= 0 && (r = fs_write_all(k->c->out_fd, p, n)) < 0)
+        k->r = r;
+}
+
+static void
+report(struct ctx *c, size_t shards_done, uint64_t bytes, uint64_t rows)
+{
+    struct merge_progress p;
+
+    if (!c->o->progress)
+        return;
+    p.shards_done = shards_done;
+    p.shards_total = c->m->nshards;
+    p.bytes_done = bytes;
+    p.bytes_total = c->bytes_total;
+    p.rows = rows;
+    p.elapsed = time_mono() - c->t0;
+    c->o->progress(c->o->progress_ctx, &p);
+}
+
+/* Validates, hashes and (when writing) copies every result in order. */
+static int
+stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
+{
+    struct jsonl_record rec;
+    uint64_t bytes = 0, next_report = 0;
+    int r = 0;
+
+    jsonl_record_init(&rec, false);
+    for (size_t i = 0; i < c->m->nshards && r == 0; i++) {
+        struct result *x = &c->res[i];
+        struct sha256 shard_sha;
+        struct sink sink = { c, &shard_sha, 0 };
+        struct jsonl_reader rd;
+        char hex[SHA256_HEX_LEN + 1];
+        long long rows = 0;
+        bool nl = true;
+        const char *line;
+        size_t len;
+
+        if ((r = jsonl_reader_open(&rd, x->path, c->lim.max_line, err)) < 0)
+            break;
+        sha256_init(&shard_sha);
+        rd.on_data = sink_data;
+        rd.on_data_ctx = &sink;
+        while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
+            if (sink.r < 0)
+                break;
+            if (jsonl_check(&rec, line, len, &c->lim) < 0) {
+                r = jsonl_error(&rec, &c->lim, x->path, rd.lineno, err);
+                break;
+            }
+            rows++;
+            if (bytes + rd.offset >= next_report) {
+                report(c, i, bytes + rd.offset, res->rows + (uint64_t)rows);
+                next_report = bytes + rd.offset + (8u << 20);
+            }
+        }
+        bytes += rd.offset;
+        jsonl_reader_close(&rd);
+        if (r == 0 && sink.r < 0)
+            r = err_sys(err, sink.r, "Cannot write %s", c->out_tmp);
+        if (r == 0 && !nl) {
+            /* The output gets the missing newline; the shard digest not. */
+            hashq_update(c->hq, &c->out_sha, "\n", 1);
+            if (c->out_fd >= 0 && (r = fs_write_all(c->out_fd, "\n", 1)) < 0)
+                err_sys(err, r, "Cannot write %s", c->out_tmp);
+            res->bytes++;
+        }
+        hashq_sync(c->hq);
+        if (r < 0) {
+            sha256_abort(&shard_sha);
+            break;
+        }
+        sha256_final(&shard_sha, hex);
+        if (rows != x->rows || strcmp(hex, x->sha256) != 0) {
+            r = err_set(err, -EINVAL,
+                        "Result checksum or row count mismatch for %s: %s has %lld rows and "
+                        "sha256 %s, the done record says %lld rows and sha256 %s",
+                        x->id, x->path, rows, hex, x->rows, x->sha256);
+            break;
+        }
+        res->rows += (uint64_t)rows;
+        res->bytes += rd.offset;
+    }
+    if (r == 0)
+        report(c, c->m->nshards, bytes, res->rows);
+    jsonl_record_free(&rec);
+    return r;
+}
+
+static int
+cmp_owner(const void *a, const void *b)
+{
+    return strcmp(((const struct merge_owner *)a)->hostname,
+                  ((const struct merge_owner *)b)->hostname);
+}
+
+static void
+collect_owners(struct ctx *c, struct merge_result *res)
+{
+    for (size_t i = 0; i < c->m->nshards; i++) {
+        const char *h = c->res[i].hostname;
+        size_t k;
+
+        if (!h)
+            continue;
+        for (k = 0; k < res->nowners && strcmp(res->owners[k].hostname, h); k++)
+            ;
+        if (k == res->nowners) {
+            res->owners = xrealloc(res->owners, (k + 1) * sizeof(*res->owners));
+            res->owners[k].hostname = xstrdup(h);
+            res->owners[k].shards = 0;
+            res->nowners++;
+        }
+        res->owners[k].shards++;
+    }
+    if (res->nowners > 1)
+        qsort(res->owners, res->nowners, sizeof(*res->owners), cmp_owner);
+}
+
+/* Completeness, done records, then the streamed pass. */
+static int
+run(struct ctx *c, struct merge_result *res, struct esd_err *err)
+{
+    struct job_status st;
+    int r;
+
+    if ((r = status_compute(c->m, c->o->lock_timeout, false, &st, err)) < 0)
+        return r;
+    if (!st.complete) {
+        r = err_set(err, -EAGAIN,
+                    "Cannot merge an incomplete job: pending=%zu running=%zu stale=%zu "
+                    "failed=%zu done=%zu",
+                    st.counts[ST_PENDING], st.counts[ST_RUNNING], st.counts[ST_STALE],
+                    st.counts[ST_FAILED], st.counts[ST_DONE]);
+        status_free(&st);
+        return r;
+    }
+    status_free(&st);
+    if ((r = load_results(c, err)) < 0)
+        return r;
+    collect_owners(c, res);
+    res->nshards = c->m->nshards;
+    return stream_results(c, res, err);
+}
+
+static void
+ctx_init(struct ctx *c, const struct manifest *m, const struct merge_opts *o)
+{
+    memset(c, 0, sizeof(*c));
+    c->m = m;
+    c->o = o;
+    c->lim = o->limits ? *o->limits : jsonl_default_limits;
+    c->out_fd = -1;
+    c->t0 = time_mono();
+    c->hq = hashq_new();
+    sha256_init(&c->out_sha);
+}
+
+static void
+ctx_free(struct ctx *c)
+{
+    hashq_free(c->hq);
+    sha256_abort(&c->out_sha);
+    results_free(c->res, c->m->nshards);
+}
+
+static int
+write_merge_json(const struct manifest *m, const char *output, const struct merge_result *res,
+                 struct esd_err *err)
+{
+    cJSON *j = cJSON_CreateObject();
+    char now[40], *path = fs_join(m->job_dir, "merge.json");
+    int r;
+
+    time_iso_now(now, NULL);
+    json_add_str(j, "job_id", m->job_id);
+    json_add_str(j, "merged_at", now);
+    json_add_str(j, "output_path", output);
+    json_add_int(j, "rows", (long long)res->rows);
+    json_add_str(j, "sha256", res->sha256);
+    json_add_int(j, "num_shards", (long long)m->nshards);
+    r = json_write_atomic(path, j, JSON_PRETTY, err);
+    cJSON_Delete(j);
+    free(path);
+    return r;
+}
+
+int
+merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
+          struct esd_err *err)
+{
+    struct merge_result res = { 0 };
+    struct ctx c;
+    struct stat st;
+    char *tmp = NULL, *parent = NULL;
+    int r;
+
+    if (!o->output)
+        return err_set(err, -EINVAL, "merge needs an output path");
+    if (!o->overwrite && lstat(o->output, &st) == 0)
+        return err_set(err, -EEXIST, "Output already exists: %s; pass --overwrite to replace it",
+                       o->output);
+    ctx_init(&c, m, o);
+    parent = fs_dirname(o->output);
+    if ((r = fs_mkdir_p(parent, 0755, err)) < 0)
+        goto out;
+    tmp = fs_tmp_path(o->output);
+    c.out_tmp = tmp;
+    c.out_fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (c.out_fd < 0) {
+        r = err_sys(err, -errno, "Cannot create %s", tmp);
+        goto out;
+    }
+    if ((r = run(&c, &res, err)) < 0)
+        goto out;
+    sha256_final(&c.out_sha, res.sha256);
+    if (fsync(c.out_fd) < 0) {
+        r = err_sys(err, -errno, "Cannot write %s", tmp);
+        goto out;
+    }
+    close(c.out_fd);
+    c.out_fd = -1;
+    if (o->overwrite) {
+        if (rename(tmp, o->output) < 0)
+            r = err_sys(err, -errno, "Cannot replace %s", o->output);
+    } else if (link(tmp, o->output) < 0) {
+        r = errno == EEXIST
+                ? err_set(err, -EEXIST, "Output already exists: %s; pass --overwrite to replace it",
+                          o->output)
+                : err_sys(err, -errno, "Cannot create %s", o->output);
+    } else {
+        unlink(tmp);
+    }
+    if (r == 0)
+        r = fs_fsync_dir(parent, err);
+    if (r == 0)
+        r = write_merge_json(m, o->output, &res, err);
+out:
+    if (c.out_fd >= 0)
+        close(c.out_fd);
+    if (tmp)
+        unlink(tmp);
+    free(tmp);
+    free(parent);
+    ctx_free(&c);
+    if (r < 0) {
+        merge_result_free(&res);
+        return r;
+    }
+    *ret = res;
+    return 0;
+}
+
+/* Checks the file merge.json names against it, if both exist. */
+static int
+check_merged_output(const struct manifest *m, struct merge_result *res, struct esd_err *err)
+{
+    char *path = fs_join(m->job_dir, "merge.json");
+    cJSON *j = NULL;
+    const char *out, *sha;
+    long long rows;
+    struct stat st;
+    int r = 0;
+
+    if (lstat(path, &st) < 0)
+        goto done;
+    if ((r = json_load_object(path, 1 << 20, &j, err)) < 0)
+        goto done;
+    out = json_get_str(j, "output_path");
+    sha = json_get_str(j, "sha256");
+    if (!out || !sha || json_get_int(j, "rows", &rows) < 0) {
+        r = err_set(err, -EINVAL, "Malformed %s: needs output_path, rows and sha256", path);
+        goto done;
+    }
+    if ((uint64_t)rows != res->rows || strcmp(sha, res->sha256) != 0) {
+        r = err_set(err, -EINVAL,
+                    "%s does not match the shard results: it records %lld rows and sha256 %s, "
+                    "the results give %llu rows and sha256 %s",
+                    path, rows, sha, (unsigned long long)res->rows, res->sha256);
+        goto done;
+    }
+    if (stat(out, &st) == 0) {
+        char hex[SHA256_HEX_LEN + 1];
+
+        if ((r = sha256_file(out, hex, err)) < 0)
+            goto done;
+        if (strcmp(hex, sha) != 0) {
+            r = err_set(err, -EINVAL, "Merged output %s does not match %s: sha256 %s, expected %s",
+                        out, path, hex, sha);
+            goto done;
+        }
+        res->checked_output = true;
+    }
+done:
+    cJSON_Delete(j);
+    free(path);
+    return r;
+}
+
+int
+merge_verify(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
+             struct esd_err *err)
+{
+    struct merge_result res = { 0 };
+    struct ctx c;
+    int r;
+
+    ctx_init(&c, m, o);
+    r = run(&c, &res, err);
+    if (r == 0) {
+        sha256_final(&c.out_sha, res.sha256);
+        r = check_merged_output(m, &res, err);
+    }
+    ctx_free(&c);
+    if (r < 0) {
+        merge_result_free(&res);
+        return r;
+    }
+    *ret = res;
+    return 0;
+}
+
+void
+merge_result_free(struct merge_result *r)
+{
+    for (size_t i = 0; i < r->nowners; i++)
+        free(r->owners[i].hostname);
+    free(r->owners);
+    memset(r, 0, sizeof(*r));
+}

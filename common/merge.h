@@ -1,0 +1,74 @@
+/*
+ * merge: the ordered merge of a finished job (spec §11) and its read-only
+ * twin, verify. Every shard's accepted result is revalidated line by line
+ * and its row count and SHA-256 are checked against the done record; merge
+ * writes the concatenation, in manifest order, to a temporary file beside
+ * the output and renames it into place (so --overwrite is atomic), then
+ * records merge.json. Memory stays bounded; the two digests run on the
+ * hashing thread.
+ */
+#ifndef ESD_MERGE_H
+#define ESD_MERGE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "jsonl.h"
+#include "manifest.h"
+#include "sha256.h"
+#include "util.h"
+
+struct merge_progress {
+    size_t shards_done, shards_total;
+    uint64_t bytes_done, bytes_total; /* bytes_total from the done records */
+    uint64_t rows;
+    double elapsed;
+};
+
+struct merge_opts {
+    const char *output;      /* resolved path; NULL for verify */
+    bool overwrite;
+    long long lock_timeout;  /* for the completeness check; <= 0: manifest */
+    const struct jsonl_limits *limits;
+    void (*progress)(void *ctx, const struct merge_progress *p);
+    void *progress_ctx;
+};
+
+struct merge_owner {
+    char *hostname;
+    size_t shards;
+};
+
+struct merge_result {
+    size_t nshards;
+    uint64_t rows;
+    uint64_t bytes;
+    char sha256[SHA256_HEX_LEN + 1]; /* of the merged bytes */
+    struct merge_owner *owners;      /* distinct hostnames of done records, sorted */
+    size_t nowners;
+    /* verify only: merge.json was present and its output checked */
+    bool checked_output;
+};
+
+/*
+ * Merges m into o->output. Refuses an incomplete job ("Cannot merge an
+ * incomplete job: pending=… running=… stale=… failed=… done=…"), an
+ * existing output without o->overwrite, an invalid result line (file:line)
+ * and a result whose rows or SHA-256 differ from its done record ("Result
+ * checksum or row count mismatch for <id>"). On failure no output or
+ * temporary file is left behind and an existing output is untouched.
+ */
+int merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
+              struct esd_err *err);
+
+/*
+ * Verify: the same checks without writing anything; if merge.json exists
+ * and its output file too, that file's rows and SHA-256 are checked
+ * against it as well.
+ */
+int merge_verify(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
+                 struct esd_err *err);
+
+void merge_result_free(struct merge_result *r);
+
+#endif

@@ -1,0 +1,1000 @@
+/*
+ * prepare: discovery, the scan pass, the write pass and publication of a job
+ * directory.
+ *
+ * Cost model. The scan pass validates every record and hashes every input
+ * file (SHA-256 for the manifest, on the hashing thread). The write pass
+ * needs record boundaries, the shard hashes and the whole-stream hash; for
+ * input files whose records needed no normalisation edit in the scan pass
+ * it trusts the scan's validation, because a fast 64-bit hash of the raw
+ * bytes, compared at the end of the file, proves the bytes did not change
+ * in between (the reference rehashes with SHA-256 for the same purpose).
+ */
+#include "prepare.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "hashq.h"
+#include "json.h"
+#include "manifest.h"
+#include "record.h"
+#include "sha256.h"
+
+/* ---- a streaming 64-bit hash for change detection between passes ---- */
+
+struct fasthash {
+    uint64_t lane[4];
+    uint64_t total;
+    unsigned char tail[32];
+    size_t ntail;
+};
+
+static const uint64_t FH_P1 = 0x9e3779b185ebca87ULL, FH_P2 = 0xc2b2ae3d27d4eb4fULL;
+
+static void
+fh_init(struct fasthash *h)
+{
+    memset(h, 0, sizeof(*h));
+    for (int i = 0; i < 4; i++)
+        h->lane[i] = FH_P1 * (uint64_t)(i + 1);
+}
+
+static inline uint64_t
+fh_round(uint64_t acc, uint64_t v)
+{
+    acc += v * FH_P2;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * FH_P1;
+}
+
+static void
+fh_blocks(struct fasthash *h, const unsigned char *p, size_t nblocks)
+{
+    uint64_t a = h->lane[0], b = h->lane[1], c = h->lane[2], d = h->lane[3], w[4];
+
+    for (size_t i = 0; i < nblocks; i++, p += 32) {
+        memcpy(w, p, 32);
+        a = fh_round(a, w[0]);
+        b = fh_round(b, w[1]);
+        c = fh_round(c, w[2]);
+        d = fh_round(d, w[3]);
+    }
+    h->lane[0] = a, h->lane[1] = b, h->lane[2] = c, h->lane[3] = d;
+}
+
+static void
+fh_update(void *ctx, const char *data, size_t n)
+{
+    struct fasthash *h = ctx;
+    const unsigned char *p = (const unsigned char *)data;
+
+    h->total += n;
+    if (h->ntail) {
+        size_t k = 32 - h->ntail < n ? 32 - h->ntail : n;
+        memcpy(h->tail + h->ntail, p, k);
+        h->ntail += k;
+        p += k;
+        n -= k;
+        if (h->ntail < 32)
+            return;
+        fh_blocks(h, h->tail, 1);
+        h->ntail = 0;
+    }
+    fh_blocks(h, p, n / 32);
+    memcpy(h->tail, p + n / 32 * 32, n % 32);
+    h->ntail = n % 32;
+}
+
+static uint64_t
+fh_final(const struct fasthash *h)
+{
+    uint64_t acc = h->total * FH_P1;
+
+    for (int i = 0; i < 4; i++)
+        acc = fh_round(acc ^ h->lane[i], (uint64_t)i);
+    for (size_t i = 0; i < h->ntail; i++)
+        acc = fh_round(acc, h->tail[i]);
+    acc ^= acc >> 29;
+    return acc * FH_P2;
+}
+
+/* ---- input files ---- */
+
+struct infile {
+    char *path; /* dataset path joined with rel (not resolved) */
+    char *rel;  /* POSIX path relative to the dataset dir */
+    uint64_t size;
+    long long mtime_ns;
+    uint64_t rows;
+    uint64_t norm_bytes;
+    uint64_t fast;     /* fasthash of the raw bytes, scan pass */
+    bool edited;       /* some record needed a normalisation edit */
+    char sha256[SHA256_HEX_LEN + 1];
+    struct sha256 sha; /* in flight during the scan */
+};
+
+struct files {
+    struct infile *v;
+    size_t n, cap;
+};
+
+static void
+files_free(struct files *f)
+{
+    for (size_t i = 0; i < f->n; i++) {
+        free(f->v[i].path);
+        free(f->v[i].rel);
+        sha256_abort(&f->v[i].sha);
+    }
+    free(f->v);
+    memset(f, 0, sizeof(*f));
+}
+
+static void
+files_add(struct files *f, const char *path, const char *rel, const struct stat *st)
+{
+    struct infile *x;
+
+    if (f->n == f->cap) {
+        f->cap = f->cap ? f->cap * 2 : 16;
+        f->v = xrealloc(f->v, f->cap * sizeof(*f->v));
+    }
+    x = &f->v[f->n++];
+    memset(x, 0, sizeof(*x));
+    x->path = xstrdup(path);
+    x->rel = xstrdup(rel);
+    x->size = (uint64_t)st->st_size;
+    x->mtime_ns = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+}
+
+/* Python's Path.suffix, lower-cased, equals ".jsonl". */
+static bool
+is_jsonl_name(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    size_t len = strlen(name);
+
+    if (!dot || dot == name || (size_t)(dot - name) >= len - 1)
+        return false;
+    return strcasecmp(dot, ".jsonl") == 0;
+}
+
+static int
+walk(const char *dir, const char *rel, struct files *out, struct esd_err *err)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int r = 0;
+
+    if (!d)
+        return err_sys(err, -errno, "Cannot read dataset directory %s", dir);
+    while ((errno = 0, e = readdir(d))) {
+        struct stat st;
+        char *path, *sub;
+
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        path = fs_join(dir, e->d_name);
+        sub = *rel ? xasprintf("%s/%s", rel, e->d_name) : xstrdup(e->d_name);
+        if (lstat(path, &st) < 0) {
+            r = err_sys(err, -errno, "Cannot stat %s", path);
+        } else if (S_ISDIR(st.st_mode)) {
+            r = walk(path, sub, out, err);
+        } else if (is_jsonl_name(e->d_name)) {
+            /* Symlinks to files count; symlinked directories are not descended. */
+            if (S_ISLNK(st.st_mode) && stat(path, &st) < 0)
+                st.st_mode = 0; /* dangling: not a regular file */
+            if (S_ISREG(st.st_mode))
+                files_add(out, path, sub, &st);
+        }
+        free(path);
+        free(sub);
+        if (r < 0)
+            break;
+    }
+    if (r == 0 && errno)
+        r = err_sys(err, -errno, "Cannot read dataset directory %s", dir);
+    closedir(d);
+    return r;
+}
+
+static int
+cmp_rel(const void *a, const void *b)
+{
+    return strcmp(((const struct infile *)a)->rel, ((const struct infile *)b)->rel);
+}
+
+/* Discovers the input files of dataset (resolved) in processing order and
+ * sets *ret_media_root. */
+static int
+discover(const char *dataset, struct files *out, char **ret_media_root, struct esd_err *err)
+{
+    struct stat st;
+    int r;
+
+    if (stat(dataset, &st) < 0)
+        return err_sys(err, -errno, "Dataset path does not exist: %s", dataset);
+    if (S_ISDIR(st.st_mode)) {
+        if ((r = walk(dataset, "", out, err)) < 0)
+            return r;
+        qsort(out->v, out->n, sizeof(*out->v), cmp_rel);
+        *ret_media_root = xstrdup(dataset);
+    } else {
+        if (S_ISREG(st.st_mode) && is_jsonl_name(fs_basename(dataset)))
+            files_add(out, dataset, fs_basename(dataset), &st);
+        *ret_media_root = fs_dirname(dataset);
+    }
+    if (out->n == 0) {
+        free(*ret_media_root);
+        *ret_media_root = NULL;
+        return err_set(err, -ENOENT, "No .jsonl files found under %s", dataset);
+    }
+    return 0;
+}
+
+/* ---- the job being prepared ---- */
+
+struct job {
+    const struct prepare_opts *o;
+    struct jsonl_limits lim;
+    char *config;        /* resolved recipe path */
+    char *recipe_data;
+    size_t recipe_len;
+    struct stat recipe_st;
+    char recipe_sha[SHA256_HEX_LEN + 1];
+    struct recipe recipe;
+    bool have_recipe;
+    char *ray_address;   /* stripped */
+    char *dataset;       /* resolved dataset path */
+    char *media_root;
+    struct files files;
+    char *job_dir;
+    char *staging;
+    struct record_ctx rctx;
+    struct strv warnings;
+    uint64_t total_raw;
+    uint64_t rows;
+    uint64_t bytes;
+    double t0;
+    uint64_t progress_next;
+    struct hashq *hq;
+};
+
+static void
+report(struct job *j, int phase, uint64_t done, uint64_t rows, bool force)
+{
+    struct prepare_progress p;
+
+    if (!j->o->progress || (!force && done < j->progress_next))
+        return;
+    j->progress_next = done + (8u << 20);
+    p.phase = phase;
+    p.bytes_done = done;
+    p.bytes_total = j->total_raw;
+    p.rows = rows;
+    p.elapsed = time_mono() - j->t0;
+    j->o->progress(j->o->progress_ctx, &p);
+}
+
+static char *
+strip(const char *s)
+{
+    const char *e;
+
+    while (*s == ' ' || (*s >= '\t' && *s <= '\r'))
+        s++;
+    e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || (e[-1] >= '\t' && e[-1] <= '\r')))
+        e--;
+    return xstrndup(s, (size_t)(e - s));
+}
+
+/* Steps 1–7 of spec §6.1: everything that needs no pass over the data. */
+static int
+load_request(struct job *j, struct esd_err *err)
+{
+    const struct prepare_opts *o = j->o;
+    int r;
+
+    if ((r = fs_resolve_cli(o->config, &j->config, err)) < 0)
+        return r;
+    if (stat(j->config, &j->recipe_st) < 0 || !S_ISREG(j->recipe_st.st_mode))
+        return err_set(err, -ENOENT, "Recipe does not exist: %s", j->config);
+    if (o->num_shards <= 0)
+        return err_set(err, -EINVAL, "--num-shards must be a positive integer");
+    j->ray_address = strip(o->ray_address ? o->ray_address : "local");
+    if (!*j->ray_address)
+        return err_set(err, -EINVAL, "--ray-address must not be empty");
+    {
+        const struct recipe_limits *rl = o->policy ? &o->policy->limits : NULL;
+        size_t max = rl && rl->max_bytes ? rl->max_bytes : RECIPE_MAX_BYTES;
+
+        if ((r = fs_read_file(j->config, max, &j->recipe_data, &j->recipe_len, err)) < 0)
+            return r;
+    }
+    sha256_buf(j->recipe_data, j->recipe_len, j->recipe_sha);
+    if ((r = recipe_parse(j->recipe_data, j->recipe_len, j->config, o->policy, &j->recipe, err)) < 0)
+        return r;
+    j->have_recipe = true;
+    for (size_t i = 0; i < j->recipe.warnings.n; i++)
+        strv_push(&j->warnings, j->recipe.warnings.v[i]);
+    if (j->recipe.ray_address && strcmp(j->recipe.ray_address, j->ray_address) != 0)
+        strv_push_owned(&j->warnings,
+                        xasprintf("recipe ray_address=%s will be overridden with ray_address=%s "
+                                  "for shard workers",
+                                  j->recipe.ray_address, j->ray_address));
+    if (o->dataset_path) {
+        if ((r = fs_resolve_cli(o->dataset_path, &j->dataset, err)) < 0)
+            return r;
+    } else {
+        char *base = NULL, *joined;
+
+        if (!j->recipe.dataset_path)
+            return err_set(err, -EINVAL,
+                           "No dataset path: pass --dataset-path or set dataset_path in %s",
+                           j->config);
+        if (!j->recipe.dataset_path_valid)
+            return err_set(err, -EINVAL, "Recipe %s: dataset_path must be a non-empty string",
+                           j->config);
+        if (j->recipe.dataset_path[0] == '/') {
+            joined = xstrdup(j->recipe.dataset_path);
+        } else {
+            if ((r = fs_resolve_cli(o->dj_root ? o->dj_root : ".", &base, err)) < 0)
+                return r;
+            joined = fs_join(base, j->recipe.dataset_path);
+            free(base);
+        }
+        r = fs_realpath_lax(joined, &j->dataset, err);
+        free(joined);
+        if (r < 0)
+            return r;
+    }
+    if ((r = discover(j->dataset, &j->files, &j->media_root, err)) < 0)
+        return r;
+    for (size_t i = 0; i < j->files.n; i++)
+        j->total_raw += j->files.v[i].size;
+    j->rctx.media_keys = &j->recipe.media_keys;
+    j->rctx.index_keys = &j->recipe.index_keys;
+    j->rctx.media_root = j->media_root;
+    return fs_resolve_cli(o->job_dir, &j->job_dir, err);
+}
+
+/* Spec §6.6: does the existing job directory match this request? */
+static int
+matches_existing(struct job *j, bool *ret_match, struct esd_err *err)
+{
+    struct manifest m;
+    struct esd_err ignore;
+    const cJSON *files, *recipe, *f;
+    long long n;
+    size_t i = 0;
+    bool match = false;
+    char *mpath = fs_join(j->job_dir, "manifest.json");
+    struct stat st;
+    int r;
+
+    if (lstat(mpath, &st) < 0) {
+        free(mpath);
+        *ret_match = false;
+        return 0;
+    }
+    free(mpath);
+    if ((r = manifest_load(j->job_dir, &m, err)) < 0)
+        return r;
+    recipe = cJSON_GetObjectItemCaseSensitive(m.json, "recipe");
+    files = cJSON_GetObjectItemCaseSensitive(m.json, "input_files");
+    if (!json_get_str(m.json, "dataset_path") ||
+        strcmp(json_get_str(m.json, "dataset_path"), j->dataset) != 0)
+        goto done;
+    if (!json_get_str(recipe, "sha256") || strcmp(json_get_str(recipe, "sha256"), j->recipe_sha))
+        goto done;
+    if (json_get_int(m.json, "num_shards", &n) < 0 || n != j->o->num_shards)
+        goto done;
+    if (strcmp(m.ray_address, j->ray_address) != 0)
+        goto done;
+    if (!cJSON_IsArray(files) || (size_t)cJSON_GetArraySize(files) != j->files.n)
+        goto done;
+    cJSON_ArrayForEach(f, files) {
+        struct infile *x = &j->files.v[i++];
+        double mt;
+        long long size;
+
+        if (!json_get_str(f, "path") || strcmp(json_get_str(f, "path"), x->path) != 0 ||
+            json_get_int(f, "size_bytes", &size) < 0 || (uint64_t)size != x->size ||
+            json_get_num(f, "mtime_ns", &mt) < 0 || mt != (double)x->mtime_ns)
+            goto done;
+    }
+    i = 0;
+    cJSON_ArrayForEach(f, files) {
+        struct infile *x = &j->files.v[i++];
+        char hex[SHA256_HEX_LEN + 1];
+
+        if (sha256_file(x->path, hex, &ignore) < 0 || !json_get_str(f, "sha256") ||
+            strcmp(json_get_str(f, "sha256"), hex) != 0)
+            goto done;
+    }
+    match = true;
+done:
+    manifest_free(&m);
+    *ret_match = match;
+    return 0;
+}
+
+/* Receives every raw byte of one input file, in order. */
+struct raw_sink {
+    struct hashq *hq;
+    struct sha256 *sha; /* NULL in the write pass */
+    struct fasthash fh;
+};
+
+static void
+raw_sink_data(void *ctx, const char *p, size_t n)
+{
+    struct raw_sink *k = ctx;
+
+    if (k->sha)
+        hashq_update(k->hq, k->sha, p, n);
+    fh_update(&k->fh, p, n);
+}
+
+/* Pass 1 (spec §6.3): validate and measure every record. */
+static int
+scan_pass(struct job *j, struct esd_err *err)
+{
+    struct jsonl_record rec;
+    struct buf norm;
+    uint64_t done = 0;
+    int r = 0;
+
+    jsonl_record_init(&rec, true);
+    buf_init(&norm);
+    for (size_t i = 0; i < j->files.n && r == 0; i++) {
+        struct infile *f = &j->files.v[i];
+        struct jsonl_reader rd;
+        struct raw_sink sink = { j->hq, &f->sha, { { 0 }, 0, { 0 }, 0 } };
+        const char *line;
+        size_t len;
+        bool nl;
+
+        if ((r = jsonl_reader_open(&rd, f->path, j->lim.max_line, err)) < 0)
+            break;
+        fh_init(&sink.fh);
+        sha256_init(&f->sha);
+        rd.on_data = raw_sink_data;
+        rd.on_data_ctx = &sink;
+        while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
+            bool edited = false;
+
+            if (jsonl_check(&rec, line, len, &j->lim) < 0) {
+                r = jsonl_error(&rec, &j->lim, f->path, rd.lineno, err);
+                break;
+            }
+            r = record_normalize(&j->rctx, line, len, &rec, j->rows, &norm, &edited, f->path,
+                                 rd.lineno, err);
+            if (r < 0)
+                break;
+            f->edited |= edited;
+            f->norm_bytes += (edited ? norm.len : len) + 1;
+            f->rows++;
+            j->rows++;
+            report(j, 1, done + rd.offset, j->rows, false);
+        }
+        done += rd.offset;
+        jsonl_reader_close(&rd);
+        if (r < 0)
+            break;
+        if (sink.fh.total != f->size) {
+            r = err_set(err, -ESTALE, "Input file changed while it was read: %s", f->path);
+            break;
+        }
+        f->fast = fh_final(&sink.fh);
+        j->bytes += f->norm_bytes;
+    }
+    hashq_sync(j->hq);
+    for (size_t i = 0; i < j->files.n; i++)
+        if (j->files.v[i].sha.ctx) {
+            if (r == 0)
+                sha256_final(&j->files.v[i].sha, j->files.v[i].sha256);
+            else
+                sha256_abort(&j->files.v[i].sha);
+        }
+    report(j, 1, done, j->rows, r == 0);
+    jsonl_record_free(&rec);
+    buf_free(&norm);
+    return r;
+}
+
+/* ---- pass 2: shards ---- */
+
+enum { WBUF = 1 << 20 };
+
+struct shard_out {
+    char *id;
+    char *rel;  /* shards/<id>.jsonl */
+    char *path;
+    int fd;
+    struct sha256 sha;
+    uint64_t rows, bytes;
+    char sha256[SHA256_HEX_LEN + 1];
+};
+
+struct writer {
+    struct job *j;
+    struct shard_out *shards; /* num_shards entries */
+    long long cur;
+    char *buf;
+    size_t len;
+    struct sha256 all; /* normalised stream, on the hashing thread */
+};
+
+static int
+shard_open(struct writer *w, long long i, struct esd_err *err)
+{
+    struct shard_out *s = &w->shards[i];
+    char *dir = fs_join(w->j->staging, "shards");
+
+    s->id = manifest_shard_id(i, w->j->o->num_shards);
+    s->rel = xasprintf("shards/%s.jsonl", s->id);
+    s->path = xasprintf("%s/%s.jsonl", dir, s->id);
+    free(dir);
+    s->fd = open(s->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (s->fd < 0)
+        return err_sys(err, -errno, "Cannot create shard %s", s->path);
+    sha256_init(&s->sha);
+    w->cur = i;
+    return 0;
+}
+
+static int
+writer_flush(struct writer *w, const char *p, size_t n, struct esd_err *err)
+{
+    struct shard_out *s = &w->shards[w->cur];
+    int r;
+
+    if (n == 0)
+        return 0;
+    if ((r = fs_write_all(s->fd, p, n)) < 0)
+        return err_sys(err, r, "Cannot write shard %s", s->path);
+    sha256_update(&s->sha, p, n);
+    hashq_update(w->j->hq, &w->all, p, n);
+    return 0;
+}
+
+static int
+shard_close(struct writer *w, struct esd_err *err)
+{
+    struct shard_out *s = &w->shards[w->cur];
+    int r = writer_flush(w, w->buf, w->len, err);
+
+    w->len = 0;
+    if (r == 0 && fsync(s->fd) < 0)
+        r = err_sys(err, -errno, "Cannot write shard %s", s->path);
+    if (close(s->fd) < 0 && r == 0)
+        r = err_sys(err, -errno, "Cannot write shard %s", s->path);
+    s->fd = -1;
+    if (r == 0)
+        sha256_final(&s->sha, s->sha256);
+    return r;
+}
+
+/* Appends one record and its "\n" to the current shard. */
+static int
+shard_put(struct writer *w, const char *p, size_t n, struct esd_err *err)
+{
+    struct shard_out *s = &w->shards[w->cur];
+    int r;
+
+    if (w->len + n + 1 > WBUF) {
+        if ((r = writer_flush(w, w->buf, w->len, err)) < 0)
+            return r;
+        w->len = 0;
+        if (n + 1 > WBUF) {
+            if ((r = writer_flush(w, p, n, err)) < 0 || (r = writer_flush(w, "\n", 1, err)) < 0)
+                return r;
+            goto counted;
+        }
+    }
+    memcpy(w->buf + w->len, p, n);
+    w->buf[w->len + n] = '\n';
+    w->len += n + 1;
+counted:
+    s->rows++;
+    s->bytes += n + 1;
+    return 0;
+}
+
+static int
+write_pass(struct job *j, struct writer *w, struct esd_err *err)
+{
+    const long long N = j->o->num_shards;
+    struct jsonl_record rec;
+    struct buf norm;
+    uint64_t written = 0, remaining = j->rows, index = 0, done = 0;
+    int r;
+
+    jsonl_record_init(&rec, true);
+    buf_init(&norm);
+    j->progress_next = 0;
+    r = shard_open(w, 0, err);
+    for (size_t i = 0; i < j->files.n && r == 0; i++) {
+        struct infile *f = &j->files.v[i];
+        struct raw_sink sink = { j->hq, NULL, { { 0 }, 0, { 0 }, 0 } };
+        struct jsonl_reader rd;
+        uint64_t rows = 0;
+        const char *line;
+        size_t len;
+        bool nl;
+
+        if ((r = jsonl_reader_open(&rd, f->path, j->lim.max_line, err)) < 0)
+            break;
+        fh_init(&sink.fh);
+        rd.on_data = raw_sink_data;
+        rd.on_data_ctx = &sink;
+        while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
+            const char *out = line;
+            size_t out_len = len;
+
+            if (f->edited) {
+                bool edited = false;
+
+                if (jsonl_check(&rec, line, len, &j->lim) < 0) {
+                    r = jsonl_error(&rec, &j->lim, f->path, rd.lineno, err);
+                    break;
+                }
+                r = record_normalize(&j->rctx, line, len, &rec, index, &norm, &edited, f->path,
+                                     rd.lineno, err);
+                if (r < 0)
+                    break;
+                if (edited)
+                    out = norm.p, out_len = norm.len;
+            }
+            if (remaining == 0) {
+                r = err_set(err, -ESTALE,
+                            "Input changed between the scan and write passes: %s has more records",
+                            f->path);
+                break;
+            }
+            if ((r = shard_put(w, out, out_len, err)) < 0)
+                break;
+            written += out_len + 1;
+            remaining--;
+            index++;
+            rows++;
+            /* The balancing rule of spec §6.5, in exact integer arithmetic. */
+            if (w->cur < N - 1 &&
+                ((unsigned __int128)written * (unsigned __int128)N >=
+                     (unsigned __int128)j->bytes * (unsigned __int128)(w->cur + 1) ||
+                 remaining == (uint64_t)(N - w->cur - 1))) {
+                if ((r = shard_close(w, err)) < 0 || (r = shard_open(w, w->cur + 1, err)) < 0)
+                    break;
+            }
+            report(j, 2, done + rd.offset, index, false);
+        }
+        done += rd.offset;
+        jsonl_reader_close(&rd);
+        if (r < 0)
+            break;
+        if (rows != f->rows || sink.fh.total != f->size || fh_final(&sink.fh) != f->fast)
+            r = err_set(err, -ESTALE,
+                        "Input content changed between the scan and write passes: %s", f->path);
+    }
+    if (r == 0)
+        r = shard_close(w, err);
+    hashq_sync(j->hq);
+    if (r == 0 && (w->cur != N - 1 || w->shards[N - 1].rows == 0))
+        r = err_set(err, -EIO, "Internal partitioning error: %lld of %lld shards written",
+                    w->cur + 1, N);
+    if (r == 0 && (written != j->bytes || remaining != 0))
+        r = err_set(err, -ESTALE, "Input changed between the scan and write passes");
+    report(j, 2, done, index, r == 0);
+    jsonl_record_free(&rec);
+    buf_free(&norm);
+    return r;
+}
+
+/* ---- manifest and publication ---- */
+
+static cJSON *
+strv_json(const struct strv *s)
+{
+    cJSON *a = cJSON_CreateArray();
+
+    for (size_t i = 0; i < s->n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateString(s->v[i]));
+    return a;
+}
+
+static cJSON *
+build_manifest(struct job *j, struct writer *w, const char *all_sha)
+{
+    const struct prepare_opts *o = j->o;
+    cJSON *m = cJSON_CreateObject(), *files, *shards, *x;
+    char now[40];
+
+    time_iso_now(now, NULL);
+    json_add_int(m, "schema_version", MANIFEST_SCHEMA);
+    json_add_str(m, "job_id", fs_basename(j->job_dir));
+    json_add_str(m, "created_at", now);
+    json_add_str(m, "dataset_path", j->dataset);
+    json_add_str(m, "media_root", j->media_root);
+    cJSON_AddItemToObject(m, "media_keys", strv_json(&j->recipe.media_keys));
+    cJSON_AddItemToObject(m, "index_keys", strv_json(&j->recipe.index_keys));
+    files = cJSON_AddArrayToObject(m, "input_files");
+    for (size_t i = 0; i < j->files.n; i++) {
+        struct infile *f = &j->files.v[i];
+        x = cJSON_CreateObject();
+        json_add_str(x, "path", f->path);
+        json_add_str(x, "relative_path", f->rel);
+        json_add_int(x, "size_bytes", (long long)f->size);
+        json_add_int(x, "mtime_ns", f->mtime_ns);
+        json_add_int(x, "rows", (long long)f->rows);
+        json_add_str(x, "sha256", f->sha256);
+        cJSON_AddItemToArray(files, x);
+    }
+    json_add_int(m, "total_rows", (long long)j->rows);
+    json_add_int(m, "total_size_bytes", (long long)j->bytes);
+    json_add_str(m, "normalized_sha256", all_sha);
+    json_add_int(m, "num_shards", o->num_shards);
+    shards = cJSON_AddArrayToObject(m, "shards");
+    for (long long i = 0; i < o->num_shards; i++) {
+        struct shard_out *s = &w->shards[i];
+        x = cJSON_CreateObject();
+        json_add_str(x, "id", s->id);
+        json_add_int(x, "index", i);
+        json_add_str(x, "path", s->rel);
+        json_add_int(x, "rows", (long long)s->rows);
+        json_add_int(x, "size_bytes", (long long)s->bytes);
+        json_add_str(x, "sha256", s->sha256);
+        cJSON_AddItemToArray(shards, x);
+    }
+    x = cJSON_AddObjectToObject(m, "recipe");
+    json_add_str(x, "source_path", j->config);
+    json_add_str(x, "snapshot_path", "recipe.yaml");
+    json_add_str(x, "sha256", j->recipe_sha);
+    x = cJSON_AddObjectToObject(m, "data_juicer");
+    json_add_str(x, "commit", o->dj_commit ? o->dj_commit : "unknown");
+    if (o->dj_dirty < 0)
+        cJSON_AddNullToObject(x, "dirty");
+    else
+        json_add_bool(x, "dirty", o->dj_dirty > 0);
+    x = cJSON_AddObjectToObject(m, "execution");
+    json_add_str(x, "executor_type", "ray");
+    json_add_str(x, "ray_address", j->ray_address);
+    json_add_str(x, "recipe_executor_type", j->recipe.executor_type);
+    x = cJSON_AddObjectToObject(m, "policy");
+    json_add_int(x, "lock_timeout_secs", o->lock_timeout_secs);
+    json_add_int(x, "max_retries", o->max_retries);
+    json_add_int(x, "poll_interval_secs", o->poll_interval_secs);
+    cJSON_AddItemToObject(m, "warnings", strv_json(&j->warnings));
+    return m;
+}
+
+/* recipe.yaml: the bytes that were hashed, with the source's mode and times
+ * (shutil.copy2). */
+static int
+write_recipe_copy(struct job *j, struct esd_err *err)
+{
+    char *path = fs_join(j->staging, "recipe.yaml");
+    struct timespec ts[2] = { j->recipe_st.st_atim, j->recipe_st.st_mtim };
+    int fd, r = 0;
+
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        r = err_sys(err, -errno, "Cannot create %s", path);
+        goto out;
+    }
+    if ((r = fs_write_all(fd, j->recipe_data, j->recipe_len)) < 0 ||
+        (fchmod(fd, j->recipe_st.st_mode & 07777) < 0 && (r = -errno)) ||
+        (futimens(fd, ts) < 0 && (r = -errno)) || (fsync(fd) < 0 && (r = -errno)))
+        err_sys(err, r, "Cannot write %s", path);
+    close(fd);
+out:
+    free(path);
+    return r;
+}
+
+static const char *const state_dirs[] = {
+    "attempts",           "state/locks",           "state/done",
+    "state/failed",       "state/stale_locks",     "state/history/failed",
+    "state/history/attempts", "state/clock",
+};
+
+static int
+make_dirs(struct job *j, struct esd_err *err)
+{
+    for (size_t i = 0; i < sizeof(state_dirs) / sizeof(state_dirs[0]); i++) {
+        char *d = fs_join(j->staging, state_dirs[i]);
+        int r = fs_mkdir_p(d, 0755, err);
+
+        free(d);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+/* Rename the staging directory onto the job directory, never over one that
+ * appeared meanwhile. */
+static int
+publish(struct job *j, struct esd_err *err)
+{
+    if (renameat2(AT_FDCWD, j->staging, AT_FDCWD, j->job_dir, RENAME_NOREPLACE) < 0) {
+        if (errno != EINVAL && errno != ENOSYS)
+            return err_sys(err, -errno, "Cannot publish job directory %s", j->job_dir);
+        /* The filesystem has no RENAME_NOREPLACE (some NFS servers):
+         * rename(2) still refuses a non-empty target. */
+        if (rename(j->staging, j->job_dir) < 0)
+            return err_sys(err, -errno, "Cannot publish job directory %s", j->job_dir);
+    }
+    return fs_fsync_parent(j->job_dir, err);
+}
+
+void
+prepare_opts_init(struct prepare_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->lock_timeout_secs = POLICY_LOCK_TIMEOUT_DEFAULT;
+    o->max_retries = POLICY_MAX_RETRIES_DEFAULT;
+    o->poll_interval_secs = POLICY_POLL_INTERVAL_DEFAULT;
+    o->ray_address = "local";
+    o->dj_dirty = -1;
+}
+
+void
+prepare_result_free(struct prepare_result *r)
+{
+    free(r->job_dir);
+    strv_free(&r->warnings);
+    memset(r, 0, sizeof(*r));
+}
+
+static void
+job_free(struct job *j)
+{
+    free(j->config);
+    free(j->recipe_data);
+    if (j->have_recipe)
+        recipe_free(&j->recipe);
+    free(j->ray_address);
+    free(j->dataset);
+    free(j->media_root);
+    files_free(&j->files);
+    free(j->job_dir);
+    free(j->staging);
+    strv_free(&j->warnings);
+    hashq_free(j->hq);
+}
+
+int
+prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd_err *err)
+{
+    struct job j = { 0 };
+    struct writer w = { 0 };
+    struct stat st;
+    cJSON *manifest = NULL;
+    char all_sha[SHA256_HEX_LEN + 1];
+    bool match = false, staged = false;
+    int r;
+
+    j.o = o;
+    j.lim = o->limits ? *o->limits : jsonl_default_limits;
+    j.t0 = time_mono();
+    strv_init(&j.warnings);
+    if ((r = load_request(&j, err)) < 0)
+        goto out;
+    if (lstat(j.job_dir, &st) == 0) {
+        if ((r = matches_existing(&j, &match, err)) < 0)
+            goto out;
+        if (!match) {
+            r = err_set(err, -EEXIST,
+                        "Job directory already exists and does not match this request: %s. "
+                        "Choose a new --job-dir.",
+                        j.job_dir);
+            goto out;
+        }
+        goto done;
+    }
+    j.hq = hashq_new();
+    if ((r = scan_pass(&j, err)) < 0)
+        goto out;
+    if (j.rows == 0) {
+        r = err_set(err, -EINVAL, "Input dataset contains no records");
+        goto out;
+    }
+    if ((uint64_t)o->num_shards > j.rows) {
+        r = err_set(err, -EINVAL, "--num-shards (%lld) exceeds input records (%llu)",
+                    o->num_shards, (unsigned long long)j.rows);
+        goto out;
+    }
+    {
+        char *parent = fs_dirname(j.job_dir);
+        char hex[33];
+
+        r = fs_mkdir_p(parent, 0755, err);
+        rand_hex32(hex);
+        j.staging = xasprintf("%s/.%s.preparing.%s", parent, fs_basename(j.job_dir), hex);
+        free(parent);
+        if (r < 0)
+            goto out;
+    }
+    if (mkdir(j.staging, 0755) < 0) {
+        r = err_sys(err, -errno, "Cannot create staging directory %s", j.staging);
+        goto out;
+    }
+    staged = true;
+    if ((r = write_recipe_copy(&j, err)) < 0 || (r = make_dirs(&j, err)) < 0)
+        goto out;
+    {
+        char *d = fs_join(j.staging, "shards");
+        r = fs_mkdir_p(d, 0755, err);
+        free(d);
+        if (r < 0)
+            goto out;
+    }
+    w.j = &j;
+    w.shards = xcalloc((size_t)o->num_shards, sizeof(*w.shards));
+    for (long long i = 0; i < o->num_shards; i++)
+        w.shards[i].fd = -1;
+    w.buf = xmalloc(WBUF);
+    sha256_init(&w.all);
+    if ((r = write_pass(&j, &w, err)) < 0)
+        goto out;
+    sha256_final(&w.all, all_sha);
+    manifest = build_manifest(&j, &w, all_sha);
+    {
+        char *mpath = fs_join(j.staging, "manifest.json");
+        char *sdir = fs_join(j.staging, "shards");
+
+        r = json_write_atomic(mpath, manifest, JSON_PRETTY, err);
+        if (r == 0)
+            r = fs_fsync_dir(sdir, err);
+        if (r == 0)
+            r = fs_fsync_dir(j.staging, err);
+        free(mpath);
+        free(sdir);
+        if (r < 0)
+            goto out;
+    }
+    if ((r = publish(&j, err)) < 0)
+        goto out;
+    staged = false;
+done:
+    memset(ret, 0, sizeof(*ret));
+    ret->job_dir = j.job_dir;
+    j.job_dir = NULL;
+    ret->unchanged = match;
+    ret->num_shards = o->num_shards;
+    ret->rows = j.rows;
+    ret->bytes = j.bytes;
+    ret->warnings = j.warnings;
+    strv_init(&j.warnings);
+    r = 0;
+out:
+    if (staged)
+        fs_rm_rf(j.staging);
+    if (w.shards) {
+        for (long long i = 0; i < o->num_shards; i++) {
+            if (w.shards[i].fd >= 0)
+                close(w.shards[i].fd);
+            sha256_abort(&w.shards[i].sha);
+            free(w.shards[i].id);
+            free(w.shards[i].rel);
+            free(w.shards[i].path);
+        }
+        free(w.shards);
+    }
+    sha256_abort(&w.all);
+    free(w.buf);
+    cJSON_Delete(manifest);
+    job_free(&j);
+    return r;
+}

@@ -1,0 +1,65 @@
+/*
+ * prepare: turns a recipe and a JSONL dataset into a job directory (spec §6):
+ * discovery and ordering of input files, a scan pass that validates and
+ * measures every record, the exact balancing rule, a write pass into a
+ * staging directory published by a single rename, and idempotent
+ * re-prepare. Memory stays bounded whatever the input size: records are
+ * streamed, one at a time.
+ */
+#ifndef ESD_PREPARE_H
+#define ESD_PREPARE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "jsonl.h"
+#include "recipe.h"
+#include "util.h"
+
+struct prepare_progress {
+    int phase;            /* 1: scan, 2: write */
+    uint64_t bytes_done;  /* input bytes read in this phase */
+    uint64_t bytes_total; /* input bytes (sum of file sizes) */
+    uint64_t rows;        /* records so far in this phase */
+    double elapsed;       /* seconds since prepare started */
+};
+
+struct prepare_opts {
+    const char *config;       /* recipe path as given (resolved like a CLI path) */
+    const char *dataset_path; /* overrides the recipe's dataset_path; may be NULL */
+    const char *job_dir;      /* as given */
+    long long num_shards;
+    long long lock_timeout_secs;  /* 0: default 126000 */
+    long long max_retries;        /* -1: default 3 */
+    long long poll_interval_secs; /* 0: default 20 */
+    const char *ray_address;      /* NULL: "local" */
+    const char *dj_root;   /* base of relative paths in the recipe; NULL: working dir */
+    const char *dj_commit; /* recorded as data_juicer.commit; NULL: "unknown" */
+    int dj_dirty;          /* data_juicer.dirty: 0, 1, or -1 for null */
+    const struct recipe_policy *policy; /* may be NULL */
+    const struct jsonl_limits *limits;  /* may be NULL */
+    void (*progress)(void *ctx, const struct prepare_progress *p); /* may be NULL */
+    void *progress_ctx;
+};
+
+struct prepare_result {
+    char *job_dir;      /* resolved */
+    bool unchanged;     /* the job already existed and matched */
+    long long num_shards;
+    uint64_t rows;      /* records */
+    uint64_t bytes;     /* normalised bytes */
+    struct strv warnings;
+};
+
+/* Default values for the options above. */
+void prepare_opts_init(struct prepare_opts *o);
+
+/*
+ * Prepares the job. On success *ret is filled (prepare_result_free). On
+ * failure nothing is left behind (no job directory, no staging directory)
+ * and err says why, naming the file and line for bad input.
+ */
+int prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd_err *err);
+void prepare_result_free(struct prepare_result *r);
+
+#endif

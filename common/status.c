@@ -1,0 +1,220 @@
+/*
+ * status: shard states from directory listings of state/done, state/failed
+ * and state/locks, so a status pass costs three readdirs plus one stat per
+ * lock instead of several syscalls per shard.
+ */
+#include "status.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "fsutil.h"
+#include "json.h"
+
+const char *const status_state_name[ST__COUNT] = {
+    "pending", "running", "stale", "done", "failed",
+};
+
+/* Marks, for each manifest shard, whether <dir>/<id><suffix> exists. */
+static int
+list_dir(const struct manifest *m, const char *kind, const char *suffix, bool *present,
+         struct esd_err *err)
+{
+    char *dir = xasprintf("%s/state/%s", m->job_dir, kind);
+    size_t slen = strlen(suffix);
+    struct dirent *e;
+    DIR *d = opendir(dir);
+    int r = 0;
+
+    if (!d) {
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
+        free(dir);
+        return r;
+    }
+    while ((errno = 0, e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        char *id;
+        long k;
+
+        if (e->d_name[0] == '.' || n <= slen || strcmp(e->d_name + n - slen, suffix) != 0)
+            continue;
+        id = xstrndup(e->d_name, n - slen);
+        k = manifest_find(m, id);
+        free(id);
+        if (k >= 0)
+            present[k] = true;
+    }
+    if (errno)
+        r = err_sys(err, -errno, "Cannot read %s", dir);
+    closedir(d);
+    free(dir);
+    return r;
+}
+
+static void
+read_owner(const char *path, struct shard_status *s, bool want_error)
+{
+    cJSON *j = NULL;
+    const char *h;
+
+    if (json_load_object(path, 1 << 20, &j, NULL) < 0) {
+        s->metadata_error = true;
+        return;
+    }
+    if ((h = json_get_str(j, "hostname")))
+        s->owner = xstrdup(h);
+    if (want_error && (h = json_get_str(j, "last_error")))
+        s->error = xstrdup(h);
+    cJSON_Delete(j);
+}
+
+int
+status_compute(const struct manifest *m, long long lock_timeout, bool details,
+               struct job_status *ret, struct esd_err *err)
+{
+    struct job_status st = { 0 };
+    bool *done = xcalloc(m->nshards, sizeof(bool));
+    bool *failed = xcalloc(m->nshards, sizeof(bool));
+    bool *locked = xcalloc(m->nshards, sizeof(bool));
+    struct timespec now;
+    int r;
+
+    if (lock_timeout <= 0)
+        lock_timeout = m->lock_timeout_secs;
+    if ((r = list_dir(m, "done", ".json", done, err)) < 0 ||
+        (r = list_dir(m, "failed", ".json", failed, err)) < 0 ||
+        (r = list_dir(m, "locks", ".lock", locked, err)) < 0)
+        goto out;
+    clock_gettime(CLOCK_REALTIME, &now);
+    st.total = m->nshards;
+    st.shards = xcalloc(m->nshards, sizeof(*st.shards));
+    for (size_t i = 0; i < m->nshards; i++) {
+        struct shard_status *s = &st.shards[i];
+        const char *id = m->shards[i].id;
+        char *path;
+
+        if (done[i]) {
+            s->state = ST_DONE;
+            if (details) {
+                path = manifest_state_path(m, "done", id, ".json");
+                read_owner(path, s, false);
+                free(path);
+            }
+        } else if (failed[i]) {
+            s->state = ST_FAILED;
+            if (details) {
+                path = manifest_state_path(m, "failed", id, ".json");
+                read_owner(path, s, true);
+                free(path);
+            }
+        } else if (locked[i]) {
+            struct stat sb;
+            long long timeout = lock_timeout;
+            cJSON *lock = NULL;
+            long long v;
+
+            path = manifest_state_path(m, "locks", id, ".lock");
+            if (stat(path, &sb) < 0) {
+                /* released between the listing and now */
+                s->state = ST_PENDING;
+                free(path);
+                continue;
+            }
+            s->lock_age = (double)(now.tv_sec - sb.st_mtim.tv_sec) +
+                          (double)(now.tv_nsec - sb.st_mtim.tv_nsec) / 1e9;
+            if (s->lock_age < 0)
+                s->lock_age = 0;
+            s->has_age = true;
+            if (json_load_object(path, 1 << 20, &lock, NULL) == 0) {
+                const char *h = json_get_str(lock, "hostname");
+                if (h)
+                    s->owner = xstrdup(h);
+                if (json_get_int(lock, "pid", &s->pid) == 0)
+                    s->has_pid = true;
+                if (json_get_int(lock, "lease_secs", &v) == 0 && v > 0)
+                    timeout = v;
+            } else {
+                s->metadata_error = true;
+            }
+            cJSON_Delete(lock);
+            free(path);
+            s->state = s->lock_age > (double)timeout ? ST_STALE : ST_RUNNING;
+        } else {
+            s->state = ST_PENDING;
+        }
+    }
+    for (size_t i = 0; i < m->nshards; i++)
+        st.counts[st.shards[i].state]++;
+    st.complete = st.counts[ST_DONE] == st.total;
+    st.terminal = st.counts[ST_DONE] + st.counts[ST_FAILED] == st.total;
+    *ret = st;
+    st.shards = NULL;
+out:
+    free(done);
+    free(failed);
+    free(locked);
+    return r;
+}
+
+void
+status_free(struct job_status *st)
+{
+    for (size_t i = 0; st->shards && i < st->total; i++) {
+        free(st->shards[i].owner);
+        free(st->shards[i].error);
+    }
+    free(st->shards);
+    memset(st, 0, sizeof(*st));
+}
+
+cJSON *
+status_json(const struct manifest *m, const struct job_status *st)
+{
+    cJSON *o = cJSON_CreateObject(), *counts, *shards;
+
+    json_add_str(o, "job_id", m->job_id);
+    json_add_str(o, "job_dir", m->job_dir);
+    cJSON_AddItemToObject(o, "execution", cJSON_Duplicate(m->execution, true));
+    json_add_int(o, "total", (long long)st->total);
+    counts = cJSON_AddObjectToObject(o, "counts");
+    for (int k = 0; k < ST__COUNT; k++)
+        json_add_int(counts, status_state_name[k], (long long)st->counts[k]);
+    json_add_bool(o, "complete", st->complete);
+    json_add_bool(o, "terminal", st->terminal);
+    shards = cJSON_AddArrayToObject(o, "shards");
+    for (size_t i = 0; i < st->total; i++) {
+        const struct shard_status *s = &st->shards[i];
+        cJSON *x = cJSON_CreateObject();
+
+        json_add_str(x, "shard_id", m->shards[i].id);
+        json_add_int(x, "rows", m->shards[i].rows);
+        json_add_str(x, "status", status_state_name[s->state]);
+        if (s->owner)
+            json_add_str(x, "owner", s->owner);
+        if (s->has_pid)
+            json_add_int(x, "pid", s->pid);
+        if (s->has_age)
+            json_add_float(x, "lock_age_secs", s->lock_age);
+        if (s->state == ST_FAILED) {
+            if (s->error)
+                json_add_str(x, "error", s->error);
+            else
+                cJSON_AddNullToObject(x, "error");
+        }
+        if (s->metadata_error)
+            json_add_bool(x, "metadata_error", true);
+        cJSON_AddItemToArray(shards, x);
+    }
+    return o;
+}
+
+void
+status_counts_text(const struct job_status *st, struct buf *out)
+{
+    for (int k = 0; k < ST__COUNT; k++)
+        buf_printf(out, "%s%s=%zu", k ? " " : "", status_state_name[k], st->counts[k]);
+}
