@@ -15,7 +15,8 @@
 enum { SLOTS = 8, SLOT_BYTES = 1 << 20 };
 
 struct slot {
-    struct sha256 *s;
+    void (*fn)(void *ctx, const char *data, size_t len);
+    void *ctx;
     size_t len;
     char *data;
 };
@@ -44,7 +45,7 @@ hashq_main(void *arg)
             break;
         struct slot *sl = &q->slot[q->tail % SLOTS];
         pthread_mutex_unlock(&q->mu);
-        sha256_update(sl->s, sl->data, sl->len);
+        sl->fn(sl->ctx, sl->data, sl->len);
         pthread_mutex_lock(&q->mu);
         q->tail++;
         pthread_cond_broadcast(&q->cv);
@@ -80,8 +81,21 @@ flush_locked(struct hashq *q)
     }
 }
 
+static void
+apply_sha(void *ctx, const char *data, size_t len)
+{
+    sha256_update(ctx, data, len);
+}
+
 void
 hashq_update(struct hashq *q, struct sha256 *s, const void *data, size_t len)
+{
+    hashq_run(q, apply_sha, s, data, len);
+}
+
+void
+hashq_run(struct hashq *q, void (*fn)(void *ctx, const char *data, size_t len), void *ctx,
+          const void *data, size_t len)
 {
     const char *p = data;
 
@@ -89,14 +103,15 @@ hashq_update(struct hashq *q, struct sha256 *s, const void *data, size_t len)
     while (len > 0) {
         struct slot *sl = q->filling;
 
-        /* Small updates to the same context share a slot. */
-        if (sl && (sl->s != s || sl->len == SLOT_BYTES))
+        /* Small updates to the same consumer share a slot. */
+        if (sl && (sl->fn != fn || sl->ctx != ctx || sl->len == SLOT_BYTES))
             flush_locked(q), sl = NULL;
         if (!sl) {
             while (q->head - q->tail >= SLOTS)
                 pthread_cond_wait(&q->cv, &q->mu);
             sl = q->filling = &q->slot[q->head % SLOTS];
-            sl->s = s;
+            sl->fn = fn;
+            sl->ctx = ctx;
             sl->len = 0;
         }
         size_t n = SLOT_BYTES - sl->len < len ? SLOT_BYTES - sl->len : len;

@@ -35,7 +35,8 @@ struct ctx {
     const struct merge_opts *o;
     struct jsonl_limits lim;
     struct result *res;
-    struct hashq *hq;
+    struct hashq *hq;  /* the merged stream's digest */
+    struct hashq *hq2; /* each result's digest */
     struct sha256 out_sha;
     int out_fd;
     const char *out_tmp;
@@ -111,7 +112,7 @@ sink_data(void *arg, const char *p, size_t n)
 
     if (k->r < 0)
         return;
-    hashq_update(k->c->hq, k->shard_sha, p, n);
+    hashq_update(k->c->hq2, k->shard_sha, p, n);
     hashq_update(k->c->hq, &k->c->out_sha, p, n);
     if (k->c->out_fd >= 0 && (r = fs_write_all(k->c->out_fd, p, n)) < 0)
         k->r = r;
@@ -182,7 +183,7 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
                 err_sys(err, r, "Cannot write %s", c->out_tmp);
             res->bytes++;
         }
-        hashq_sync(c->hq);
+        hashq_sync(c->hq2);
         if (r < 0) {
             sha256_abort(&shard_sha);
             break;
@@ -270,6 +271,7 @@ ctx_init(struct ctx *c, const struct manifest *m, const struct merge_opts *o)
     c->out_fd = -1;
     c->t0 = time_mono();
     c->hq = hashq_new();
+    c->hq2 = hashq_new();
     sha256_init(&c->out_sha);
 }
 
@@ -277,6 +279,7 @@ static void
 ctx_free(struct ctx *c)
 {
     hashq_free(c->hq);
+    hashq_free(c->hq2);
     sha256_abort(&c->out_sha);
     results_free(c->res, c->m->nshards);
 }
@@ -330,6 +333,7 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     }
     if ((r = run(&c, &res, err)) < 0)
         goto out;
+    hashq_sync(c.hq);
     sha256_final(&c.out_sha, res.sha256);
     if (fsync(c.out_fd) < 0) {
         r = err_sys(err, -errno, "Cannot write %s", tmp);
@@ -425,6 +429,7 @@ merge_verify(const struct manifest *m, const struct merge_opts *o, struct merge_
     ctx_init(&c, m, o);
     r = run(&c, &res, err);
     if (r == 0) {
+        hashq_sync(c.hq);
         sha256_final(&c.out_sha, res.sha256);
         r = check_merged_output(m, &res, err);
     }

@@ -266,7 +266,8 @@ struct job {
     uint64_t bytes;
     double t0;
     uint64_t progress_next;
-    struct hashq *hq;
+    struct hashq *hq;  /* input digests; the normalised stream in the write pass */
+    struct hashq *hq2; /* shard digests */
 };
 
 static void
@@ -429,7 +430,8 @@ done:
     return 0;
 }
 
-/* Receives every raw byte of one input file, in order. */
+/* Receives every raw byte of one input file, in order: the scan pass
+ * hashes them on the hashing thread, the write pass only fast-hashes them. */
 struct raw_sink {
     struct hashq *hq;
     struct sha256 *sha; /* NULL in the write pass */
@@ -437,13 +439,24 @@ struct raw_sink {
 };
 
 static void
+raw_sink_apply(void *ctx, const char *p, size_t n)
+{
+    struct raw_sink *k = ctx;
+
+    if (k->sha)
+        sha256_update(k->sha, p, n);
+    fh_update(&k->fh, p, n);
+}
+
+static void
 raw_sink_data(void *ctx, const char *p, size_t n)
 {
     struct raw_sink *k = ctx;
 
     if (k->sha)
-        hashq_update(k->hq, k->sha, p, n);
-    fh_update(&k->fh, p, n);
+        hashq_run(k->hq, raw_sink_apply, k, p, n);
+    else
+        raw_sink_apply(k, p, n);
 }
 
 /* Pass 1 (spec §6.3): validate and measure every record. */
@@ -490,6 +503,7 @@ scan_pass(struct job *j, struct esd_err *err)
         }
         done += rd.offset;
         jsonl_reader_close(&rd);
+        hashq_sync(j->hq); /* the sink lives on this stack frame */
         if (r < 0)
             break;
         if (sink.fh.total != f->size) {
@@ -564,7 +578,7 @@ writer_flush(struct writer *w, const char *p, size_t n, struct esd_err *err)
         return 0;
     if ((r = fs_write_all(s->fd, p, n)) < 0)
         return err_sys(err, r, "Cannot write shard %s", s->path);
-    sha256_update(&s->sha, p, n);
+    hashq_update(w->j->hq2, &s->sha, p, n);
     hashq_update(w->j->hq, &w->all, p, n);
     return 0;
 }
@@ -581,6 +595,7 @@ shard_close(struct writer *w, struct esd_err *err)
     if (close(s->fd) < 0 && r == 0)
         r = err_sys(err, -errno, "Cannot write shard %s", s->path);
     s->fd = -1;
+    hashq_sync(w->j->hq2);
     if (r == 0)
         sha256_final(&s->sha, s->sha256);
     return r;
@@ -872,6 +887,7 @@ job_free(struct job *j)
     free(j->staging);
     strv_free(&j->warnings);
     hashq_free(j->hq);
+    hashq_free(j->hq2);
 }
 
 int
@@ -904,6 +920,7 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
         goto done;
     }
     j.hq = hashq_new();
+    j.hq2 = hashq_new();
     if ((r = scan_pass(&j, err)) < 0)
         goto out;
     if (j.rows == 0) {
@@ -979,6 +996,11 @@ done:
     strv_init(&j.warnings);
     r = 0;
 out:
+    /* No digest may still be in flight when the contexts are released. */
+    if (j.hq)
+        hashq_sync(j.hq);
+    if (j.hq2)
+        hashq_sync(j.hq2);
     if (staged)
         fs_rm_rf(j.staging);
     if (w.shards) {

@@ -1,0 +1,488 @@
+/*
+ * check_prepare: prepare end to end on small fixtures: the balancing rule
+ * (the spec's worked example), discovery and ordering, byte-preserving
+ * normalisation of media paths and index keys, manifest fields, idempotent
+ * re-prepare and its mismatch rules, and errors that leave nothing behind.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "json.h"
+#include "manifest.h"
+#include "prepare.h"
+#include "sha256.h"
+#include "testutil.h"
+
+static const char *RECIPE_PLAIN = "process:\n  - whitespace_normalization_mapper:\n";
+static const char *RECIPE_INDEX = "dataset_path: data.jsonl\n"
+                                  "process:\n"
+                                  "  - whitespace_normalization_mapper:\n"
+                                  "  - text_length_filter:\n"
+                                  "      index_key: global_index\n";
+
+/* A record of exactly `size` bytes including its "\n". */
+static void
+add_record(struct buf *b, size_t size)
+{
+    buf_puts(b, "{\"t\":\"");
+    for (size_t i = 0; i + 9 < size; i++)
+        buf_putc(b, 'x');
+    buf_puts(b, "\"}\n");
+}
+
+struct fixture {
+    char *dir;
+    char *recipe;
+    char *job;
+};
+
+static void
+fixture_init(struct fixture *f, const char *recipe)
+{
+    f->dir = tu_tmpdir();
+    f->recipe = tu_write(f->dir, "recipe.yaml", recipe, (size_t)-1);
+    f->job = fs_join(f->dir, "job");
+}
+
+static void
+fixture_free(struct fixture *f)
+{
+    fs_rm_rf(f->dir);
+    free(f->dir);
+    free(f->recipe);
+    free(f->job);
+}
+
+static int
+run_prepare(struct fixture *f, const char *dataset, long long n, struct prepare_result *res,
+            struct esd_err *err)
+{
+    struct prepare_opts o;
+
+    prepare_opts_init(&o);
+    o.config = f->recipe;
+    o.dataset_path = dataset;
+    o.job_dir = f->job;
+    o.num_shards = n;
+    o.dj_root = f->dir;
+    return prepare_run(&o, res, err);
+}
+
+static void
+shard_rows(const char *job, long long *rows, size_t n)
+{
+    struct manifest m;
+    struct esd_err err;
+
+    ck_assert_int_eq(manifest_load(job, &m, &err), 0);
+    ck_assert_uint_eq(m.nshards, n);
+    for (size_t i = 0; i < n; i++)
+        rows[i] = m.shards[i].rows;
+    manifest_free(&m);
+}
+
+START_TEST(test_worked_example)
+{
+    static const size_t sizes[] = { 85, 116, 37, 76, 77, 37 };
+    static const struct {
+        long long n;
+        long long rows[6];
+    } expect[] = {
+        { 3, { 2, 2, 2 } },
+        { 4, { 2, 1, 2, 1 } },
+        { 6, { 1, 1, 1, 1, 1, 1 } },
+        { 1, { 6 } },
+    };
+    struct fixture f;
+    struct buf data;
+    char *input;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    buf_init(&data);
+    for (size_t i = 0; i < 6; i++)
+        add_record(&data, sizes[i]);
+    ck_assert_uint_eq(data.len, 428);
+    input = tu_write(f.dir, "in.jsonl", data.p, data.len);
+    for (size_t k = 0; k < sizeof(expect) / sizeof(expect[0]); k++) {
+        struct prepare_result res;
+        struct esd_err err;
+        long long rows[6];
+
+        ck_assert_msg(run_prepare(&f, input, expect[k].n, &res, &err) == 0, "%s", err.msg);
+        ck_assert_uint_eq(res.rows, 6);
+        ck_assert_uint_eq(res.bytes, 428);
+        shard_rows(f.job, rows, (size_t)expect[k].n);
+        for (long long i = 0; i < expect[k].n; i++)
+            ck_assert_msg(rows[i] == expect[k].rows[i], "N=%lld shard %lld: %lld rows",
+                          expect[k].n, i, rows[i]);
+        prepare_result_free(&res);
+        fs_rm_rf(f.job);
+    }
+    buf_free(&data);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_manifest_and_bytes)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    struct manifest m;
+    const char *data = "{\"n\": 12345678901234567890123, \"f\":0.1000000000000000055511151231257827}\n"
+                       "{\"text\" : \"caf\xc3\xa9\\u00e9\"}\r\n"
+                       "{\"x\":NaN}"; /* no final newline */
+    char *input, *shard, *content, hex[SHA256_HEX_LEN + 1];
+    const cJSON *files, *policy, *exec;
+    long long v;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    input = tu_write(f.dir, "in.jsonl", data, (size_t)-1);
+    ck_assert_msg(run_prepare(&f, input, 1, &res, &err) == 0, "%s", err.msg);
+    ck_assert(!res.unchanged);
+    shard = fs_join(f.job, "shards/part-00000-of-00001.jsonl");
+    content = tu_read(shard, NULL);
+    /* every byte kept, the final newline added */
+    ck_assert_int_eq(strncmp(content, data, strlen(data)), 0);
+    ck_assert_str_eq(content + strlen(data), "\n");
+    ck_assert_int_eq(manifest_load(f.job, &m, &err), 0);
+    ck_assert_str_eq(m.job_id, "job");
+    ck_assert_str_eq(json_get_str(m.json, "dataset_path"), input);
+    ck_assert_str_eq(json_get_str(m.json, "media_root"), f.dir);
+    ck_assert_int_eq(json_get_int(m.json, "total_rows", &v), 0);
+    ck_assert_int_eq(v, 3);
+    ck_assert_int_eq(json_get_int(m.json, "total_size_bytes", &v), 0);
+    ck_assert_int_eq(v, (long long)strlen(data) + 1);
+    sha256_buf(content, strlen(content), hex);
+    ck_assert_str_eq(json_get_str(m.json, "normalized_sha256"), hex);
+    ck_assert_str_eq(m.shards[0].sha256, hex);
+    ck_assert_int_eq(m.shards[0].size_bytes, (long long)strlen(data) + 1);
+    files = cJSON_GetObjectItemCaseSensitive(m.json, "input_files");
+    ck_assert_int_eq(cJSON_GetArraySize(files), 1);
+    sha256_buf(data, strlen(data), hex);
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(files, 0), "sha256"), hex);
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(files, 0), "relative_path"), "in.jsonl");
+    policy = cJSON_GetObjectItemCaseSensitive(m.json, "policy");
+    ck_assert_int_eq(json_get_int(policy, "lock_timeout_secs", &v), 0);
+    ck_assert_int_eq(v, 126000);
+    exec = cJSON_GetObjectItemCaseSensitive(m.json, "execution");
+    ck_assert_str_eq(json_get_str(exec, "recipe_executor_type"), "default");
+    ck_assert_str_eq(json_get_str(exec, "ray_address"), "local");
+    /* the executor warning, as the reference words it */
+    ck_assert_uint_eq(res.warnings.n, 1);
+    ck_assert_str_eq(res.warnings.v[0],
+                     "recipe executor_type=default will be overridden with executor_type=ray for "
+                     "shard workers");
+    /* state directories of the layout, and the recipe copy */
+    {
+        static const char *dirs[] = { "state/locks", "state/done", "state/failed",
+                                      "state/stale_locks", "state/history/failed",
+                                      "state/history/attempts", "state/clock", "attempts" };
+        for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+            char *d = fs_join(f.job, dirs[i]);
+            ck_assert_msg(tu_count_entries(d) == 0, "%s", dirs[i]);
+            free(d);
+        }
+        char *copy = fs_join(f.job, "recipe.yaml"), *got = tu_read(copy, NULL);
+        ck_assert_str_eq(got, RECIPE_PLAIN);
+        free(got);
+        free(copy);
+    }
+    /* no staging directory left next to the job */
+    ck_assert_int_eq(tu_count_entries(f.dir), 3);
+    manifest_free(&m);
+    prepare_result_free(&res);
+    free(content);
+    free(shard);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_directory_discovery)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    struct manifest m;
+    const cJSON *files;
+    char *ds, *link_target, *link_path;
+    static const char *order[] = { ".hid/a.jsonl", "B/x.jsonl", "B/y/z.JSONL", "a.jsonl",
+                                   "b/c.jsonl", "linked.jsonl" };
+
+    fixture_init(&f, RECIPE_PLAIN);
+    ds = fs_join(f.dir, "ds");
+    free(tu_write(ds, "b/c.jsonl", "{\"i\":5}\n", (size_t)-1));
+    free(tu_write(ds, "a.jsonl", "{\"i\":4}\n", (size_t)-1));
+    free(tu_write(ds, "B/y/z.JSONL", "{\"i\":3}\n", (size_t)-1));
+    free(tu_write(ds, "B/x.jsonl", "{\"i\":2}\n", (size_t)-1));
+    free(tu_write(ds, ".hid/a.jsonl", "{\"i\":1}\n", (size_t)-1));
+    free(tu_write(ds, "notes.txt", "not json", (size_t)-1));
+    free(tu_write(ds, "b/.jsonl", "not a jsonl file by name", (size_t)-1));
+    link_target = tu_write(f.dir, "outside/t.jsonl", "{\"i\":6}\n", (size_t)-1);
+    link_path = fs_join(ds, "linked.jsonl");
+    ck_assert_int_eq(symlink(link_target, link_path), 0);
+    free(link_path);
+    /* a symlinked directory is not descended */
+    link_path = fs_join(ds, "zlinkdir");
+    free(link_target);
+    link_target = fs_join(f.dir, "outside");
+    ck_assert_int_eq(symlink(link_target, link_path), 0);
+    ck_assert_msg(run_prepare(&f, ds, 2, &res, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(manifest_load(f.job, &m, &err), 0);
+    files = cJSON_GetObjectItemCaseSensitive(m.json, "input_files");
+    ck_assert_int_eq(cJSON_GetArraySize(files), 6);
+    for (int i = 0; i < 6; i++) {
+        const cJSON *x = cJSON_GetArrayItem(files, i);
+        char *expect_path = fs_join(ds, order[i]);
+        ck_assert_str_eq(json_get_str(x, "relative_path"), order[i]);
+        ck_assert_str_eq(json_get_str(x, "path"), expect_path);
+        free(expect_path);
+    }
+    ck_assert_str_eq(json_get_str(m.json, "media_root"), ds);
+    /* contiguous shards in that order: records 1..6 */
+    {
+        char *s0 = fs_join(f.job, "shards/part-00000-of-00002.jsonl");
+        char *s1 = fs_join(f.job, "shards/part-00001-of-00002.jsonl");
+        char *a = tu_read(s0, NULL), *b = tu_read(s1, NULL);
+        char all[256];
+        snprintf(all, sizeof(all), "%s%s", a, b);
+        ck_assert_str_eq(all, "{\"i\":1}\n{\"i\":2}\n{\"i\":3}\n{\"i\":4}\n{\"i\":5}\n{\"i\":6}\n");
+        free(a), free(b), free(s0), free(s1);
+    }
+    manifest_free(&m);
+    prepare_result_free(&res);
+    free(link_target);
+    free(link_path);
+    free(ds);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_normalisation)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    char *input, *shard, *content, *expect, *img;
+    const char *data =
+        "{\"text\":\"a\",\"images\":[\"img/1.jpg\", \"http://h/x.png\",\"/abs/2.jpg\",\"\","
+        "\"s3://b/k\",\"img/../img/3.jpg\"]}\n"
+        "{\"text\":\"b\",\"images\":null,\"global_index\":null}\n"
+        "{\"\\u0069mages\":[\"img\\/4.jpg\"], \"audios\":[]}\n"
+        "{}\n";
+
+    fixture_init(&f, RECIPE_INDEX);
+    free(tu_write(f.dir, "img/1.jpg", "", 0));
+    input = tu_write(f.dir, "data.jsonl", data, (size_t)-1);
+    /* dataset_path from the recipe, relative to the Data-Juicer root */
+    ck_assert_msg(run_prepare(&f, NULL, 1, &res, &err) == 0, "%s", err.msg);
+    shard = fs_join(f.job, "shards/part-00000-of-00001.jsonl");
+    content = tu_read(shard, NULL);
+    img = fs_join(f.dir, "img");
+    expect = xasprintf(
+        "{\"text\":\"a\",\"images\":[\"%s/1.jpg\", \"http://h/x.png\",\"/abs/2.jpg\",\"\","
+        "\"s3://b/k\",\"%s/3.jpg\"],\"global_index\":0}\n"
+        "{\"text\":\"b\",\"images\":null,\"global_index\":null}\n"
+        "{\"\\u0069mages\":[\"%s/4.jpg\"], \"audios\":[],\"global_index\":2}\n"
+        "{\"global_index\":3}\n",
+        img, img, img);
+    ck_assert_str_eq(content, expect);
+    prepare_result_free(&res);
+    free(expect);
+    free(img);
+    free(content);
+    free(shard);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_media_errors)
+{
+    static const struct {
+        const char *data;
+        const char *msg;
+    } c[] = {
+        { "{}\n{\"images\":\"a.jpg\"}\n", "Media field 'images' must be a list or null at " },
+        { "{\"videos\":[\"a\",1]}\n", "Every item in media field 'videos' must be a string at " },
+        { "{\"audios\":{\"a\":1}}\n", "Media field 'audios' must be a list or null at " },
+    };
+    static const char *lines[] = { ":2", ":1", ":1" };
+
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct fixture f;
+        struct prepare_result res;
+        struct esd_err err;
+        char *input;
+
+        fixture_init(&f, RECIPE_PLAIN);
+        input = tu_write(f.dir, "m.jsonl", c[i].data, (size_t)-1);
+        ck_assert_int_eq(run_prepare(&f, input, 1, &res, &err), -EINVAL);
+        ck_assert_msg(strstr(err.msg, c[i].msg) && strstr(err.msg, lines[i]), "%s", err.msg);
+        ck_assert_ptr_nonnull(strstr(err.msg, "m.jsonl"));
+        ck_assert(!tu_exists(f.job));
+        ck_assert_int_eq(tu_count_entries(f.dir), 2);
+        free(input);
+        fixture_free(&f);
+    }
+}
+END_TEST
+
+START_TEST(test_reprepare)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    struct stat st;
+    char *input;
+    struct timespec ts[2];
+
+    fixture_init(&f, RECIPE_PLAIN);
+    input = tu_write(f.dir, "in.jsonl", "{\"a\":1}\n{\"a\":2}\n", (size_t)-1);
+    ck_assert_int_eq(run_prepare(&f, input, 2, &res, &err), 0);
+    prepare_result_free(&res);
+    /* identical request: a no-op */
+    ck_assert_msg(run_prepare(&f, input, 2, &res, &err) == 0, "%s", err.msg);
+    ck_assert(res.unchanged);
+    prepare_result_free(&res);
+    /* a different shard count */
+    ck_assert_int_eq(run_prepare(&f, input, 1, &res, &err), -EEXIST);
+    ck_assert_ptr_nonnull(strstr(err.msg, "Job directory already exists and does not match this "
+                                          "request"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "Choose a new --job-dir."));
+    /* same size, restored mtime, different content */
+    ck_assert_int_eq(stat(input, &st), 0);
+    free(tu_write(f.dir, "in.jsonl", "{\"a\":3}\n{\"a\":4}\n", (size_t)-1));
+    ts[0] = st.st_atim;
+    ts[1] = st.st_mtim;
+    ck_assert_int_eq(utimensat(AT_FDCWD, input, ts, 0), 0);
+    ck_assert_int_eq(run_prepare(&f, input, 2, &res, &err), -EEXIST);
+    /* a job directory without a manifest does not match either */
+    fs_rm_rf(f.job);
+    ck_assert_int_eq(mkdir(f.job, 0755), 0);
+    ck_assert_int_eq(run_prepare(&f, input, 2, &res, &err), -EEXIST);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_errors_leave_nothing)
+{
+    static const struct {
+        const char *data;
+        long long n;
+        const char *msg;
+    } c[] = {
+        { "", 1, "Input dataset contains no records" },
+        { "{}\n{}\n", 3, "--num-shards (3) exceeds input records (2)" },
+        { "{}\n\n{}\n", 1, "Blank JSONL record at " },
+        { "{}\n{\"a\":\"\\ud800\"}\n", 1, "lone surrogate escape" },
+    };
+
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct fixture f;
+        struct prepare_result res;
+        struct esd_err err;
+        char *input;
+
+        fixture_init(&f, RECIPE_PLAIN);
+        input = tu_write(f.dir, "e.jsonl", c[i].data, (size_t)-1);
+        ck_assert_int_lt(run_prepare(&f, input, c[i].n, &res, &err), 0);
+        ck_assert_msg(strstr(err.msg, c[i].msg), "%s", err.msg);
+        ck_assert(!tu_exists(f.job));
+        ck_assert_int_eq(tu_count_entries(f.dir), 2);
+        free(input);
+        fixture_free(&f);
+    }
+}
+END_TEST
+
+START_TEST(test_request_errors)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct prepare_opts o;
+    struct esd_err err;
+    char *missing, *txt;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    missing = fs_join(f.dir, "nope");
+    ck_assert_int_lt(run_prepare(&f, missing, 1, &res, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "Dataset path does not exist: "));
+    txt = tu_write(f.dir, "data.txt", "{}\n", (size_t)-1);
+    ck_assert_int_lt(run_prepare(&f, txt, 1, &res, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "No .jsonl files found under "));
+    /* no dataset_path anywhere */
+    ck_assert_int_lt(run_prepare(&f, NULL, 1, &res, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "No dataset path"));
+    prepare_opts_init(&o);
+    o.config = missing;
+    o.dataset_path = txt;
+    o.job_dir = f.job;
+    o.num_shards = 1;
+    ck_assert_int_lt(prepare_run(&o, &res, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "Recipe does not exist: "));
+    o.config = f.recipe;
+    o.ray_address = "  ";
+    ck_assert_int_lt(prepare_run(&o, &res, &err), 0);
+    ck_assert_str_eq(err.msg, "--ray-address must not be empty");
+    ck_assert(!tu_exists(f.job));
+    free(missing);
+    free(txt);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_ray_address_warning)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    char *input;
+
+    fixture_init(&f, "executor_type: ray\nray_address: auto\nprocess: []\n");
+    input = tu_write(f.dir, "in.jsonl", "{}\n", (size_t)-1);
+    ck_assert_msg(run_prepare(&f, input, 1, &res, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(res.warnings.n, 1);
+    ck_assert_str_eq(res.warnings.v[0], "recipe ray_address=auto will be overridden with "
+                                        "ray_address=local for shard workers");
+    prepare_result_free(&res);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+static Suite *
+prepare_suite(void)
+{
+    Suite *s = suite_create("prepare");
+    TCase *tc = tcase_create("core");
+
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_worked_example);
+    tcase_add_test(tc, test_manifest_and_bytes);
+    tcase_add_test(tc, test_directory_discovery);
+    tcase_add_test(tc, test_normalisation);
+    tcase_add_test(tc, test_media_errors);
+    tcase_add_test(tc, test_reprepare);
+    tcase_add_test(tc, test_errors_leave_nothing);
+    tcase_add_test(tc, test_request_errors);
+    tcase_add_test(tc, test_ray_address_warning);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int
+main(void)
+{
+    return tu_run(prepare_suite());
+}
