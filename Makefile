@@ -52,8 +52,8 @@ ALL_LDFLAGS = -pthread $(BASE_LDFLAGS) $(LDFLAGS)
 
 # Object files of different flavours live apart so a sanitizer build never
 # links against a plain one.
-BUILD := build/$(if $(SANITIZE),san-$(subst $(comma),-,$(SANITIZE)),default)
 comma := ,
+BUILD := build/$(if $(SANITIZE),san-$(subst $(comma),-,$(SANITIZE)),default)
 
 COMMON_SRC := $(sort $(wildcard common/*.c))
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/%.o)

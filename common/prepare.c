@@ -406,12 +406,11 @@ matches_existing(struct job *j, bool *ret_match, struct esd_err *err)
         goto done;
     cJSON_ArrayForEach(f, files) {
         struct infile *x = &j->files.v[i++];
-        double mt;
-        long long size;
+        long long size, mt;
 
         if (!json_get_str(f, "path") || strcmp(json_get_str(f, "path"), x->path) != 0 ||
             json_get_int(f, "size_bytes", &size) < 0 || (uint64_t)size != x->size ||
-            json_get_num(f, "mtime_ns", &mt) < 0 || mt != (double)x->mtime_ns)
+            json_get_int(f, "mtime_ns", &mt) < 0 || mt != x->mtime_ns)
             goto done;
     }
     i = 0;

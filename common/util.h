@@ -30,7 +30,8 @@ struct esd_err {
  */
 int err_set(struct esd_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int err_setv(struct esd_err *err, int code, const char *fmt, va_list ap);
+int err_setv(struct esd_err *err, int code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 /* Like err_set, appending ": <strerror(-code)>". */
 int err_sys(struct esd_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

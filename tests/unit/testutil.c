@@ -97,7 +97,8 @@ tu_run(Suite *s)
     SRunner *sr = srunner_create(s);
     int failed;
 
-    srunner_set_fork_status(sr, CK_FORK);
+    /* fork mode unless CK_FORK=no (valgrind, gdb) */
+    srunner_set_fork_status(sr, CK_FORK_GETENV);
     srunner_run_all(sr, CK_NORMAL);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);
