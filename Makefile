@@ -4,6 +4,7 @@
 #   make check               unit tests (check) and integration scripts
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
 #   make bench               benchmarks in bench/ (print ratios)
+#   make valgrind            unit suites under valgrind
 #   make install             PREFIX, DESTDIR, BINDIR, MANDIR
 #
 # Knobs: V=1 (echo commands), WERROR=1, SANITIZE=address,undefined,
@@ -71,7 +72,7 @@ UNIT_HOBJ  := $(UNIT_HELP:%.c=$(BUILD)/%.o)
 INTEGRATION := $(sort $(wildcard tests/integration/*.sh))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all deps check unit integration fuzz fuzz-build bench install uninstall clean distclean
+.PHONY: all deps check unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
 all: deps $(ESCTL)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
 
@@ -110,6 +111,15 @@ unit: deps $(UNIT_BINS)
 		CK_DEFAULT_TIMEOUT=$${CK_DEFAULT_TIMEOUT:-60} ESD_TEST_DATA=$(CURDIR)/tests/data $$t || fail=1; \
 	done; exit $$fail
 
+# The unit suites again under valgrind (no fork, so leaks are attributed).
+VALGRIND := valgrind -q --leak-check=full --show-leak-kinds=definite,indirect \
+	--errors-for-leak-kinds=definite,indirect --error-exitcode=99
+valgrind: deps $(UNIT_BINS)
+	$(Q)fail=0; for t in $(UNIT_BINS); do \
+		echo "== valgrind $$t"; \
+		CK_FORK=no CK_DEFAULT_TIMEOUT=600 ESD_TEST_DATA=$(CURDIR)/tests/data $(VALGRIND) $$t || fail=1; \
+	done; exit $$fail
+
 integration: all
 	$(Q)fail=0; for t in $(INTEGRATION); do \
 		echo "== $$t"; \
@@ -136,8 +146,8 @@ fuzz: fuzz-build
 	done
 
 bench: all
-	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bash bench/prepare
-	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bash bench/merge
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/prepare
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/merge
 
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1

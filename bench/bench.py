@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""esd benchmarks. Every figure is a ratio against a baseline measured in
+the same run on the same bytes (one `openssl dgst -sha256` pass), because
+these machines are shared and noisy; each command runs --runs times and
+the fastest run counts. Peak RSS is that of the measured process alone
+(wait4), not of this script.
+
+  bench.py prepare   prepare 16 shards from a deterministic 256 MiB JSONL
+  bench.py merge     merge the finished job of the same size
+
+Targets (issue 2): prepare <= 4.0, merge <= 3.0, peak RSS < 64 MiB.
+Exit status is 0 unless BENCH_STRICT=1 and a target is missed."""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS = {"prepare": 4.0, "merge": 3.0}
+RSS_LIMIT_MIB = 64
+
+
+def run(argv, cwd=None):
+    """Runs argv; returns (seconds, peak RSS in KiB)."""
+    t0 = time.perf_counter()
+    pid = os.posix_spawnp(argv[0], argv, os.environ) if cwd is None else None
+    if pid is None:
+        raise RuntimeError("cwd unsupported")
+    _, status, usage = os.wait4(pid, 0)
+    secs = time.perf_counter() - t0
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        sys.exit("bench: %s exited with %d" % (" ".join(argv), code))
+    return secs, usage.ru_maxrss
+
+
+def best(argv, runs, before=None):
+    times, rss = [], 0
+    for _ in range(runs):
+        if before:
+            before()
+        secs, kib = run(argv)
+        times.append(secs)
+        rss = max(rss, kib)
+    return min(times), rss
+
+
+def dataset(workdir, size):
+    """The deterministic input, generated once per size and cached."""
+    cache = os.path.join(TOP, "build", "bench")
+    os.makedirs(cache, exist_ok=True)
+    path = os.path.join(cache, "input-%d.jsonl" % size)
+    if not os.path.exists(path):
+        print("bench: generating %d MiB of JSONL (cached in %s)" % (size >> 20, cache))
+        tmp = path + ".tmp"
+        subprocess.run([sys.executable, os.path.join(TOP, "bench", "genjsonl.py"),
+                        "--output", tmp, "--size", str(size)], check=True)
+        os.rename(tmp, path)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["prepare", "merge"])
+    ap.add_argument("--esctl", default=os.environ.get("ESCTL", os.path.join(TOP, "esctl")))
+    ap.add_argument("--size", type=int, default=int(os.environ.get("BENCH_SIZE", 256 << 20)))
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", 3)))
+    ap.add_argument("--dir", default=os.environ.get("BENCH_DIR"))
+    a = ap.parse_args()
+
+    work = a.dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), "esd-bench-%d" % os.getpid())
+    os.makedirs(work, exist_ok=True)
+    try:
+        data = dataset(work, a.size)
+        recipe = os.path.join(work, "recipe.yaml")
+        with open(recipe, "w") as f:
+            f.write("executor_type: ray\nprocess:\n  - whitespace_normalization_mapper:\n"
+                    "  - text_length_filter:\n      min_len: 1\n")
+        job = os.path.join(work, "job")
+        prep = [a.esctl, "prepare", "--local", "--config", recipe, "--dataset-path", data,
+                "--job-dir", job, "--num-shards", str(a.shards)]
+
+        def clean():
+            shutil.rmtree(job, ignore_errors=True)
+
+        base, _ = best(["openssl", "dgst", "-sha256", data], a.runs)
+        if a.what == "prepare":
+            secs, rss = best(prep, a.runs, before=clean)
+        else:
+            clean()
+            run(prep)
+            subprocess.run([sys.executable, os.path.join(TOP, "tests", "tools", "fake-finish"),
+                            "--job-dir", job, "--all", "--hostname", "bench"],
+                           check=True, stdout=subprocess.DEVNULL)
+            out = os.path.join(work, "merged.jsonl")
+            secs, rss = best([a.esctl, "merge", "--local", "--job-dir", job, "--output", out,
+                              "--overwrite"], a.runs)
+        ratio = secs / base
+        target = TARGETS[a.what]
+        rss_mib = rss / 1024
+        ok = ratio <= target and rss_mib < RSS_LIMIT_MIB
+        print("bench %s: %d MiB, %d shards, in %s" % (a.what, a.size >> 20, a.shards, work))
+        print("  baseline openssl dgst -sha256: %.3f s" % base)
+        print("  esctl %s --local:%s %.3f s" % (a.what, " " * (8 - len(a.what)), secs))
+        print("  ratio: %.2f (target <= %.1f)   peak RSS: %.1f MiB (limit %d)   %s"
+              % (ratio, target, rss_mib, RSS_LIMIT_MIB, "PASS" if ok else "MISS"))
+        if not ok and os.environ.get("BENCH_STRICT") == "1":
+            return 1
+        return 0
+    finally:
+        if not a.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
