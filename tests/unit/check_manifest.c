@@ -1,0 +1,142 @@
+/*
+ * check_manifest: loading manifest.json with the load-time checks of spec
+ * §5.2 and esd's own (plain shard ids, unique ids), policy defaults, shard
+ * names, and the paths of the layout.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsutil.h"
+#include "manifest.h"
+#include "testutil.h"
+
+static const char *GOOD =
+    "{\"schema_version\": 2, \"job_id\": \"j\", \"total_rows\": 3,\n"
+    " \"execution\": {\"executor_type\": \"ray\", \"ray_address\": \"local\"},\n"
+    " \"policy\": {\"lock_timeout_secs\": 60, \"max_retries\": 0},\n"
+    " \"shards\": [{\"id\": \"part-00000-of-00002\", \"index\": 0, \"path\": "
+    "\"shards/part-00000-of-00002.jsonl\", \"rows\": 2, \"size_bytes\": 10, \"sha256\": \"ab\"},\n"
+    "            {\"id\": \"part-00001-of-00002\", \"index\": 1, \"path\": "
+    "\"shards/part-00001-of-00002.jsonl\", \"rows\": 1}]}\n";
+
+static int
+load(const char *text, struct manifest *m, struct esd_err *err)
+{
+    char *dir = tu_tmpdir();
+    int r;
+
+    free(tu_write(dir, "manifest.json", text, (size_t)-1));
+    r = manifest_load(dir, m, err);
+    fs_rm_rf(dir);
+    free(dir);
+    return r;
+}
+
+START_TEST(test_good)
+{
+    struct manifest m;
+    struct esd_err err;
+    char *p;
+
+    ck_assert_msg(load(GOOD, &m, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(m.job_id, "j");
+    ck_assert_uint_eq(m.nshards, 2);
+    ck_assert_str_eq(m.shards[1].id, "part-00001-of-00002");
+    ck_assert_int_eq(m.shards[0].rows, 2);
+    ck_assert_int_eq(m.shards[0].size_bytes, 10);
+    ck_assert_int_eq(m.shards[1].size_bytes, -1);
+    ck_assert_int_eq(m.lock_timeout_secs, 60);
+    ck_assert_int_eq(m.max_retries, 0);
+    ck_assert_int_eq(m.poll_interval_secs, POLICY_POLL_INTERVAL_DEFAULT);
+    ck_assert_int_eq(m.total_rows, 3);
+    ck_assert_str_eq(m.ray_address, "local");
+    ck_assert_int_eq(manifest_find(&m, "part-00001-of-00002"), 1);
+    ck_assert_int_eq(manifest_find(&m, "nope"), -1);
+    p = manifest_state_path(&m, "done", "x", ".json");
+    ck_assert_ptr_nonnull(strstr(p, "/state/done/x.json"));
+    free(p);
+    manifest_free(&m);
+}
+END_TEST
+
+static const struct {
+    const char *from, *to, *msg;
+} bad[] = {
+    { "\"schema_version\": 2", "\"schema_version\": 3", "Unsupported manifest schema_version 3" },
+    { "\"schema_version\": 2", "\"schema_version\": \"2\"", "Unsupported manifest schema_version" },
+    { "\"executor_type\": \"ray\"", "\"executor_type\": \"default\"", "executor_type \"ray\"" },
+    { "\"ray_address\": \"local\"", "\"ray_address\": \"\"", "non-empty ray_address" },
+    { "\"id\": \"part-00000-of-00002\"", "\"id\": \"../../etc\"", "is not a plain file name" },
+    { "\"id\": \"part-00000-of-00002\"", "\"id\": \"part-00001-of-00002\"", "duplicate shard id" },
+    { "\"rows\": 2", "\"rows\": \"2\"", "shards[0] needs" },
+    { "\"max_retries\": 0", "\"max_retries\": -1", "policy.max_retries" },
+    { "\"lock_timeout_secs\": 60", "\"lock_timeout_secs\": 0", "policy.lock_timeout_secs" },
+};
+
+START_TEST(test_bad)
+{
+    struct manifest m;
+    struct esd_err err;
+    const char *at = strstr(GOOD, bad[_i].from);
+    char *text;
+
+    ck_assert_ptr_nonnull(at);
+    text = xasprintf("%.*s%s%s", (int)(at - GOOD), GOOD, bad[_i].to, at + strlen(bad[_i].from));
+    ck_assert_int_eq(load(text, &m, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, bad[_i].msg), "%s", err.msg);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_unreadable)
+{
+    struct manifest m;
+    struct esd_err err;
+
+    ck_assert_int_lt(load("{\"shards\": [", &m, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "Unable to read JSON file"));
+    ck_assert_int_lt(load("[]", &m, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "Expected a JSON object in"));
+    ck_assert_int_lt(load("{\"schema_version\": 2, \"shards\": [], \"execution\": {}}", &m, &err),
+                     0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "shards must be a non-empty list"));
+}
+END_TEST
+
+START_TEST(test_names)
+{
+    char *s = manifest_shard_id(3, 16);
+
+    ck_assert_str_eq(s, "part-00003-of-00016");
+    free(s);
+    s = manifest_shard_id(7, 123456);
+    ck_assert_str_eq(s, "part-000007-of-123456");
+    free(s);
+    ck_assert(manifest_id_ok("part-00000-of-00001"));
+    ck_assert(!manifest_id_ok(".hidden"));
+    ck_assert(!manifest_id_ok("a/b"));
+    ck_assert(!manifest_id_ok(""));
+}
+END_TEST
+
+static Suite *
+manifest_suite(void)
+{
+    Suite *s = suite_create("manifest");
+    TCase *tc = tcase_create("core");
+
+    tcase_add_test(tc, test_good);
+    tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof(bad) / sizeof(bad[0])));
+    tcase_add_test(tc, test_unreadable);
+    tcase_add_test(tc, test_names);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int
+main(void)
+{
+    return tu_run(manifest_suite());
+}
