@@ -160,8 +160,10 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
         rd.on_data = sink_data;
         rd.on_data_ctx = &sink;
         while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
-            if (sink.r < 0)
+            if (sink.r < 0) {
+                r = err_sys(err, sink.r, "Cannot write %s", c->out_tmp);
                 break;
+            }
             if (jsonl_check(&rec, line, len, &c->lim) < 0) {
                 r = jsonl_error(&rec, &c->lim, x->path, rd.lineno, err);
                 break;
@@ -235,11 +237,13 @@ collect_owners(struct ctx *c, struct merge_result *res)
         qsort(res->owners, res->nowners, sizeof(*res->owners), cmp_owner);
 }
 
-/* Completeness, done records, then the streamed pass. */
+/* Steps 1 and 2 of spec §11, before anything is created: completeness,
+ * then (merge only) an existing output. */
 static int
-run(struct ctx *c, struct merge_result *res, struct esd_err *err)
+check_ready(struct ctx *c, struct esd_err *err)
 {
     struct job_status st;
+    struct stat sb;
     int r;
 
     if ((r = status_compute(c->m, c->o->lock_timeout, false, &st, err)) < 0)
@@ -254,6 +258,18 @@ run(struct ctx *c, struct merge_result *res, struct esd_err *err)
         return r;
     }
     status_free(&st);
+    if (c->o->output && !c->o->overwrite && lstat(c->o->output, &sb) == 0)
+        return err_set(err, -EEXIST, "Output already exists: %s; pass --overwrite to replace it",
+                       c->o->output);
+    return 0;
+}
+
+/* Done records, then the streamed pass. */
+static int
+run(struct ctx *c, struct merge_result *res, struct esd_err *err)
+{
+    int r;
+
     if ((r = load_results(c, err)) < 0)
         return r;
     collect_owners(c, res);
@@ -311,16 +327,14 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
 {
     struct merge_result res = { 0 };
     struct ctx c;
-    struct stat st;
     char *tmp = NULL, *parent = NULL;
     int r;
 
     if (!o->output)
         return err_set(err, -EINVAL, "merge needs an output path");
-    if (!o->overwrite && lstat(o->output, &st) == 0)
-        return err_set(err, -EEXIST, "Output already exists: %s; pass --overwrite to replace it",
-                       o->output);
     ctx_init(&c, m, o);
+    if ((r = check_ready(&c, err)) < 0)
+        goto out;
     parent = fs_dirname(o->output);
     if ((r = fs_mkdir_p(parent, 0755, err)) < 0)
         goto out;
@@ -427,7 +441,8 @@ merge_verify(const struct manifest *m, const struct merge_opts *o, struct merge_
     int r;
 
     ctx_init(&c, m, o);
-    r = run(&c, &res, err);
+    if ((r = check_ready(&c, err)) == 0)
+        r = run(&c, &res, err);
     if (r == 0) {
         hashq_sync(c.hq);
         sha256_final(&c.out_sha, res.sha256);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# A full disk during prepare and during merge (a small tmpfs): esctl exits 2
+# naming the file and ENOSPC, leaves no job directory, no staging directory,
+# no output and no temporary file behind, and an existing output survives.
+# Needs root for the mount; runs in a private mount namespace so nothing is
+# visible outside it, and skips with a notice otherwise.
+# The checks below are quoted on purpose: check() evaluates them later.
+# shellcheck disable=SC2016,SC2034
+set -euo pipefail
+TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
+ESCTL=${ESCTL:-$TOP/esctl}
+
+if [ "${ESD_IN_NS:-}" != 1 ]; then
+    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
+        echo "skip - full disk test needs root and unshare(1) to mount a small tmpfs"
+        exit 0
+    fi
+    exec unshare --mount --propagation private env ESD_IN_NS=1 TOP="$TOP" ESCTL="$ESCTL" \
+        bash "$0" "$@"
+fi
+
+tmp=$(mktemp -d)
+small=$tmp/small
+trap 'umount "$small" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+mkdir -p "$small"
+mount -t tmpfs -o size=1m tmpfs "$small"
+printf 'process:\n  - whitespace_normalization_mapper:\n' > "$tmp/recipe.yaml"
+# about 3 MiB of records: more than the tmpfs holds
+python3 - "$tmp/data.jsonl" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    for i in range(12000):
+        f.write('{"id":%d,"text":"%s"}\n' % (i, "x" * 240))
+PY
+fail=0
+check() { if eval "$2"; then echo "ok - $1"; else echo "not ok - $1"; fail=1; fi; }
+
+rc=0
+"$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl" \
+    --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
+check "prepare on a full disk exits 2" '[ "$rc" -eq 2 ]'
+check "prepare says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
+check "prepare names the file it was writing" 'grep -q "$small/" "$tmp/err"'
+check "prepare leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
+sed 's/^/    /' "$tmp/err"
+
+# A finished job on the big disk, merged into the small one.
+"$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl" \
+    --job-dir "$tmp/job" --num-shards 4 >/dev/null 2>&1
+python3 "$TOP/tests/tools/fake-finish" --job-dir "$tmp/job" --all >/dev/null
+echo "keep me" > "$small/merged.jsonl"
+rc=0
+"$ESCTL" merge --local "$tmp/job" --output "$small/merged.jsonl" --overwrite \
+    >"$tmp/out" 2>"$tmp/err" || rc=$?
+check "merge on a full disk exits 2" '[ "$rc" -eq 2 ]'
+check "merge says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
+check "merge keeps the existing output" '[ "$(cat "$small/merged.jsonl")" = "keep me" ]'
+check "merge leaves no temporary file" '[ "$(ls -A "$small")" = merged.jsonl ]'
+check "merge writes no merge.json" '[ ! -e "$tmp/job/merge.json" ]'
+sed 's/^/    /' "$tmp/err"
+rm -f "$small/merged.jsonl"
+rc=0
+"$ESCTL" merge --local "$tmp/job" --output "$small/out/merged.jsonl" >/dev/null 2>"$tmp/err" || rc=$?
+check "merge into a new path on a full disk leaves nothing" \
+    '[ "$rc" -eq 2 ] && [ -z "$(find "$small" -type f)" ]'
+exit $fail
