@@ -103,19 +103,32 @@ match_null(const char *s, size_t n)
            span_is(s, n, "NULL");
 }
 
-static const char *const bool_words[] = {
-    "yes", "Yes", "YES", "no",    "No",    "NO",    "true", "True", "TRUE",
-    "false", "False", "FALSE", "on", "On", "ON",   "off",  "Off",  "OFF",
+static const struct {
+    const char *word;
+    bool value;
+} bool_words[] = {
+    { "yes", true },    { "Yes", true },    { "YES", true },    { "no", false },
+    { "No", false },    { "NO", false },    { "true", true },   { "True", true },
+    { "TRUE", true },   { "false", false }, { "False", false }, { "FALSE", false },
+    { "on", true },     { "On", true },     { "ON", true },     { "off", false },
+    { "Off", false },   { "OFF", false },
 };
 
+/* 1 true, 0 false, -1 not a bool. */
 static int
 match_bool(const char *s, size_t n)
 {
-    /* 1 true, 0 false, -1 not a bool */
     for (size_t i = 0; i < sizeof(bool_words) / sizeof(bool_words[0]); i++)
-        if (span_is(s, n, bool_words[i]))
-            return i < 3 || (i >= 6 && i < 9) || (i >= 12 && i < 15);
+        if (span_is(s, n, bool_words[i].word))
+            return bool_words[i].value;
     return -1;
+}
+
+/* c is one of the characters of set (never the terminating NUL). */
+static bool
+in_set(char c, const char *set)
+{
+    return c && strchr(set, c);
 }
 
 /* Consumes (?::[0-5]?[0-9])+ at *i, each group followed by one of `stop`. */
@@ -128,9 +141,9 @@ match_sexa_groups(const char *s, size_t n, size_t *i, const char *stop)
     while (j < n && s[j] == ':') {
         j++;
         if (j + 1 < n && s[j] >= '0' && s[j] <= '5' && is_digit(s[j + 1]) &&
-            (j + 2 == n || strchr(stop, s[j + 2])))
+            (j + 2 == n || in_set(s[j + 2], stop)))
             j += 2;
-        else if (j < n && is_digit(s[j]) && (j + 1 == n || strchr(stop, s[j + 1])))
+        else if (j < n && is_digit(s[j]) && (j + 1 == n || in_set(s[j + 1], stop)))
             j += 1;
         else
             return false;
@@ -144,7 +157,7 @@ static bool
 all_in(const char *s, size_t n, const char *set)
 {
     for (size_t i = 0; i < n; i++)
-        if (!s[i] || !strchr(set, s[i]))
+        if (!in_set(s[i], set))
             return false;
     return true;
 }
@@ -195,11 +208,11 @@ match_float(const char *s, size_t n)
             return !sign;
         if (sign)
             return false;
-        /* \.[0-9_]+(?:[eE][-+][0-9]+)? */
+        /* \.[0-9][0-9_]*(?:[eE][-+][0-9]+)? (PyYAML's, stricter than the spec's) */
+        if (++i >= n || !is_digit(s[i]))
+            return false;
         for (i++; i < n && (is_digit(s[i]) || s[i] == '_'); i++)
             ;
-        if (i == 1)
-            return false;
     } else {
         if (i >= n || !is_digit(s[i]))
             return false;
@@ -401,6 +414,15 @@ digit_value(char c)
     return c - 'A' + 10;
 }
 
+static void
+acc_muladd(unsigned long long *m, unsigned mul, unsigned add, bool *over)
+{
+    if (*over || *m > (ULLONG_MAX - add) / mul)
+        *over = true;
+    else
+        *m = *m * mul + add;
+}
+
 /*
  * Constructs an int scalar: ival/ival_ok, or BAD_INT where Python's int()
  * raises (no digits left once '_' is removed, a decimal part too long).
@@ -408,53 +430,33 @@ digit_value(char c)
 static int
 int_construct(struct ynode *nd)
 {
-    size_t cl, nd_digits = 0;
+    size_t cl, ndig = 0;
     char *c = strip_underscores(nd->val, nd->len, &cl);
-    const char *d;
-    unsigned long long mag = 0, part = 0;
+    const char *d, *p;
+    unsigned long long mag = 0;
+    unsigned part;
     bool over = false;
     int sign, base, bad = BAD_NONE;
 
     int_split(c, &sign, &d, &base);
-    if (!*d)
-        bad = BAD_INT;
-    for (const char *p = d; *p && !bad; p++) {
-        unsigned v;
-
-        if (base == 60) {
-            if (*p == ':') {
-                /* each part goes through int(); the first may be long */
-                if (nd_digits > PY_INT_MAX_DIGITS)
-                    bad = BAD_INT;
-                over |= mag > (ULLONG_MAX - part) / 60;
-                mag = mag * 60 + part;
-                part = 0;
-                nd_digits = 0;
-                continue;
-            }
-            part = part * 10 + (unsigned)(*p - '0');
-            if (part > ULLONG_MAX / 100)
-                over = true, part = 0;
-            nd_digits++;
-            continue;
+    if (base == 60) {
+        /* the first part is decimal of any length, the others are < 60 */
+        for (p = d; *p && *p != ':'; p++, ndig++)
+            acc_muladd(&mag, 10, (unsigned)(*p - '0'), &over);
+        while (*p == ':') {
+            for (part = 0, p++; is_digit(*p); p++)
+                part = part * 10 + (unsigned)(*p - '0');
+            acc_muladd(&mag, 60, part, &over);
         }
-        v = (unsigned)digit_value(*p);
-        nd_digits++;
-        if (mag > (ULLONG_MAX - v) / (unsigned)base)
-            over = true;
-        mag = mag * (unsigned)base + v;
+    } else {
+        for (p = d; *p; p++, ndig++)
+            acc_muladd(&mag, (unsigned)base, (unsigned)digit_value(*p), &over);
     }
-    if (base == 60 && !bad) {
-        over |= mag > (ULLONG_MAX - part) / 60;
-        mag = mag * 60 + part;
-    }
-    if (base == 10 && nd_digits > PY_INT_MAX_DIGITS)
+    if (!ndig || ((base == 10 || base == 60) && ndig > PY_INT_MAX_DIGITS))
         bad = BAD_INT;
     free(c);
     nd->ival_ok = !over && mag <= (unsigned long long)LLONG_MAX;
     nd->ival = nd->ival_ok ? sign * (long long)mag : 0;
-    /* truthiness of a value too big for ival: nonzero */
-    nd->fval = over ? 1.0 : (double)mag;
     return bad;
 }
 
@@ -485,9 +487,9 @@ int_str(const struct ynode *nd, struct buf *b)
 {
     size_t cl, n = 0;
     char *c;
-    const char *d;
+    const char *d, *p;
     unsigned char *dec;
-    unsigned part = 0;
+    unsigned part;
     int sign, base, rc = 0;
 
     if (nd->ival_ok) {
@@ -495,28 +497,19 @@ int_str(const struct ynode *nd, struct buf *b)
         return 0;
     }
     c = strip_underscores(nd->val, nd->len, &cl);
-    dec = xmalloc(PY_INT_MAX_DIGITS + 1);
+    dec = xmalloc(PY_INT_MAX_DIGITS);
     int_split(c, &sign, &d, &base);
-    for (const char *p = d; *p && !rc; p++) {
-        if (base != 60)
-            rc = dec_muladd(dec, &n, (unsigned)base, (unsigned)digit_value(*p));
-        else if (*p != ':' && !part && p == d + strcspn(d, ":"))
-            rc = 0; /* unreachable: kept simple below */
-        if (base == 60)
-            break;
-    }
     if (base == 60) {
-        /* the first part is decimal of any length, the others are < 60 */
-        const char *p = d;
-
-        for (; *p && *p != ':' && !rc; p++)
+        for (p = d; *p && *p != ':' && !rc; p++)
             rc = dec_muladd(dec, &n, 10, (unsigned)(*p - '0'));
         while (*p == ':' && !rc) {
-            part = 0;
-            for (p++; is_digit(*p); p++)
+            for (part = 0, p++; is_digit(*p); p++)
                 part = part * 10 + (unsigned)(*p - '0');
             rc = dec_muladd(dec, &n, 60, part);
         }
+    } else {
+        for (p = d; *p && !rc; p++)
+            rc = dec_muladd(dec, &n, (unsigned)base, (unsigned)digit_value(*p));
     }
     if (!rc) {
         if (!n)
@@ -539,7 +532,6 @@ py_float(const char *s, double *v)
 
     if (!*s || strchr(s, 'x') || strchr(s, ' ') || strchr(s, '\t') || strchr(s, '\n'))
         return false;
-    errno = 0;
     *v = strtod(s, &end);
     return *end == '\0';
 }
@@ -554,6 +546,11 @@ float_construct(struct ynode *nd)
     double sign = 1.0, v = 0.0;
     int bad = BAD_NONE;
 
+    if (memchr(c, '\0', cl)) {
+        /* only explicitly tagged quoted scalars get here with a NUL */
+        free(c);
+        return BAD_FLOAT;
+    }
     for (size_t i = 0; i < cl; i++)
         if (c[i] >= 'A' && c[i] <= 'Z')
             c[i] = (char)(c[i] - 'A' + 'a');
@@ -571,17 +568,19 @@ float_construct(struct ynode *nd)
         double base = 1.0, digit;
         char *q;
 
-        while (!bad && (q = strrchr(p, ':'))) {
-            if (!py_float(q + 1, &digit))
+        while ((q = strrchr(p, ':'))) {
+            if (!py_float(q + 1, &digit)) {
                 bad = BAD_FLOAT;
+                break;
+            }
             v += digit * base;
             base *= 60;
             *q = '\0';
         }
-        if (!bad && !py_float(p, &digit))
-            bad = BAD_FLOAT;
-        if (!bad)
+        if (!bad && py_float(p, &digit))
             v += digit * base;
+        else
+            bad = BAD_FLOAT;
     } else if (!py_float(p, &v)) {
         bad = BAD_FLOAT;
     }
@@ -859,12 +858,13 @@ yaml_error(struct ydoc *d, const yaml_parser_t *p, const char *data, size_t len,
 
 /* One event into the tree; *ret_end set at the end of the stream. */
 static int
-doc_event(struct ydoc *d, const yaml_event_t *ev, struct ynode ***stack, size_t *depth,
+doc_event(struct ydoc *d, const yaml_event_t *ev, struct ynode **stack, size_t *depth,
           int *ndocs, bool *ret_end, struct esd_err *err)
 {
     unsigned long line = (unsigned long)ev->start_mark.line + 1;
     const yaml_char_t *anchor = NULL;
     struct ynode *nd, *t;
+    int rc;
 
     switch (ev->type) {
     case YAML_STREAM_END_EVENT:
@@ -892,7 +892,7 @@ doc_event(struct ydoc *d, const yaml_event_t *ev, struct ynode ***stack, size_t 
         d->count += t->size;
         if (*depth + t->height > d->max_depth)
             return too_deep(d, line, err);
-        attach(d, *stack, *depth, t);
+        attach(d, stack, *depth, t);
         return 0;
     }
     case YAML_SCALAR_EVENT:
@@ -923,16 +923,15 @@ doc_event(struct ydoc *d, const yaml_event_t *ev, struct ynode ***stack, size_t 
         anchor = seq ? ev->data.sequence_start.anchor : ev->data.mapping_start.anchor;
         /* the anchor is known before the children, as in PyYAML's composer,
          * so an alias inside its own node is seen (and refused) as recursive */
-        if (anchor && anchor_add(d, (const char *)anchor, nd, err) < 0)
-            return err ? err->code : -EINVAL;
-        attach(d, *stack, *depth, nd);
-        *stack = xrealloc(*stack, (*depth + 1) * sizeof(**stack));
-        (*stack)[(*depth)++] = nd;
+        if (anchor && (rc = anchor_add(d, (const char *)anchor, nd, err)) < 0)
+            return rc;
+        attach(d, stack, *depth, nd);
+        stack[(*depth)++] = nd;
         return 0;
     }
     case YAML_SEQUENCE_END_EVENT:
     case YAML_MAPPING_END_EVENT:
-        nd = (*stack)[--(*depth)];
+        nd = stack[--(*depth)];
         for (size_t i = 0; i < nd->n; i++) {
             /* the running count already bounds these sums */
             nd->size += nd->kids[i]->size;
@@ -946,9 +945,9 @@ doc_event(struct ydoc *d, const yaml_event_t *ev, struct ynode ***stack, size_t 
     default:
         return 0;
     }
-    if (anchor && anchor_add(d, (const char *)anchor, nd, err) < 0)
-        return err ? err->code : -EINVAL;
-    attach(d, *stack, *depth, nd);
+    if (anchor && (rc = anchor_add(d, (const char *)anchor, nd, err)) < 0)
+        return rc;
+    attach(d, stack, *depth, nd);
     return 0;
 }
 
@@ -957,22 +956,23 @@ doc_parse(struct ydoc *d, const char *data, size_t len, struct esd_err *err)
 {
     yaml_parser_t p;
     yaml_event_t ev;
-    struct ynode **stack = NULL;
+    /* the open collections; the depth check keeps within max_depth */
+    struct ynode **stack = xcalloc(d->max_depth, sizeof(*stack));
     size_t depth = 0;
     int ndocs = 0, rc = 0;
     bool end = false;
 
-    if (!yaml_parser_initialize(&p))
+    if (!yaml_parser_initialize(&p)) {
+        free(stack);
         return err_set(err, -ENOMEM, "Recipe %s: out of memory while parsing YAML", d->name);
+    }
     yaml_parser_set_input_string(&p, (const unsigned char *)(data ? data : ""), len);
     while (!rc && !end) {
         if (!yaml_parser_parse(&p, &ev)) {
             rc = yaml_error(d, &p, data, len, err);
             break;
         }
-        rc = doc_event(d, &ev, &stack, &depth, &ndocs, &end, err);
-        if (rc > 0)
-            rc = -EINVAL;
+        rc = doc_event(d, &ev, stack, &depth, &ndocs, &end, err);
         yaml_event_delete(&ev);
     }
     free(stack);
@@ -1285,8 +1285,6 @@ py_str(const struct ynode *nd, char **ret)
         buf_free(&b);
         return rc;
     }
-    buf_putc(&b, '\0'); /* an empty buf may still have no storage */
-    b.len--;
     *ret = buf_steal(&b);
     return 0;
 }
@@ -1330,17 +1328,13 @@ static int
 bad_msg(struct ydoc *d, const struct ynode *nd, struct esd_err *err)
 {
     static const char *const what[] = { "", "", "bool", "int", "float", "timestamp" };
-    char *v;
-    int rc;
 
     if (nd->bad == BAD_TAG)
         return err_set(err, -EINVAL, "Recipe %s:%lu: unsupported YAML tag '%s' on a %s", d->name,
                        nd->line, nd->tag ? nd->tag : "", kind_name(nd));
-    v = msg_str(nd);
-    rc = err_set(err, -EINVAL, "Recipe %s:%lu: cannot construct a %s from '%s'", d->name,
-                 nd->line, what[nd->bad], v);
-    free(v);
-    return rc;
+    return err_set(err, -EINVAL, "Recipe %s:%lu: cannot construct a %s from '%.*s%s'", d->name,
+                   nd->line, what[nd->bad], (int)(nd->len < MSG_REPR_MAX ? nd->len : MSG_REPR_MAX),
+                   nd->val, nd->len > MSG_REPR_MAX ? "..." : "");
 }
 
 /* A plain "<<" or "=" anywhere but as a key has no SafeLoader constructor. */
@@ -1451,8 +1445,9 @@ check_executor(struct ydoc *d, struct recipe *r, struct esd_err *err)
 
     if (v && !str_is(v, "default") && !str_is(v, "ray")) {
         got = msg_repr(v);
-        rc = err_set(err, -EINVAL, "Recipe %s:%lu: executor_type must be 'default' or 'ray', got %s",
-                     d->name, v->line, got);
+        rc = err_set(err, -EINVAL,
+                     "Recipe %s:%lu: executor_type must be 'default' or 'ray', got %s", d->name,
+                     v->line, got);
         free(got);
         return rc;
     }
@@ -1554,7 +1549,8 @@ check_op(struct ydoc *d, const struct recipe_policy *pol, size_t idx, const stru
                        name, d->name, args->line, kind_name(args));
     if (pol && pol->deny && strv_contains(pol->deny, name))
         return err_set(err, -EINVAL,
-                       "Operator '%s' in %s:%lu is denied by configuration and cannot run per shard",
+                       "Operator '%s' in %s:%lu is denied by configuration and cannot run per "
+                       "shard",
                        name, d->name, line);
     if (!(pol && pol->allow && strv_contains(pol->allow, name))) {
         rc = recipe_classify(name);
@@ -1826,6 +1822,10 @@ recipe_classify(const char *op)
     return rc;
 }
 
+/*
+ * Frees what a successful recipe_load/recipe_parse put in *r and zeroes it,
+ * so a zeroed struct, a freed one and NULL are all fine.
+ */
 void
 recipe_free(struct recipe *r)
 {

@@ -13,7 +13,8 @@
  * first.
  *
  * Scalars are typed as PyYAML's SafeLoader types them (YAML 1.1: null, bool
- * with yes/no/on/off, int incl. 0x/0o/0b/sexagesimal, float incl. .inf/.nan,
+ * with yes/no/on/off, int incl. 0x, 0-prefixed octal, 0b and sexagesimal,
+ * float incl. .inf/.nan, timestamps,
  * quoted scalars are strings), so "truthy" means what it means to the
  * reference. Merge keys ("<<") are honoured; later duplicate keys win.
  */
