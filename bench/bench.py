@@ -96,8 +96,14 @@ def main():
                             "--job-dir", job, "--all", "--hostname", "bench"],
                            check=True, stdout=subprocess.DEVNULL)
             out = os.path.join(work, "merged.jsonl")
-            secs, rss = best([a.esctl, "merge", "--local", "--job-dir", job, "--output", out,
-                              "--overwrite"], a.runs)
+
+            def clean_out():
+                # a fresh output each run, as a finished job is merged once
+                if os.path.exists(out):
+                    os.unlink(out)
+
+            secs, rss = best([a.esctl, "merge", "--local", "--job-dir", job, "--output", out],
+                             a.runs, before=clean_out)
         ratio = secs / base
         target = TARGETS[a.what]
         rss_mib = rss / 1024

@@ -38,6 +38,25 @@ manifest_shard_id(long long i, long long n)
     return xasprintf("part-%0*lld-of-%0*lld", width, i, width, n);
 }
 
+/* Lexical part of the escape check: relative, no ".." component. Symlinks
+ * are checked where a path is used (fs_join_inside). */
+static bool
+path_ok(const char *p)
+{
+    const char *c = p;
+
+    if (!*p || *p == '/')
+        return false;
+    while (*c) {
+        size_t n = strcspn(c, "/");
+        if (n == 2 && c[0] == '.' && c[1] == '.')
+            return false;
+        c += n;
+        c += *c == '/';
+    }
+    return true;
+}
+
 static int
 policy_int(const cJSON *policy, const char *key, long long def, long long min, long long *ret,
            const char *path, struct esd_err *err)
@@ -94,8 +113,6 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
     }
     m.execution = exec;
     m.job_id = json_get_str(m.json, "job_id");
-    if (!m.job_id)
-        m.job_id = fs_basename(job_dir);
     policy = cJSON_GetObjectItemCaseSensitive(m.json, "policy");
     if ((r = policy_int(policy, "lock_timeout_secs", POLICY_LOCK_TIMEOUT_DEFAULT, 1,
                         &m.lock_timeout_secs, path, err)) < 0 ||
@@ -113,6 +130,13 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
             r = err_set(err, -EINVAL,
                         "Malformed manifest %s: shards[%d] needs string id and path and integer rows",
                         path, i);
+            goto out;
+        }
+        if (!path_ok(s->path)) {
+            r = err_set(err, -EINVAL,
+                        "Malformed manifest %s: shard path '%s' is not a relative path inside "
+                        "the job directory",
+                        path, s->path);
             goto out;
         }
         if (!manifest_id_ok(s->id)) {
@@ -136,6 +160,9 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
         i++;
     }
     m.job_dir = xstrdup(job_dir);
+    /* Into our own copy: the caller's job_dir may not outlive m. */
+    if (!m.job_id)
+        m.job_id = fs_basename(m.job_dir);
     *ret = m;
     m.json = NULL;
     m.shards = NULL;

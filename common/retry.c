@@ -47,7 +47,7 @@ retry_run(const struct manifest *m, bool all_failed, const struct strv *ids,
         const char *id = m->shards[i].id;
         char *path;
 
-        if (!all_failed && !strv_contains(ids, id))
+        if (!all_failed && (!ids || !strv_contains(ids, id)))
             continue;
         path = manifest_state_path(m, "failed", id, ".json");
         if (exists(path))

@@ -139,10 +139,15 @@ table_print(const struct call *c, struct table *t)
     for (size_t r = 0; r < t->nrows; r++) {
         bool colored = *t->colors[r] != '\0';
 
+        size_t last = t->ncols;
+
+        /* no padding after the last non-empty cell */
+        while (last > 1 && !*t->cells[r * t->ncols + last - 1])
+            last--;
         fputs(t->colors[r], stdout);
-        for (size_t i = 0; i < t->ncols; i++) {
+        for (size_t i = 0; i < last; i++) {
             const char *cell = t->cells[r * t->ncols + i];
-            if (i + 1 == t->ncols)
+            if (i + 1 == last)
                 fputs(cell, stdout);
             else
                 printf("%-*s  ", (int)w[i], cell);

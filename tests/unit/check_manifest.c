@@ -71,6 +71,9 @@ static const struct {
     { "\"id\": \"part-00000-of-00002\"", "\"id\": \"../../etc\"", "is not a plain file name" },
     { "\"id\": \"part-00000-of-00002\"", "\"id\": \"part-00001-of-00002\"", "duplicate shard id" },
     { "\"rows\": 2", "\"rows\": \"2\"", "shards[0] needs" },
+    { "\"shards/part-00000-of-00002.jsonl\"", "\"shards/../../x.jsonl\"",
+      "is not a relative path inside" },
+    { "\"shards/part-00000-of-00002.jsonl\"", "\"/etc/passwd\"", "is not a relative path inside" },
     { "\"max_retries\": 0", "\"max_retries\": -1", "policy.max_retries" },
     { "\"lock_timeout_secs\": 60", "\"lock_timeout_secs\": 0", "policy.lock_timeout_secs" },
 };

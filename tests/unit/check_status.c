@@ -1,0 +1,648 @@
+/*
+ * check_status: shard states as spec §9 computes them from the job directory
+ * alone: done record, then failed record, then lock (running, or stale by
+ * its mtime against the timeout or by the lease it records), else pending;
+ * unreadable metadata flagged without changing the state; stray names in
+ * the state directories ignored; the complete/terminal flags; and the
+ * field names of status --json (spec §5.9). Every fixture is a real job
+ * made by prepare_run, with records and locks written here in C.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "json.h"
+#include "manifest.h"
+#include "prepare.h"
+#include "status.h"
+#include "testutil.h"
+#include "util.h"
+
+/* The job of every test: 5 records in two files, 3 shards of 2, 2, 1 rows. */
+static char *tmp;
+static struct manifest M;
+
+static void
+job_setup(void)
+{
+    struct prepare_opts o;
+    struct prepare_result res;
+    struct esd_err err;
+    char *recipe, *data, *job;
+
+    tmp = tu_tmpdir();
+    free(tu_write(tmp, "data/a.jsonl", "{\"text\":\"a\"}\n{\"text\":\"b\"}\n", (size_t)-1));
+    free(tu_write(tmp, "data/sub/b.jsonl", "{\"text\":\"c\"}\n{\"text\":\"d\"}\n{\"text\":\"e\"}\n",
+                  (size_t)-1));
+    recipe = tu_write(tmp, "recipe.yaml", "process:\n  - whitespace_normalization_mapper:\n",
+                      (size_t)-1);
+    data = fs_join(tmp, "data");
+    job = fs_join(tmp, "job");
+    prepare_opts_init(&o);
+    o.config = recipe;
+    o.dataset_path = data;
+    o.job_dir = job;
+    o.num_shards = 3;
+    ck_assert_msg(prepare_run(&o, &res, &err) == 0, "prepare: %s", err.msg);
+    ck_assert_msg(manifest_load(res.job_dir, &M, &err) == 0, "manifest: %s", err.msg);
+    ck_assert_uint_eq(M.nshards, 3);
+    prepare_result_free(&res);
+    free(recipe);
+    free(data);
+    free(job);
+}
+
+static void
+job_teardown(void)
+{
+    fs_rm_rf(tmp);
+    manifest_free(&M);
+    free(tmp);
+}
+
+static const char *
+id(size_t i)
+{
+    return M.shards[i].id;
+}
+
+/* Writes state/<kind>/<id of shard i><suffix> with raw content. */
+static void
+put_raw(const char *kind, size_t i, const char *suffix, const char *content)
+{
+    char *path = manifest_state_path(&M, kind, id(i), suffix);
+    struct esd_err err;
+
+    ck_assert_msg(fs_write_atomic(path, content, strlen(content), 0644, &err) == 0, "%s",
+                  err.msg);
+    free(path);
+}
+
+/* Publishes a done record owned by host (NULL: no hostname field). */
+static void
+put_done(size_t i, const char *host)
+{
+    char *path = manifest_state_path(&M, "done", id(i), ".json");
+    char *out = xasprintf("attempts/%s/0001-x/processed.jsonl", id(i));
+    cJSON *j = cJSON_CreateObject();
+    struct esd_err err;
+
+    json_add_str(j, "shard_id", id(i));
+    json_add_str(j, "status", "done");
+    if (host)
+        json_add_str(j, "hostname", host);
+    json_add_str(j, "output_path", out);
+    json_add_int(j, "rows", M.shards[i].rows);
+    json_add_str(j, "sha256", M.shards[i].sha256);
+    ck_assert_msg(json_publish_excl(path, j, JSON_PRETTY, &err) == 0, "%s", err.msg);
+    cJSON_Delete(j);
+    free(out);
+    free(path);
+}
+
+/* Publishes a failed record; error NULL gives the "retry limit reached
+ * before claim" form, which has no last_error. */
+static void
+put_failed(size_t i, const char *error)
+{
+    char *path = manifest_state_path(&M, "failed", id(i), ".json");
+    cJSON *j = cJSON_CreateObject();
+    struct esd_err err;
+
+    json_add_str(j, "shard_id", id(i));
+    json_add_str(j, "status", "failed");
+    json_add_int(j, "failures", 4);
+    if (error)
+        json_add_str(j, "last_error", error);
+    else
+        json_add_str(j, "reason", "retry limit reached before claim");
+    ck_assert_msg(json_publish_excl(path, j, JSON_PRETTY, &err) == 0, "%s", err.msg);
+    cJSON_Delete(j);
+    free(path);
+}
+
+/* Sets path's mtime age seconds in the past (negative: in the future). */
+static void
+set_age(const char *path, double age)
+{
+    struct timespec ts[2];
+
+    clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ts[0].tv_sec -= (time_t)age;
+    ts[1] = ts[0];
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+/* Creates a claim file (one line of JSON, O_EXCL); lease <= 0: none. */
+static void
+put_lock(size_t i, const char *host, long long pid, long long lease, double age)
+{
+    char *path = manifest_state_path(&M, "locks", id(i), ".lock");
+    cJSON *j = cJSON_CreateObject();
+    struct esd_err err;
+    struct buf b;
+
+    json_add_str(j, "shard_id", id(i));
+    json_add_str(j, "token", "0123456789abcdef0123456789abcdef");
+    json_add_str(j, "hostname", host);
+    json_add_int(j, "pid", pid);
+    json_add_int(j, "attempt_number", 1);
+    if (lease > 0)
+        json_add_int(j, "lease_secs", lease);
+    buf_init(&b);
+    json_dump(j, JSON_LINE, &b);
+    ck_assert_msg(fs_create_excl(path, b.p, b.len, 0644, NULL, &err) == 0, "%s", err.msg);
+    set_age(path, age);
+    buf_free(&b);
+    cJSON_Delete(j);
+    free(path);
+}
+
+static struct job_status
+compute(long long timeout, bool details)
+{
+    struct job_status st;
+    struct esd_err err;
+
+    ck_assert_msg(status_compute(&M, timeout, details, &st, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(st.total, 3);
+    return st;
+}
+
+static char *
+counts_text(const struct job_status *st)
+{
+    struct buf b;
+
+    buf_init(&b);
+    status_counts_text(st, &b);
+    return buf_steal(&b);
+}
+
+START_TEST(test_fresh_job_is_pending)
+{
+    struct job_status st = compute(0, true);
+    char *txt = counts_text(&st);
+
+    for (size_t i = 0; i < 3; i++) {
+        ck_assert_int_eq(st.shards[i].state, ST_PENDING);
+        ck_assert_ptr_null(st.shards[i].owner);
+        ck_assert(!st.shards[i].has_pid && !st.shards[i].has_age);
+        ck_assert(!st.shards[i].metadata_error);
+    }
+    ck_assert_uint_eq(st.counts[ST_PENDING], 3);
+    ck_assert(!st.complete && !st.terminal);
+    ck_assert_str_eq(txt, "pending=3 running=0 stale=0 done=0 failed=0");
+    free(txt);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_states_and_details)
+{
+    struct job_status st;
+    char *txt;
+
+    put_done(0, "node-a");
+    put_failed(1, "Data-Juicer returned exit code 1");
+    put_lock(2, "node-b", 4242, 0, 60);
+    st = compute(0, true);
+    ck_assert_int_eq(st.shards[0].state, ST_DONE);
+    ck_assert_str_eq(st.shards[0].owner, "node-a");
+    ck_assert(!st.shards[0].has_pid && !st.shards[0].has_age);
+    ck_assert_int_eq(st.shards[1].state, ST_FAILED);
+    ck_assert_str_eq(st.shards[1].error, "Data-Juicer returned exit code 1");
+    ck_assert_ptr_null(st.shards[1].owner);
+    ck_assert_int_eq(st.shards[2].state, ST_RUNNING);
+    ck_assert_str_eq(st.shards[2].owner, "node-b");
+    ck_assert(st.shards[2].has_pid);
+    ck_assert_int_eq(st.shards[2].pid, 4242);
+    ck_assert(st.shards[2].has_age);
+    ck_assert_msg(st.shards[2].lock_age >= 59.0 && st.shards[2].lock_age < 120.0,
+                  "lock age %f", st.shards[2].lock_age);
+    txt = counts_text(&st);
+    ck_assert_str_eq(txt, "pending=0 running=1 stale=0 done=1 failed=1");
+    ck_assert(!st.complete && !st.terminal);
+    free(txt);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_without_details_reads_no_records)
+{
+    struct job_status st;
+
+    put_done(0, "node-a");
+    put_failed(1, "boom");
+    put_lock(2, "node-b", 7, 0, 60);
+    st = compute(0, false);
+    ck_assert_int_eq(st.shards[0].state, ST_DONE);
+    ck_assert_ptr_null(st.shards[0].owner);
+    ck_assert_int_eq(st.shards[1].state, ST_FAILED);
+    ck_assert_ptr_null(st.shards[1].error);
+    /* The lock's age decides running or stale, so it is still read. */
+    ck_assert_int_eq(st.shards[2].state, ST_RUNNING);
+    ck_assert(st.shards[2].has_age);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_stale_by_mtime)
+{
+    struct job_status st;
+
+    /* The manifest's timeout is the default 126000 s. */
+    put_lock(0, "old", 1, 0, POLICY_LOCK_TIMEOUT_DEFAULT + 100);
+    put_lock(1, "young", 2, 0, POLICY_LOCK_TIMEOUT_DEFAULT - 100);
+    put_lock(2, "mid", 3, 0, 7200);
+    st = compute(0, true);
+    ck_assert_int_eq(st.shards[0].state, ST_STALE);
+    ck_assert_str_eq(st.shards[0].owner, "old");
+    ck_assert(st.shards[0].lock_age > POLICY_LOCK_TIMEOUT_DEFAULT);
+    ck_assert_int_eq(st.shards[1].state, ST_RUNNING);
+    ck_assert_int_eq(st.shards[2].state, ST_RUNNING);
+    ck_assert_uint_eq(st.counts[ST_STALE], 1);
+    ck_assert_uint_eq(st.counts[ST_RUNNING], 2);
+    status_free(&st);
+
+    /* An explicit timeout replaces the manifest's. */
+    st = compute(3600, true);
+    ck_assert_int_eq(st.shards[0].state, ST_STALE);
+    ck_assert_int_eq(st.shards[1].state, ST_STALE);
+    ck_assert_int_eq(st.shards[2].state, ST_STALE);
+    ck_assert(!st.terminal);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_stale_by_lease)
+{
+    struct job_status st;
+
+    put_lock(0, "short-lease", 1, 30, 60);
+    put_lock(1, "long-lease", 2, 300, 60);
+    put_lock(2, "no-lease", 3, 0, 60);
+    st = compute(0, true);
+    ck_assert_int_eq(st.shards[0].state, ST_STALE);
+    ck_assert_int_eq(st.shards[1].state, ST_RUNNING);
+    ck_assert_int_eq(st.shards[2].state, ST_RUNNING);
+    status_free(&st);
+
+    /* The lease wins over the timeout too. */
+    st = compute(10, true);
+    ck_assert_int_eq(st.shards[0].state, ST_STALE);
+    ck_assert_int_eq(st.shards[1].state, ST_RUNNING);
+    ck_assert_int_eq(st.shards[2].state, ST_STALE);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_future_mtime_age_is_zero)
+{
+    struct job_status st;
+
+    put_lock(0, "skewed", 1, 0, -1000);
+    st = compute(0, true);
+    ck_assert_int_eq(st.shards[0].state, ST_RUNNING);
+    ck_assert(st.shards[0].has_age);
+    ck_assert(st.shards[0].lock_age == 0.0);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_first_match_wins)
+{
+    struct job_status st;
+
+    /* done beats failed and a lock; failed beats a lock. */
+    put_done(0, "winner");
+    put_failed(0, "older failure");
+    put_lock(0, "leftover", 1, 0, POLICY_LOCK_TIMEOUT_DEFAULT + 1);
+    put_failed(1, "failure");
+    put_lock(1, "leftover", 2, 0, 5);
+    st = compute(0, true);
+    ck_assert_int_eq(st.shards[0].state, ST_DONE);
+    ck_assert_str_eq(st.shards[0].owner, "winner");
+    ck_assert(!st.shards[0].has_age);
+    ck_assert_int_eq(st.shards[1].state, ST_FAILED);
+    ck_assert_str_eq(st.shards[1].error, "failure");
+    ck_assert_int_eq(st.shards[2].state, ST_PENDING);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_metadata_error_keeps_state)
+{
+    struct job_status st;
+
+    put_raw("done", 0, ".json", "{\"hostname\": \"half-writ");
+    put_raw("failed", 1, ".json", "[\"not\", \"an object\"]\n");
+    /* An O_EXCL claim file is briefly empty before its content is written. */
+    put_raw("locks", 2, ".lock", "");
+    st = compute(0, true);
+    ck_assert_int_eq(st.shards[0].state, ST_DONE);
+    ck_assert(st.shards[0].metadata_error);
+    ck_assert_ptr_null(st.shards[0].owner);
+    ck_assert_int_eq(st.shards[1].state, ST_FAILED);
+    ck_assert(st.shards[1].metadata_error);
+    ck_assert_ptr_null(st.shards[1].error);
+    ck_assert_int_eq(st.shards[2].state, ST_RUNNING);
+    ck_assert(st.shards[2].metadata_error);
+    ck_assert(st.shards[2].has_age);
+    ck_assert(!st.shards[2].has_pid);
+    ck_assert_uint_eq(st.counts[ST_DONE], 1);
+    ck_assert_uint_eq(st.counts[ST_FAILED], 1);
+    ck_assert_uint_eq(st.counts[ST_RUNNING], 1);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_stray_names_ignored)
+{
+    struct job_status st;
+    char *rel;
+
+    /* A publication in progress, a shard of another job, wrong suffixes. */
+    rel = xasprintf("state/done/.%s.json.0123456789abcdef0123456789abcdef.tmp", id(0));
+    free(tu_write(M.job_dir, rel, "{}", (size_t)-1));
+    free(rel);
+    free(tu_write(M.job_dir, "state/done/part-00009-of-00010.json", "{}", (size_t)-1));
+    put_raw("done", 1, ".lock", "{}");
+    put_raw("locks", 2, ".json", "{}");
+    put_raw("failed", 2, ".json.bak", "{}");
+    st = compute(0, true);
+    for (size_t i = 0; i < 3; i++)
+        ck_assert_int_eq(st.shards[i].state, ST_PENDING);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_missing_state_dirs)
+{
+    struct job_status st;
+    char *dir = fs_join(M.job_dir, "state");
+
+    fs_rm_rf(dir);
+    st = compute(0, true);
+    ck_assert_uint_eq(st.counts[ST_PENDING], 3);
+    status_free(&st);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_unreadable_state_dir_is_error)
+{
+    struct job_status st;
+    struct esd_err err;
+    char *dir = fs_join(M.job_dir, "state/done");
+
+    /* A file where the directory should be: not ENOENT, so an error. */
+    fs_rm_rf(dir);
+    free(tu_write(M.job_dir, "state/done", "x", (size_t)-1));
+    ck_assert_int_lt(status_compute(&M, 0, true, &st, &err), 0);
+    ck_assert_msg(strstr(err.msg, "state/done") != NULL, "%s", err.msg);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_complete_and_terminal)
+{
+    struct job_status st;
+
+    put_done(0, "a");
+    put_done(1, "b");
+    put_failed(2, "boom");
+    st = compute(0, false);
+    ck_assert(!st.complete);
+    ck_assert(st.terminal);
+    status_free(&st);
+
+    put_done(2, "c");
+    st = compute(0, false);
+    ck_assert(st.complete);
+    ck_assert(st.terminal);
+    ck_assert_uint_eq(st.counts[ST_DONE], 3);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_stale_is_not_terminal)
+{
+    struct job_status st;
+
+    put_done(0, "a");
+    put_failed(1, "boom");
+    put_lock(2, "gone", 1, 0, POLICY_LOCK_TIMEOUT_DEFAULT + 1);
+    st = compute(0, false);
+    ck_assert_int_eq(st.shards[2].state, ST_STALE);
+    ck_assert(!st.complete && !st.terminal);
+    status_free(&st);
+}
+END_TEST
+
+/* status_json serialised and parsed back, so raw number nodes count too. */
+static cJSON *
+json_roundtrip(const struct job_status *st)
+{
+    cJSON *j = status_json(&M, st), *back;
+    struct buf b;
+
+    buf_init(&b);
+    json_dump(j, JSON_COMPACT, &b);
+    back = cJSON_Parse(b.p);
+    ck_assert_msg(back != NULL, "status_json is not JSON: %s", b.p);
+    buf_free(&b);
+    cJSON_Delete(j);
+    return back;
+}
+
+static void
+assert_keys(const cJSON *o, const char *const *keys)
+{
+    int n = 0;
+
+    for (; keys[n]; n++)
+        ck_assert_msg(cJSON_GetObjectItemCaseSensitive(o, keys[n]) != NULL, "missing key %s",
+                      keys[n]);
+    ck_assert_int_eq(cJSON_GetArraySize(o), n);
+}
+
+START_TEST(test_status_json_fields)
+{
+    static const char *const top[] = { "complete", "counts",   "execution", "job_dir", "job_id",
+                                       "shards",   "terminal", "total",     NULL };
+    static const char *const counts[] = { "done", "failed", "pending", "running", "stale", NULL };
+    static const char *const done[] = { "owner", "rows", "shard_id", "status", NULL };
+    static const char *const failed[] = { "error", "rows", "shard_id", "status", NULL };
+    static const char *const running[] = { "lock_age_secs", "owner", "pid", "rows",
+                                           "shard_id",      "status", NULL };
+    struct job_status st;
+    cJSON *j, *c, *sh, *x;
+
+    put_done(0, "node-a");
+    put_failed(1, "Data-Juicer returned exit code 1");
+    put_lock(2, "node-b", 99, 0, 30);
+    st = compute(0, true);
+    j = json_roundtrip(&st);
+    assert_keys(j, top);
+    ck_assert_str_eq(json_get_str(j, "job_id"), "job");
+    ck_assert_str_eq(json_get_str(j, "job_dir"), M.job_dir);
+    x = cJSON_GetObjectItemCaseSensitive(j, "execution");
+    ck_assert_str_eq(json_get_str(x, "executor_type"), "ray");
+    ck_assert_str_eq(json_get_str(x, "ray_address"), "local");
+    ck_assert_str_eq(json_get_str(x, "recipe_executor_type"), "default");
+    ck_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "total")));
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(j, "total")->valueint, 3);
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "complete")));
+    ck_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "terminal")));
+    c = cJSON_GetObjectItemCaseSensitive(j, "counts");
+    assert_keys(c, counts);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(c, "done")->valueint, 1);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(c, "failed")->valueint, 1);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(c, "running")->valueint, 1);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(c, "pending")->valueint, 0);
+    sh = cJSON_GetObjectItemCaseSensitive(j, "shards");
+    ck_assert_int_eq(cJSON_GetArraySize(sh), 3);
+
+    x = cJSON_GetArrayItem(sh, 0);
+    assert_keys(x, done);
+    ck_assert_str_eq(json_get_str(x, "shard_id"), id(0));
+    ck_assert_str_eq(json_get_str(x, "status"), "done");
+    ck_assert_str_eq(json_get_str(x, "owner"), "node-a");
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(x, "rows")->valueint, 2);
+
+    x = cJSON_GetArrayItem(sh, 1);
+    assert_keys(x, failed);
+    ck_assert_str_eq(json_get_str(x, "status"), "failed");
+    ck_assert_str_eq(json_get_str(x, "error"), "Data-Juicer returned exit code 1");
+
+    x = cJSON_GetArrayItem(sh, 2);
+    assert_keys(x, running);
+    ck_assert_str_eq(json_get_str(x, "status"), "running");
+    ck_assert_str_eq(json_get_str(x, "owner"), "node-b");
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(x, "pid")->valueint, 99);
+    ck_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(x, "lock_age_secs")));
+    ck_assert(cJSON_GetObjectItemCaseSensitive(x, "lock_age_secs")->valuedouble >= 29.0);
+    ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(x, "rows")->valueint, 1);
+    cJSON_Delete(j);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_status_json_pending_null_error_and_metadata_error)
+{
+    static const char *const pending[] = { "rows", "shard_id", "status", NULL };
+    static const char *const failed[] = { "error", "rows", "shard_id", "status", NULL };
+    static const char *const broken[] = { "metadata_error", "rows", "shard_id", "status", NULL };
+    struct job_status st;
+    cJSON *j, *sh, *x;
+
+    put_raw("done", 0, ".json", "{\"hostname\": \"h\", \"rows\": ");
+    put_failed(1, NULL);
+    st = compute(0, true);
+    j = json_roundtrip(&st);
+    sh = cJSON_GetObjectItemCaseSensitive(j, "shards");
+
+    x = cJSON_GetArrayItem(sh, 0);
+    assert_keys(x, broken);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "metadata_error")));
+
+    /* The "retry limit reached before claim" form: error is null. */
+    x = cJSON_GetArrayItem(sh, 1);
+    assert_keys(x, failed);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(x, "error")));
+
+    x = cJSON_GetArrayItem(sh, 2);
+    assert_keys(x, pending);
+    ck_assert_str_eq(json_get_str(x, "status"), "pending");
+    cJSON_Delete(j);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_status_json_complete)
+{
+    struct job_status st;
+    cJSON *j;
+
+    put_done(0, "a");
+    put_done(1, "a");
+    put_done(2, "b");
+    st = compute(0, true);
+    j = json_roundtrip(&st);
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "complete")));
+    ck_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "terminal")));
+    cJSON_Delete(j);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_job_id_defaults_to_dir_name)
+{
+    struct manifest m2;
+    struct job_status st;
+    struct esd_err err;
+    char *path = fs_join(M.job_dir, "manifest.json"), *dir = xstrdup(M.job_dir);
+    cJSON *j = NULL, *sj;
+
+    /* A manifest without job_id: the job directory's name stands in, and
+     * must outlive the caller's copy of that path. */
+    ck_assert_int_eq(json_load_object(path, 1 << 20, &j, &err), 0);
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "job_id");
+    ck_assert_int_eq(json_write_atomic(path, j, JSON_PRETTY, &err), 0);
+    ck_assert_msg(manifest_load(dir, &m2, &err) == 0, "%s", err.msg);
+    memset(dir, 'X', strlen(dir));
+    free(dir);
+    ck_assert_str_eq(m2.job_id, "job");
+    ck_assert_int_eq(status_compute(&m2, 0, true, &st, &err), 0);
+    sj = status_json(&m2, &st);
+    ck_assert_str_eq(json_get_str(sj, "job_id"), "job");
+    cJSON_Delete(sj);
+    status_free(&st);
+    manifest_free(&m2);
+    cJSON_Delete(j);
+    free(path);
+}
+END_TEST
+
+static Suite *
+status_suite(void)
+{
+    Suite *s = suite_create("status");
+    TCase *tc = tcase_create("status");
+
+    tcase_add_checked_fixture(tc, job_setup, job_teardown);
+    tcase_add_test(tc, test_fresh_job_is_pending);
+    tcase_add_test(tc, test_states_and_details);
+    tcase_add_test(tc, test_without_details_reads_no_records);
+    tcase_add_test(tc, test_stale_by_mtime);
+    tcase_add_test(tc, test_stale_by_lease);
+    tcase_add_test(tc, test_future_mtime_age_is_zero);
+    tcase_add_test(tc, test_first_match_wins);
+    tcase_add_test(tc, test_metadata_error_keeps_state);
+    tcase_add_test(tc, test_stray_names_ignored);
+    tcase_add_test(tc, test_missing_state_dirs);
+    tcase_add_test(tc, test_unreadable_state_dir_is_error);
+    tcase_add_test(tc, test_complete_and_terminal);
+    tcase_add_test(tc, test_stale_is_not_terminal);
+    tcase_add_test(tc, test_status_json_fields);
+    tcase_add_test(tc, test_status_json_pending_null_error_and_metadata_error);
+    tcase_add_test(tc, test_status_json_complete);
+    tcase_add_test(tc, test_job_id_defaults_to_dir_name);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int
+main(void)
+{
+    json_init();
+    return tu_run(status_suite());
+}
