@@ -32,31 +32,8 @@ static struct manifest M;
 static void
 job_setup(void)
 {
-    struct prepare_opts o;
-    struct prepare_result res;
-    struct esd_err err;
-    char *recipe, *data, *job;
-
     tmp = tu_tmpdir();
-    free(tu_write(tmp, "data/a.jsonl", "{\"text\":\"a\"}\n{\"text\":\"b\"}\n", (size_t)-1));
-    free(tu_write(tmp, "data/sub/b.jsonl", "{\"text\":\"c\"}\n{\"text\":\"d\"}\n{\"text\":\"e\"}\n",
-                  (size_t)-1));
-    recipe = tu_write(tmp, "recipe.yaml", "process:\n  - whitespace_normalization_mapper:\n",
-                      (size_t)-1);
-    data = fs_join(tmp, "data");
-    job = fs_join(tmp, "job");
-    prepare_opts_init(&o);
-    o.config = recipe;
-    o.dataset_path = data;
-    o.job_dir = job;
-    o.num_shards = 3;
-    ck_assert_msg(prepare_run(&o, &res, &err) == 0, "prepare: %s", err.msg);
-    ck_assert_msg(manifest_load(res.job_dir, &M, &err) == 0, "manifest: %s", err.msg);
-    ck_assert_uint_eq(M.nshards, 3);
-    prepare_result_free(&res);
-    free(recipe);
-    free(data);
-    free(job);
+    tu_job(tmp, &M);
 }
 
 static void

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "manifest.h"
+#include "prepare.h"
 #include "util.h"
 
 char *
@@ -89,6 +91,35 @@ tu_data(const char *rel)
     const char *base = getenv("ESD_TEST_DATA");
 
     return fs_join(base && *base ? base : "tests/data", rel);
+}
+
+void
+tu_job(const char *dir, struct manifest *ret)
+{
+    struct prepare_opts o;
+    struct prepare_result res;
+    struct esd_err err;
+    char *recipe, *data, *job;
+
+    free(tu_write(dir, "data/a.jsonl", "{\"text\":\"a\"}\n{\"text\":\"b\"}\n", (size_t)-1));
+    free(tu_write(dir, "data/sub/b.jsonl", "{\"text\":\"c\"}\n{\"text\":\"d\"}\n{\"text\":\"e\"}\n",
+                  (size_t)-1));
+    recipe = tu_write(dir, "recipe.yaml", "process:\n  - whitespace_normalization_mapper:\n",
+                      (size_t)-1);
+    data = fs_join(dir, "data");
+    job = fs_join(dir, "job");
+    prepare_opts_init(&o);
+    o.config = recipe;
+    o.dataset_path = data;
+    o.job_dir = job;
+    o.num_shards = 3;
+    ck_assert_msg(prepare_run(&o, &res, &err) == 0, "prepare: %s", err.msg);
+    ck_assert_msg(manifest_load(res.job_dir, ret, &err) == 0, "manifest: %s", err.msg);
+    ck_assert_uint_eq(ret->nshards, 3);
+    prepare_result_free(&res);
+    free(recipe);
+    free(data);
+    free(job);
 }
 
 int

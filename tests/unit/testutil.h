@@ -22,6 +22,13 @@ int tu_exists(const char *path);
 int tu_count_entries(const char *dir);
 /* Path to a fixture under tests/data ($ESD_TEST_DATA). Caller frees. */
 char *tu_data(const char *rel);
+struct manifest;
+/*
+ * The job the engine suites share, prepared in dir/job: 5 records in
+ * dir/data/a.jsonl (2) and dir/data/sub/b.jsonl (3), split into 3 shards of
+ * 2, 2 and 1 rows. Loads its manifest into *ret (manifest_free).
+ */
+void tu_job(const char *dir, struct manifest *ret);
 /* Runs suite s in fork mode and returns the exit status for main(). */
 int tu_run(Suite *s);
 
