@@ -841,14 +841,19 @@ make_dirs(struct job *j, struct esd_err *err)
 static int
 publish(struct job *j, struct esd_err *err)
 {
-    if (renameat2(AT_FDCWD, j->staging, AT_FDCWD, j->job_dir, RENAME_NOREPLACE) < 0) {
-        if (errno != EINVAL && errno != ENOSYS)
-            return err_sys(err, -errno, "Cannot publish job directory %s", j->job_dir);
-        /* The filesystem has no RENAME_NOREPLACE (some NFS servers):
-         * rename(2) still refuses a non-empty target. */
-        if (rename(j->staging, j->job_dir) < 0)
-            return err_sys(err, -errno, "Cannot publish job directory %s", j->job_dir);
-    }
+    int r = renameat2(AT_FDCWD, j->staging, AT_FDCWD, j->job_dir, RENAME_NOREPLACE);
+
+    /* Without RENAME_NOREPLACE (some NFS servers) rename(2) still refuses
+     * a non-empty target. */
+    if (r < 0 && (errno == EINVAL || errno == ENOSYS))
+        r = rename(j->staging, j->job_dir);
+    if (r < 0 && (errno == EEXIST || errno == ENOTEMPTY))
+        return err_set(err, -EEXIST,
+                       "Job directory %s appeared while this prepare ran (another prepare?); "
+                       "nothing was published",
+                       j->job_dir);
+    if (r < 0)
+        return err_sys(err, -errno, "Cannot publish job directory %s", j->job_dir);
     return fs_fsync_parent(j->job_dir, err);
 }
 

@@ -840,6 +840,44 @@ START_TEST(test_verify_refuses_incomplete_and_bad_results)
 }
 END_TEST
 
+START_TEST(test_output_inside_job_refused)
+{
+    static const char *bad[] = { "shards/part-00000-of-00003.jsonl", "state/x.jsonl",
+                                 "attempts/new.jsonl", "manifest.json", "merge.json" };
+    struct merge_opts o = { 0 };
+    struct merge_result res;
+    struct esd_err err;
+
+    for (size_t i = 0; i < M.nshards; i++)
+        put_done(i, "h", NULL);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char *out = fs_join(M.job_dir, bad[i]), *before = tu_read(out, NULL);
+        char *after;
+
+        o.output = out;
+        o.overwrite = true;
+        ck_assert_int_eq(merge_run(&M, &o, &res, &err), -EINVAL);
+        ck_assert_msg(strstr(err.msg, "would overwrite part of the job directory"), "%s",
+                      err.msg);
+        after = tu_read(out, NULL);
+        ck_assert((before == NULL) == (after == NULL));
+        ck_assert(!before || strcmp(before, after) == 0);
+        free(before);
+        free(after);
+        free(out);
+    }
+    /* the default, <job>/merged.jsonl, is fine */
+    {
+        char *dflt = fs_join(M.job_dir, "merged.jsonl");
+
+        o.output = dflt;
+        ck_assert_msg(merge_run(&M, &o, &res, &err) == 0, "%s", err.msg);
+        merge_result_free(&res);
+        free(dflt);
+    }
+}
+END_TEST
+
 static Suite *
 merge_suite(void)
 {
@@ -848,6 +886,7 @@ merge_suite(void)
 
     tcase_add_checked_fixture(tc, job_setup, job_teardown);
     tcase_add_test(tc, test_refuses_incomplete);
+    tcase_add_test(tc, test_output_inside_job_refused);
     tcase_add_test(tc, test_refuses_incomplete_every_count);
     tcase_add_test(tc, test_refusal_creates_no_output_dir);
     tcase_add_test(tc, test_incomplete_reported_before_existing_output);
