@@ -328,11 +328,15 @@ load_request(struct job *j, struct esd_err *err)
     j->have_recipe = true;
     for (size_t i = 0; i < j->recipe.warnings.n; i++)
         strv_push(&j->warnings, j->recipe.warnings.v[i]);
-    if (j->recipe.ray_address && strcmp(j->recipe.ray_address, j->ray_address) != 0)
-        strv_push_owned(&j->warnings,
-                        xasprintf("recipe ray_address=%s will be overridden with ray_address=%s "
-                                  "for shard workers",
-                                  j->recipe.ray_address, j->ray_address));
+    if (j->recipe.ray_address && strcmp(j->recipe.ray_address, j->ray_address) != 0) {
+        /* the reference's words: the warning is kept in the manifest */
+        struct buf w;
+
+        buf_init(&w);
+        buf_printf(&w, "recipe ray_address=%s will be overridden with ", j->recipe.ray_address_repr);
+        py_repr_str(j->ray_address, strlen(j->ray_address), &w);
+        strv_push_owned(&j->warnings, buf_steal(&w));
+    }
     if (o->dataset_path) {
         if ((r = fs_resolve_cli(o->dataset_path, &j->dataset, err)) < 0)
             return r;

@@ -1181,35 +1181,6 @@ scalar_str(const struct ynode *nd, struct buf *b)
     }
 }
 
-/* repr() of a str, close to Python's. */
-static void
-str_repr(const char *s, size_t n, struct buf *b)
-{
-    char q = memchr(s, '\'', n) && !memchr(s, '"', n) ? '"' : '\'';
-
-    buf_putc(b, q);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-
-        if (c == (unsigned char)q || c == '\\')
-            buf_printf(b, "\\%c", c);
-        else if (c == '\n')
-            buf_puts(b, "\\n");
-        else if (c == '\r')
-            buf_puts(b, "\\r");
-        else if (c == '\t')
-            buf_puts(b, "\\t");
-        else if (c < 0x20 || c == 0x7f)
-            buf_printf(b, "\\x%02x", c);
-        else if (c == 0xc2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
-                 (unsigned char)s[i + 1] < 0xa0)
-            buf_printf(b, "\\x%02x", (unsigned char)s[++i]);
-        else
-            buf_putc(b, (char)c);
-    }
-    buf_putc(b, q);
-}
-
 struct repr {
     struct buf *b;
     size_t max;
@@ -1256,7 +1227,7 @@ node_repr(const struct ynode *nd, struct repr *r)
             return false;
         buf_putc(r->b, '}');
     } else if (is_str(nd)) {
-        str_repr(nd->val, nd->len, r->b);
+        py_repr_str(nd->val, nd->len, r->b);
     } else if (nd->type == T_INT && nd->len > MSG_REPR_MAX) {
         buf_puts(r->b, "<int>");
     } else if (scalar_str(nd, r->b) < 0) {
@@ -1575,11 +1546,17 @@ check_op(struct ydoc *d, const struct recipe_policy *pol, size_t idx, const stru
                            "Operator '%s' in %s:%lu sets stats_export_path, which cannot be used "
                            "per shard",
                            name, d->name, k->line);
-        if ((v = map_get(args, "save_dir", NULL)) && truthy(v))
-            strv_push_owned(&r->warnings,
-                            xasprintf("operator '%s' uses an explicit save_dir; files it writes "
-                                      "there are shared by all shards and attempts",
-                                      name));
+        if ((v = map_get(args, "save_dir", NULL)) && truthy(v)) {
+            /* the reference's words: the warning is kept in the manifest */
+            struct buf w;
+
+            buf_init(&w);
+            buf_puts(&w, "operator ");
+            py_repr_str(name, strlen(name), &w);
+            buf_puts(&w, " uses an explicit save_dir; the caller must ensure generated "
+                         "filenames do not collide across shards");
+            strv_push_owned(&r->warnings, buf_steal(&w));
+        }
         if ((v = map_get(args, "index_key", NULL)) && !is_null(v)) {
             if (!is_str(v) || !v->len)
                 return err_set(err, -EINVAL,
@@ -1677,9 +1654,17 @@ validate(struct ydoc *d, const struct recipe_policy *pol, struct recipe *r, stru
     if (v && is_str(v)) {
         if ((rc = keep_str(d, v, "ray_address", &r->ray_address, err)) < 0)
             return rc;
-    } else if (v && py_str(v, &r->ray_address) < 0) {
+    } else if (v && !is_null(v) && py_str(v, &r->ray_address) < 0) {
         return err_set(err, -EINVAL, "Recipe %s:%lu: ray_address is an integer too large to print",
                        d->name, v->line);
+    }
+    if (r->ray_address) {
+        struct buf b;
+        struct repr rr = { &b, STR_REPR_MAX };
+
+        buf_init(&b);
+        node_repr(v, &rr);
+        r->ray_address_repr = buf_steal(&b);
     }
     return 0;
 }
@@ -1834,6 +1819,7 @@ recipe_free(struct recipe *r)
     free(r->executor_type);
     free(r->dataset_path);
     free(r->ray_address);
+    free(r->ray_address_repr);
     strv_free(&r->ops);
     strv_free(&r->media_keys);
     strv_free(&r->index_keys);

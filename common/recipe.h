@@ -46,7 +46,9 @@ struct recipe {
     char *executor_type;  /* "default" (also when absent) or "ray" */
     char *dataset_path;   /* recipe value as written; NULL if absent/null */
     bool dataset_path_valid; /* a non-empty, non-whitespace string */
-    char *ray_address;    /* Python str() of the recipe's ray_address; NULL if absent */
+    char *ray_address;    /* Python str() of the recipe's ray_address; NULL if absent
+                             or null */
+    char *ray_address_repr; /* its Python repr(), for the override warning */
     struct strv ops;      /* operator names, in process order */
     struct strv media_keys; /* image_key, audio_key, video_key (defaults images,
                                audios, videos), deduplicated, in that order */

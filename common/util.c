@@ -428,3 +428,31 @@ fmt_duration(double secs, char out[32])
     else
         snprintf(out, 32, "%lldd%02lldh", s / 86400, s % 86400 / 3600);
 }
+
+void
+py_repr_str(const char *s, size_t n, struct buf *b)
+{
+    char q = memchr(s, '\'', n) && !memchr(s, '"', n) ? '"' : '\'';
+
+    buf_putc(b, q);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+
+        if (c == (unsigned char)q || c == '\\')
+            buf_printf(b, "\\%c", c);
+        else if (c == '\n')
+            buf_puts(b, "\\n");
+        else if (c == '\r')
+            buf_puts(b, "\\r");
+        else if (c == '\t')
+            buf_puts(b, "\\t");
+        else if (c < 0x20 || c == 0x7f)
+            buf_printf(b, "\\x%02x", c);
+        else if (c == 0xc2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
+                 (unsigned char)s[i + 1] < 0xa0)
+            buf_printf(b, "\\x%02x", (unsigned char)s[++i]); /* C1 controls */
+        else
+            buf_putc(b, (char)c);
+    }
+    buf_putc(b, q);
+}

@@ -92,6 +92,11 @@ void rand_hex32(char out[33]);
  * for plain digits (optional surrounding whitespace, optional +). */
 int parse_int(const char *s, long long min, long long max, long long *ret);
 
+/* Appends Python's repr() of the str s[0..n) (UTF-8): quotes chosen as
+ * Python chooses them, backslash escapes for quotes, backslashes and
+ * control characters. */
+void py_repr_str(const char *s, size_t n, struct buf *out);
+
 /* Human-readable size ("1.5 GiB") and duration ("1h02m"), into out. */
 void fmt_size(uint64_t bytes, char out[32]);
 void fmt_duration(double secs, char out[32]);

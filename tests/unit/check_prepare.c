@@ -453,8 +453,8 @@ START_TEST(test_ray_address_warning)
     input = tu_write(f.dir, "in.jsonl", "{}\n", (size_t)-1);
     ck_assert_msg(run_prepare(&f, input, 1, &res, &err) == 0, "%s", err.msg);
     ck_assert_uint_eq(res.warnings.n, 1);
-    ck_assert_str_eq(res.warnings.v[0], "recipe ray_address=auto will be overridden with "
-                                        "ray_address=local for shard workers");
+    ck_assert_str_eq(res.warnings.v[0], "recipe ray_address='auto' will be overridden with "
+                                        "'local'");
     prepare_result_free(&res);
     free(input);
     fixture_free(&f);
