@@ -36,6 +36,9 @@ out_warning(const char *fmt, ...)
 
 static double progress_last = -1;
 static bool progress_shown;
+/* Rates and ETAs are per phase ("scan", "write", …). */
+static const char *phase_what;
+static double phase_start;
 
 void
 out_progress(struct call *c, const char *what, uint64_t done, uint64_t total, uint64_t rows,
@@ -47,9 +50,15 @@ out_progress(struct call *c, const char *what, uint64_t done, uint64_t total, ui
 
     if (!c->tty_err || c->json)
         return;
+    if (!phase_what || strcmp(phase_what, what) != 0) {
+        phase_what = what;
+        phase_start = elapsed;
+        force = true;
+    }
     if (!force && progress_last >= 0 && elapsed - progress_last < 0.1)
         return;
     progress_last = elapsed;
+    elapsed -= phase_start;
     if (frac > 1)
         frac = 1;
     fill = (int)(frac * width + 0.5);
@@ -77,6 +86,7 @@ out_progress_end(struct call *c)
         progress_shown = false;
     }
     progress_last = -1;
+    phase_what = NULL;
 }
 
 const char *
