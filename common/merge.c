@@ -169,6 +169,10 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
                 break;
             }
             rows++;
+            if (c->o->cancel && *c->o->cancel) {
+                r = err_set(err, -ECANCELED, "Interrupted; nothing was written");
+                break;
+            }
             if (bytes + rd.offset >= next_report) {
                 report(c, i, bytes + rd.offset, res->rows + (uint64_t)rows);
                 next_report = bytes + rd.offset + (8u << 20);

@@ -10,6 +10,7 @@
 #ifndef ESD_MERGE_H
 #define ESD_MERGE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -32,6 +33,9 @@ struct merge_opts {
     const struct jsonl_limits *limits;
     void (*progress)(void *ctx, const struct merge_progress *p);
     void *progress_ctx;
+    /* When it becomes non-zero, merge stops with -ECANCELED, leaving no
+     * output or temporary file. May be NULL. */
+    const volatile sig_atomic_t *cancel;
 };
 
 struct merge_owner {

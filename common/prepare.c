@@ -286,6 +286,14 @@ report(struct job *j, int phase, uint64_t done, uint64_t rows, bool force)
     j->o->progress(j->o->progress_ctx, &p);
 }
 
+static int
+cancelled(const struct job *j, struct esd_err *err)
+{
+    if (j->o->cancel && *j->o->cancel)
+        return err_set(err, -ECANCELED, "Interrupted; no job directory was published");
+    return 0;
+}
+
 static char *
 strip(const char *s)
 {
@@ -503,6 +511,8 @@ scan_pass(struct job *j, struct esd_err *err)
             f->rows++;
             j->rows++;
             report(j, 1, done + rd.offset, j->rows, false);
+            if ((r = cancelled(j, err)) < 0)
+                break;
         }
         done += rd.offset;
         jsonl_reader_close(&rd);
@@ -696,6 +706,8 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
                     break;
             }
             report(j, 2, done + rd.offset, index, false);
+            if ((r = cancelled(j, err)) < 0)
+                break;
         }
         done += rd.offset;
         jsonl_reader_close(&rd);

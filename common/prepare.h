@@ -9,6 +9,7 @@
 #ifndef ESD_PREPARE_H
 #define ESD_PREPARE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -40,6 +41,9 @@ struct prepare_opts {
     const struct jsonl_limits *limits;  /* may be NULL */
     void (*progress)(void *ctx, const struct prepare_progress *p); /* may be NULL */
     void *progress_ctx;
+    /* When it becomes non-zero (a signal handler sets it), prepare stops
+     * with -ECANCELED and leaves nothing behind. May be NULL. */
+    const volatile sig_atomic_t *cancel;
 };
 
 struct prepare_result {

@@ -5,6 +5,7 @@
  * people, or as JSON with --json.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,30 @@
 #include "recipe.h"
 #include "retry.h"
 #include "status.h"
+
+/* Set by SIGINT, SIGTERM and SIGHUP: long operations stop cleanly. */
+static volatile sig_atomic_t interrupted;
+
+static void
+on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+/* Lets a long operation be interrupted without leaving partial files. */
+static void
+catch_signals(void)
+{
+    struct sigaction sa;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
 
 static void
 print_json(cJSON *j)
@@ -106,6 +131,8 @@ local_prepare(struct call *c)
     o.limits = &lim;
     o.progress = prepare_progress;
     o.progress_ctx = c;
+    o.cancel = &interrupted;
+    catch_signals();
     r = prepare_run(&o, &res, &err);
     out_progress_end(c);
     if (r < 0)
@@ -300,6 +327,8 @@ local_merge(struct call *c)
     o.limits = &lim;
     o.progress = merge_progress;
     o.progress_ctx = c;
+    o.cancel = &interrupted;
+    catch_signals();
     r = merge_run(&m, &o, &res, &err);
     out_progress_end(c);
     manifest_free(&m);
@@ -334,6 +363,8 @@ local_verify(struct call *c)
     o.limits = &lim;
     o.progress = merge_progress;
     o.progress_ctx = c;
+    o.cancel = &interrupted;
+    catch_signals();
     r = merge_verify(&m, &o, &res, &err);
     out_progress_end(c);
     manifest_free(&m);

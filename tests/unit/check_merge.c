@@ -12,6 +12,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -878,6 +879,23 @@ START_TEST(test_output_inside_job_refused)
 }
 END_TEST
 
+START_TEST(test_cancel)
+{
+    static volatile sig_atomic_t stop = 1;
+    struct merge_opts o = { 0 };
+    struct merge_result res;
+    struct esd_err err;
+
+    for (size_t i = 0; i < M.nshards; i++)
+        put_done(i, "h", NULL);
+    o.output = OUT;
+    o.cancel = &stop;
+    ck_assert_int_eq(merge_run(&M, &o, &res, &err), -ECANCELED);
+    ck_assert_str_eq(err.msg, "Interrupted; nothing was written");
+    assert_nothing_left();
+}
+END_TEST
+
 static Suite *
 merge_suite(void)
 {
@@ -887,6 +905,7 @@ merge_suite(void)
     tcase_add_checked_fixture(tc, job_setup, job_teardown);
     tcase_add_test(tc, test_refuses_incomplete);
     tcase_add_test(tc, test_output_inside_job_refused);
+    tcase_add_test(tc, test_cancel);
     tcase_add_test(tc, test_refuses_incomplete_every_count);
     tcase_add_test(tc, test_refusal_creates_no_output_dir);
     tcase_add_test(tc, test_incomplete_reported_before_existing_output);

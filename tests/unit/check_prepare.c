@@ -6,6 +6,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -461,6 +462,32 @@ START_TEST(test_ray_address_warning)
 }
 END_TEST
 
+START_TEST(test_cancel)
+{
+    static volatile sig_atomic_t stop = 1;
+    struct fixture f;
+    struct prepare_result res;
+    struct prepare_opts o;
+    struct esd_err err;
+    char *input;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    input = tu_write(f.dir, "in.jsonl", "{}\n{}\n{}\n", (size_t)-1);
+    prepare_opts_init(&o);
+    o.config = f.recipe;
+    o.dataset_path = input;
+    o.job_dir = f.job;
+    o.num_shards = 2;
+    o.cancel = &stop;
+    ck_assert_int_eq(prepare_run(&o, &res, &err), -ECANCELED);
+    ck_assert_str_eq(err.msg, "Interrupted; no job directory was published");
+    ck_assert(!tu_exists(f.job));
+    ck_assert_int_eq(tu_count_entries(f.dir), 2);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
 static Suite *
 prepare_suite(void)
 {
@@ -477,6 +504,7 @@ prepare_suite(void)
     tcase_add_test(tc, test_errors_leave_nothing);
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_ray_address_warning);
+    tcase_add_test(tc, test_cancel);
     suite_add_tcase(s, tc);
     return s;
 }
