@@ -69,10 +69,12 @@ UNIT_BINS  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 UNIT_HELP  := $(filter-out $(UNIT_SRC),$(sort $(wildcard tests/unit/*.c)))
 UNIT_HOBJ  := $(UNIT_HELP:%.c=$(BUILD)/%.o)
 
+TOOL_SRC    := $(sort $(wildcard tests/tools/*.c))
+TOOL_BINS   := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 INTEGRATION := $(sort $(wildcard tests/integration/*.sh))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all deps check unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
+.PHONY: all deps tools check unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
 all: deps $(ESCTL)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
 
@@ -100,6 +102,13 @@ $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBESD)
 	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/unit -MMD -MP -MF $@.d -o $@ $< \
 		$(UNIT_HOBJ) $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) $(CHECK_LIBS) -lm
 
+# Test tools written in C (tests/tools/*.c), linked with libesd.
+$(BUILD)/tools/%: tests/tools/%.c $(LIBESD)
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  CC/LD   $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
+tools: $(TOOL_BINS)
+
 # check: every unit suite (check prints its own summary line), then every
 # integration script. All of them run even if one fails; the target fails
 # if any did.
@@ -122,10 +131,11 @@ valgrind: deps $(UNIT_BINS)
 		CK_DEFAULT_TIMEOUT=600 ESD_TEST_DATA=$(CURDIR)/tests/data $(VALGRIND) $$t || fail=1; \
 	done; exit $$fail
 
-integration: all
+integration: all tools
 	$(Q)fail=0; for t in $(INTEGRATION); do \
 		echo "== $$t"; \
-		ESCTL=$(CURDIR)/$(ESCTL) TOP=$(CURDIR) bash $$t || { echo "FAIL: $$t"; fail=1; }; \
+		ESCTL=$(CURDIR)/$(ESCTL) TOP=$(CURDIR) JSONL_CHECK=$(CURDIR)/$(BUILD)/tools/jsonl-check \
+			bash $$t || { echo "FAIL: $$t"; fail=1; }; \
 	done; exit $$fail
 
 # libFuzzer targets are built with clang against the library sources
