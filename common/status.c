@@ -55,21 +55,33 @@ list_dir(const struct manifest *m, const char *kind, const char *suffix, bool *p
     return r;
 }
 
-static void
-read_owner(const char *path, struct shard_status *s, bool want_error)
+/* A copy of obj[key], or JSON null when it is missing. */
+static cJSON *
+value_or_null(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+
+    return v ? cJSON_Duplicate(v, true) : cJSON_CreateNull();
+}
+
+/* Reads a done or failed record, or a lock: owner (and pid, error). */
+static cJSON *
+read_record(const char *path, struct shard_status *s, bool want_error)
 {
     cJSON *j = NULL;
     const char *h;
 
     if (json_load_object(path, 1 << 20, &j, NULL) < 0) {
         s->metadata_error = true;
-        return;
+        return NULL;
     }
     if ((h = json_get_str(j, "hostname")))
         s->owner = xstrdup(h);
     if (want_error && (h = json_get_str(j, "last_error")))
         s->error = xstrdup(h);
-    cJSON_Delete(j);
+    else if (!want_error)
+        s->owner_value = value_or_null(j, "hostname");
+    return j;
 }
 
 int
@@ -101,14 +113,14 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
             s->state = ST_DONE;
             if (details) {
                 path = manifest_state_path(m, "done", id, ".json");
-                read_owner(path, s, false);
+                cJSON_Delete(read_record(path, s, false));
                 free(path);
             }
         } else if (failed[i]) {
             s->state = ST_FAILED;
             if (details) {
                 path = manifest_state_path(m, "failed", id, ".json");
-                read_owner(path, s, true);
+                cJSON_Delete(read_record(path, s, true));
                 free(path);
             }
         } else if (locked[i]) {
@@ -129,16 +141,12 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
             if (s->lock_age < 0)
                 s->lock_age = 0;
             s->has_age = true;
-            if (json_load_object(path, 1 << 20, &lock, NULL) == 0) {
-                const char *h = json_get_str(lock, "hostname");
-                if (h)
-                    s->owner = xstrdup(h);
+            if ((lock = read_record(path, s, false))) {
+                s->pid_value = value_or_null(lock, "pid");
                 if (json_get_int(lock, "pid", &s->pid) == 0)
                     s->has_pid = true;
                 if (json_get_int(lock, "lease_secs", &v) == 0 && v > 0)
                     timeout = v;
-            } else {
-                s->metadata_error = true;
             }
             cJSON_Delete(lock);
             free(path);
@@ -166,6 +174,8 @@ status_free(struct job_status *st)
     for (size_t i = 0; st->shards && i < st->total; i++) {
         free(st->shards[i].owner);
         free(st->shards[i].error);
+        cJSON_Delete(st->shards[i].owner_value);
+        cJSON_Delete(st->shards[i].pid_value);
     }
     free(st->shards);
     memset(st, 0, sizeof(*st));
@@ -193,10 +203,10 @@ status_json(const struct manifest *m, const struct job_status *st)
         json_add_str(x, "shard_id", m->shards[i].id);
         json_add_int(x, "rows", m->shards[i].rows);
         json_add_str(x, "status", status_state_name[s->state]);
-        if (s->owner)
-            json_add_str(x, "owner", s->owner);
-        if (s->has_pid)
-            json_add_int(x, "pid", s->pid);
+        if (s->owner_value)
+            cJSON_AddItemToObject(x, "owner", cJSON_Duplicate(s->owner_value, true));
+        if (s->pid_value)
+            cJSON_AddItemToObject(x, "pid", cJSON_Duplicate(s->pid_value, true));
         if (s->has_age)
             json_add_float(x, "lock_age_secs", s->lock_age);
         if (s->state == ST_FAILED) {

@@ -30,6 +30,12 @@ struct shard_status {
     bool has_age;
     char *error;      /* last_error of the failed record */
     bool metadata_error; /* a record or lock could not be parsed */
+    /* With details, the record's "hostname" and the lock's "pid" exactly as
+     * written (JSON null when missing), for status --json, which shows them
+     * as the reference does; NULL when no record applies or it is
+     * unreadable. owner and pid above are the typed views. */
+    cJSON *owner_value;
+    cJSON *pid_value;
 };
 
 struct job_status {
@@ -43,9 +49,9 @@ struct job_status {
 /*
  * Computes the status of m. lock_timeout <= 0 means the manifest policy. A
  * lock that records lease_secs (written by esd) is stale after that many
- * seconds instead. With details, done/failed records and locks are read
- * for owners, pids and errors; without, only the lock files' ages are
- * read. The caller frees with status_free.
+ * seconds instead. Locks are always read (ages and leases); with details,
+ * done and failed records are read too, for owners and errors. The caller
+ * frees with status_free.
  */
 int status_compute(const struct manifest *m, long long lock_timeout, bool details,
                    struct job_status *ret, struct esd_err *err);

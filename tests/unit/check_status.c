@@ -513,6 +513,36 @@ START_TEST(test_status_json_fields)
 }
 END_TEST
 
+/* As the reference: owner and pid are shown whenever the record parses,
+ * null when missing and as written when odd. */
+START_TEST(test_status_json_owner_and_pid_as_written)
+{
+    struct job_status st;
+    cJSON *j, *sh, *x;
+
+    put_raw("done", 0, ".json", "{\"status\": \"done\", \"rows\": 2}\n");
+    put_raw("locks", 1, ".lock", "{\"pid\": \"x\", \"token\": \"t\"}\n");
+    put_raw("locks", 2, ".lock", "{\"hostname\": \"h\"}\n");
+    st = compute(0, true);
+    j = json_roundtrip(&st);
+    sh = cJSON_GetObjectItemCaseSensitive(j, "shards");
+    x = cJSON_GetArrayItem(sh, 0);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(x, "owner")));
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(x, "pid"));
+    x = cJSON_GetArrayItem(sh, 1);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(x, "owner")));
+    ck_assert_str_eq(json_get_str(x, "pid"), "x");
+    x = cJSON_GetArrayItem(sh, 2);
+    ck_assert_str_eq(json_get_str(x, "owner"), "h");
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(x, "pid")));
+    /* the typed views stay empty */
+    ck_assert_ptr_null(st.shards[0].owner);
+    ck_assert(!st.shards[1].has_pid);
+    cJSON_Delete(j);
+    status_free(&st);
+}
+END_TEST
+
 START_TEST(test_status_json_pending_null_error_and_metadata_error)
 {
     static const char *const pending[] = { "rows", "shard_id", "status", NULL };
@@ -610,6 +640,7 @@ status_suite(void)
     tcase_add_test(tc, test_complete_and_terminal);
     tcase_add_test(tc, test_stale_is_not_terminal);
     tcase_add_test(tc, test_status_json_fields);
+    tcase_add_test(tc, test_status_json_owner_and_pid_as_written);
     tcase_add_test(tc, test_status_json_pending_null_error_and_metadata_error);
     tcase_add_test(tc, test_status_json_complete);
     tcase_add_test(tc, test_job_id_defaults_to_dir_name);
