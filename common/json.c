@@ -711,13 +711,53 @@ bad_json(struct esd_err *err, const char *path, const char *text, size_t off, co
 }
 
 int
-json_load_object(const char *path, size_t max, cJSON **ret, struct esd_err *err)
+json_parse_object(const char *text, size_t len, const char *name, cJSON **ret,
+                  struct esd_err *err)
 {
     struct numtok t = { 0 };
     const char *end = NULL, *why = NULL;
-    size_t len, bad, next = 0;
-    char *text;
+    size_t bad, next = 0;
     cJSON *v;
+    int r;
+
+    v = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (!v)
+        return bad_json(err, name, text, end ? (size_t)(end - text) : 0, "invalid JSON");
+    while (end < text + len && is_ws(*end))
+        end++;
+    if (end != text + len) {
+        r = bad_json(err, name, text, (size_t)(end - text), "extra data");
+        goto fail;
+    }
+    bad = check_text(text, len, &t, &why);
+    if (bad) {
+        r = bad_json(err, name, text, bad - 1, why);
+        goto fail;
+    }
+    if (!cJSON_IsObject(v)) {
+        r = err_set(err, -EINVAL, "Expected a JSON object in %s", name);
+        goto fail;
+    }
+    /* The walk pairs tokens with nodes; it relies on both being complete. */
+    if (count_numbers(v) == t.n)
+        keep_numbers(v, text, &t, &next);
+    free(t.off);
+    free(t.len);
+    *ret = v;
+    return 0;
+
+fail:
+    free(t.off);
+    free(t.len);
+    cJSON_Delete(v);
+    return r;
+}
+
+int
+json_load_object(const char *path, size_t max, cJSON **ret, struct esd_err *err)
+{
+    size_t len;
+    char *text;
     int r;
 
     r = fs_read_file(path, max, &text, &len, NULL);
@@ -727,41 +767,8 @@ json_load_object(const char *path, size_t max, cJSON **ret, struct esd_err *err)
         return err_set(err, r, "Unable to read JSON file %s: not a regular file", path);
     if (r < 0)
         return err_sys(err, r, "Unable to read JSON file %s", path);
-    v = cJSON_ParseWithLengthOpts(text, len, &end, false);
-    if (!v) {
-        r = bad_json(err, path, text, end ? (size_t)(end - text) : 0, "invalid JSON");
-        free(text);
-        return r;
-    }
-    while (end < text + len && is_ws(*end))
-        end++;
-    if (end != text + len) {
-        r = bad_json(err, path, text, (size_t)(end - text), "extra data");
-        goto fail;
-    }
-    bad = check_text(text, len, &t, &why);
-    if (bad) {
-        r = bad_json(err, path, text, bad - 1, why);
-        goto fail;
-    }
-    if (!cJSON_IsObject(v)) {
-        r = err_set(err, -EINVAL, "Expected a JSON object in %s", path);
-        goto fail;
-    }
-    /* The walk pairs tokens with nodes; it relies on both being complete. */
-    if (count_numbers(v) == t.n)
-        keep_numbers(v, text, &t, &next);
-    free(t.off);
-    free(t.len);
+    r = json_parse_object(text, len, path, ret, err);
     free(text);
-    *ret = v;
-    return 0;
-
-fail:
-    free(t.off);
-    free(t.len);
-    free(text);
-    cJSON_Delete(v);
     return r;
 }
 

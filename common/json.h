@@ -59,6 +59,11 @@ void json_set(cJSON *obj, const char *key, cJSON *item);
  */
 int json_load_object(const char *path, size_t max, cJSON **ret, struct esd_err *err);
 
+/* The same for len bytes of text (need not be NUL-terminated); name is
+ * the file name used in messages. */
+int json_parse_object(const char *text, size_t len, const char *name, cJSON **ret,
+                      struct esd_err *err);
+
 /* Typed getters; NULL / false when absent or of another type. */
 const char *json_get_str(const cJSON *obj, const char *key);
 /* Integer-valued number (or raw integer) into *ret; -EINVAL otherwise. */

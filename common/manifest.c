@@ -4,6 +4,7 @@
  */
 #include "manifest.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -195,4 +196,39 @@ char *
 manifest_state_path(const struct manifest *m, const char *kind, const char *id, const char *suffix)
 {
     return xasprintf("%s/state/%s/%s%s", m->job_dir, kind, id, suffix);
+}
+
+int
+manifest_list_state(const struct manifest *m, const char *kind, const char *suffix,
+                    bool *present, struct esd_err *err)
+{
+    char *dir = xasprintf("%s/state/%s", m->job_dir, kind);
+    size_t slen = strlen(suffix);
+    struct dirent *e;
+    DIR *d = opendir(dir);
+    int r = 0;
+
+    if (!d) {
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
+        free(dir);
+        return r;
+    }
+    while ((errno = 0, e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        char *id;
+        long k;
+
+        if (e->d_name[0] == '.' || n <= slen || strcmp(e->d_name + n - slen, suffix) != 0)
+            continue;
+        id = xstrndup(e->d_name, n - slen);
+        k = manifest_find(m, id);
+        free(id);
+        if (k >= 0)
+            present[k] = true;
+    }
+    if (errno)
+        r = err_sys(err, -errno, "Cannot read %s", dir);
+    closedir(d);
+    free(dir);
+    return r;
 }

@@ -63,6 +63,14 @@ long manifest_find(const struct manifest *m, const char *id);
 char *manifest_state_path(const struct manifest *m, const char *kind, const char *id,
                           const char *suffix);
 
+/*
+ * One listing of state/<kind>/: present[i] is set for every shard i whose
+ * <id><suffix> is there (hidden temp files ignored; other entries
+ * untouched). A missing directory lists as empty.
+ */
+int manifest_list_state(const struct manifest *m, const char *kind, const char *suffix,
+                        bool *present, struct esd_err *err);
+
 /* Shard name for index i of n: "part-<i>-of-<n>", width max(5, digits(n)). */
 char *manifest_shard_id(long long i, long long n);
 

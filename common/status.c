@@ -19,42 +19,6 @@ const char *const status_state_name[ST__COUNT] = {
     "pending", "running", "stale", "done", "failed",
 };
 
-/* Marks, for each manifest shard, whether <dir>/<id><suffix> exists. */
-static int
-list_dir(const struct manifest *m, const char *kind, const char *suffix, bool *present,
-         struct esd_err *err)
-{
-    char *dir = xasprintf("%s/state/%s", m->job_dir, kind);
-    size_t slen = strlen(suffix);
-    struct dirent *e;
-    DIR *d = opendir(dir);
-    int r = 0;
-
-    if (!d) {
-        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
-        free(dir);
-        return r;
-    }
-    while ((errno = 0, e = readdir(d))) {
-        size_t n = strlen(e->d_name);
-        char *id;
-        long k;
-
-        if (e->d_name[0] == '.' || n <= slen || strcmp(e->d_name + n - slen, suffix) != 0)
-            continue;
-        id = xstrndup(e->d_name, n - slen);
-        k = manifest_find(m, id);
-        free(id);
-        if (k >= 0)
-            present[k] = true;
-    }
-    if (errno)
-        r = err_sys(err, -errno, "Cannot read %s", dir);
-    closedir(d);
-    free(dir);
-    return r;
-}
-
 /* A copy of obj[key], or JSON null when it is missing. */
 static cJSON *
 value_or_null(const cJSON *obj, const char *key)
@@ -97,9 +61,9 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
 
     if (lock_timeout <= 0)
         lock_timeout = m->lock_timeout_secs;
-    if ((r = list_dir(m, "done", ".json", done, err)) < 0 ||
-        (r = list_dir(m, "failed", ".json", failed, err)) < 0 ||
-        (r = list_dir(m, "locks", ".lock", locked, err)) < 0)
+    if ((r = manifest_list_state(m, "done", ".json", done, err)) < 0 ||
+        (r = manifest_list_state(m, "failed", ".json", failed, err)) < 0 ||
+        (r = manifest_list_state(m, "locks", ".lock", locked, err)) < 0)
         goto out;
     clock_gettime(CLOCK_REALTIME, &now);
     st.total = m->nshards;
