@@ -102,6 +102,7 @@ struct attempt_outcome {
     const char *error; /* message for a failure */
     bool released;     /* stopped on purpose (drain, shutdown): not a failure */
     const char *dj_commit; /* recorded in the done record; NULL: "unknown" */
+    const char *ray_address; /* the address the attempt used; NULL: the manifest's */
 };
 
 /* The attempt's final status ("done", "superseded", "lost", "stale",
@@ -134,7 +135,7 @@ struct attempt_counts {
 };
 
 /*
- * Reads attempts/<id>/*: the number of attempt directories, and failures
+ * Reads every attempt of a shard: the number of attempt directories, and failures
  * by class from each attempt.json. Attempts written by the reference have
  * no class: "failed" counts toward max_retries, "stale" as infrastructure.
  * Unreadable attempt.json files are ignored, as the reference ignores them.

@@ -114,7 +114,7 @@ int claim_heartbeat(const struct claim *cl, struct esd_err *err);
  * if it is still ours. Returns 1 released, 0 not ours any more, or a
  * negative errno.
  */
-int claim_release(struct claimer *c, const struct claim *cl, struct esd_err *err);
+int claim_release(const struct claim *cl, struct esd_err *err);
 
 /*
  * Tells the claimer that a claim of its own ended (done, failed, lost or

@@ -1,0 +1,745 @@
+/*
+ * attempt: attempt.json, the child's command, output materialisation and
+ * validation, publication and failure accounting.
+ */
+#include "attempt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "json.h"
+
+extern char **environ;
+
+#define ATTEMPT_JSON_MAX ((size_t)16 << 20)
+
+static const char *const class_names[] = {
+    [FC_NONE] = NULL,
+    [FC_PROCESSOR] = "processor",
+    [FC_OUTPUT] = "output",
+    [FC_INFRASTRUCTURE] = "infrastructure",
+};
+
+const char *
+attempt_class_name(enum failure_class fc)
+{
+    return class_names[fc];
+}
+
+static char *
+attempt_json_path(const struct claim *cl)
+{
+    return fs_join(cl->attempt_dir, "attempt.json");
+}
+
+/* ---- counting ---- */
+
+int
+attempt_count(const struct manifest *m, const char *shard_id, struct attempt_counts *ret,
+              struct esd_err *err)
+{
+    struct attempt_counts n = { 0 };
+    char *dir = xasprintf("%s/attempts/%s", m->job_dir, shard_id);
+    struct dirent *e;
+    DIR *d = opendir(dir);
+    int r = 0;
+
+    if (!d) {
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
+        free(dir);
+        if (r == 0)
+            *ret = n;
+        return r;
+    }
+    while ((errno = 0, e = readdir(d))) {
+        char *sub, *path;
+        struct stat st;
+        cJSON *j = NULL;
+        const char *status, *fc;
+
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        sub = fs_join(dir, e->d_name);
+        if (e->d_type != DT_DIR && (e->d_type != DT_UNKNOWN || stat(sub, &st) < 0 ||
+                                    !S_ISDIR(st.st_mode))) {
+            free(sub);
+            continue;
+        }
+        n.attempts++;
+        path = fs_join(sub, "attempt.json");
+        if (json_load_object(path, ATTEMPT_JSON_MAX, &j, NULL) == 0) {
+            status = json_get_str(j, "status");
+            fc = json_get_str(j, "failure_class");
+            if (fc) {
+                if (!strcmp(fc, "processor") || !strcmp(fc, "output"))
+                    n.counted++;
+                else if (!strcmp(fc, "infrastructure") && (!status || strcmp(status, "released")))
+                    n.infra++;
+            } else if (status && !strcmp(status, "failed")) {
+                n.counted++;
+            } else if (status && !strcmp(status, "stale")) {
+                n.infra++;
+            }
+            cJSON_Delete(j);
+        }
+        free(path);
+        free(sub);
+    }
+    if (errno)
+        r = err_sys(err, -errno, "Cannot read %s", dir);
+    closedir(d);
+    free(dir);
+    if (r == 0)
+        *ret = n;
+    return r;
+}
+
+/* ---- attempt.json ---- */
+
+int
+attempt_record_start(const struct manifest *m, const struct claim *cl, const char *hostname,
+                     const char *node, double claimed_epoch, const char *claimed_at,
+                     struct esd_err *err)
+{
+    char *path = attempt_json_path(cl);
+    cJSON *j = cJSON_CreateObject();
+    struct buf b;
+    int fd, r = 0;
+
+    json_add_str(j, "shard_id", cl->shard_id);
+    json_add_str(j, "token", cl->token);
+    json_add_str(j, "hostname", hostname);
+    json_add_int(j, "pid", (long long)getpid());
+    json_add_str(j, "claimed_at", claimed_at);
+    json_add_float(j, "claimed_at_epoch", claimed_epoch);
+    json_add_int(j, "attempt_number", cl->attempt_number);
+    json_add_str(j, "attempt_dir", cl->attempt_rel);
+    json_add_int(j, "lease_secs", cl->lease_secs);
+    json_add_str(j, "node", node);
+    json_add_str(j, "status", "running");
+    json_add_str(j, "input_path", m->shards[cl->index].path);
+    buf_init(&b);
+    json_dump(j, JSON_PRETTY, &b);
+    /* A new directory named by our token: nobody else writes here, so a
+     * plain exclusive create is enough (readers ignore a partial file). */
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 || (r = fs_write_all(fd, b.p, b.len)) < 0 || (fsync(fd) < 0 && (r = -errno)))
+        r = err_sys(err, fd < 0 ? -errno : r, "Cannot write %s", path);
+    if (fd >= 0)
+        close(fd);
+    buf_free(&b);
+    cJSON_Delete(j);
+    free(path);
+    return r;
+}
+
+/* Reads attempt.json, or a fresh object if it is unreadable. */
+static cJSON *
+load_meta(const char *path)
+{
+    cJSON *j = NULL;
+
+    if (json_load_object(path, ATTEMPT_JSON_MAX, &j, NULL) < 0)
+        j = cJSON_CreateObject();
+    return j;
+}
+
+int
+attempt_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd_err *err)
+{
+    char *dir = NULL, *path, now[40];
+    cJSON *j = NULL;
+    const char *status;
+    int r;
+
+    if ((r = fs_join_inside(m->job_dir, attempt_rel, &dir, err)) < 0)
+        return r;
+    path = fs_join(dir, "attempt.json");
+    free(dir);
+    if (json_load_object(path, ATTEMPT_JSON_MAX, &j, NULL) < 0) {
+        free(path);
+        return 0; /* nothing to mark, as the reference */
+    }
+    status = json_get_str(j, "status");
+    if (status && !strcmp(status, "running")) {
+        time_iso_now(now, NULL);
+        json_set(j, "status", cJSON_CreateString("stale"));
+        json_set(j, "stale_at", cJSON_CreateString(now));
+        json_set(j, "failure_class", cJSON_CreateString("infrastructure"));
+        r = json_write_atomic(path, j, JSON_PRETTY, err);
+    }
+    cJSON_Delete(j);
+    free(path);
+    return r;
+}
+
+/* ---- the command ---- */
+
+static void
+argv_push(struct strv *v, const char *flag, const char *value)
+{
+    strv_push(v, flag);
+    if (value)
+        strv_push(v, value);
+}
+
+/* Sets NAME=value in env (a strv of "NAME=value"), replacing any. */
+static void
+env_set(struct strv *env, const char *name, const char *value)
+{
+    size_t n = strlen(name);
+
+    for (size_t i = 0; i < env->n; i++)
+        if (!strncmp(env->v[i], name, n) && env->v[i][n] == '=') {
+            free(env->v[i]);
+            env->v[i] = xasprintf("%s=%s", name, value);
+            return;
+        }
+    strv_push_owned(env, xasprintf("%s=%s", name, value));
+}
+
+static const char *
+env_get(const struct strv *env, const char *name)
+{
+    size_t n = strlen(name);
+
+    for (size_t i = 0; i < env->n; i++)
+        if (!strncmp(env->v[i], name, n) && env->v[i][n] == '=')
+            return env->v[i] + n + 1;
+    return NULL;
+}
+
+int
+attempt_prepare(const struct manifest *m, const struct claim *cl,
+                const struct attempt_opts *o, struct attempt_cmd *ret, struct esd_err *err)
+{
+    static const struct attempt_opts none = { 0 };
+    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(m->json, "recipe");
+    const char *snapshot = json_get_str(recipe, "snapshot_path");
+    struct strv argv, env;
+    char *config = NULL, *dataset = NULL, *job_id, *work, *resolved_work, *tmp;
+    char *meta_path = NULL, *export_rel;
+    cJSON *meta = NULL, *cmd;
+    char *const *base;
+    int r;
+
+    if (!o)
+        o = &none;
+    strv_init(&argv);
+    strv_init(&env);
+    if ((r = fs_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config, err)) < 0 ||
+        (r = fs_join_inside(m->job_dir, m->shards[cl->index].path, &dataset, err)) < 0) {
+        free(config);
+        return r;
+    }
+    if (o->processor) {
+        for (const char *const *p = o->processor; *p; p++)
+            strv_push(&argv, *p);
+    } else if (o->dj_root) {
+        strv_push(&argv, o->python ? o->python : "python3");
+        strv_push_owned(&argv, fs_join(o->dj_root, "tools/process_data.py"));
+    } else {
+        strv_push(&argv, "dj-process");
+    }
+    if (argv.n == 0) {
+        r = err_set(err, -EINVAL, "The processor command is empty");
+        goto out;
+    }
+    job_id = xasprintf("%s_%s_%.12s", m->job_id, cl->shard_id, cl->token);
+    work = fs_join(cl->attempt_dir, "work");
+    resolved_work = fs_join(work, job_id);
+    ret->export_path = fs_join(cl->attempt_dir, "ray-output.jsonl");
+    ret->log_path = fs_join(cl->attempt_dir, "process.log");
+    argv_push(&argv, "--config", config);
+    argv_push(&argv, "--dataset_path", dataset);
+    argv_push(&argv, "--export_path", ret->export_path);
+    argv_push(&argv, "--executor_type", "ray");
+    argv_push(&argv, "--ray_address", o->ray_address ? o->ray_address : m->ray_address);
+    argv_push(&argv, "--work_dir", work);
+    argv_push(&argv, "--job_id", job_id);
+    tmp = fs_join(cl->attempt_dir, "logs");
+    argv_push(&argv, "--event_log_dir", tmp);
+    free(tmp);
+    tmp = fs_join(cl->attempt_dir, "checkpoints");
+    argv_push(&argv, "--checkpoint_dir", tmp);
+    free(tmp);
+    tmp = fs_join(cl->attempt_dir, "partitions");
+    argv_push(&argv, "--partition_dir", tmp);
+    free(tmp);
+    /* The environment of spec §8.4. */
+    for (base = o->env ? o->env : environ; base && *base; base++)
+        strv_push(&env, *base);
+    tmp = fs_join(cl->attempt_dir, "produced");
+    env_set(&env, "DJ_PRODUCED_DATA_DIR", tmp);
+    free(tmp);
+    if (!env_get(&env, "XDG_CACHE_HOME")) {
+        tmp = fs_join(m->job_dir, "cache");
+        env_set(&env, "XDG_CACHE_HOME", tmp);
+        free(tmp);
+    }
+    if (!env_get(&env, "HF_HOME")) {
+        tmp = fs_join(env_get(&env, "XDG_CACHE_HOME"), "huggingface");
+        env_set(&env, "HF_HOME", tmp);
+        free(tmp);
+    }
+    if (o->dj_root) {
+        const char *pp = env_get(&env, "PYTHONPATH");
+        tmp = pp && *pp ? xasprintf("%s:%s", o->dj_root, pp) : xstrdup(o->dj_root);
+        env_set(&env, "PYTHONPATH", tmp);
+        free(tmp);
+    }
+    ret->cwd = xstrdup(o->dj_root ? o->dj_root : m->job_dir);
+    /* Data-Juicer backs up the recipe into the resolved work directory
+     * before it makes sure that exists. */
+    r = fs_mkdir_p(resolved_work, 0755, err);
+    free(job_id);
+    free(work);
+    free(resolved_work);
+    if (r < 0)
+        goto out;
+    meta_path = attempt_json_path(cl);
+    meta = load_meta(meta_path);
+    cmd = cJSON_CreateArray();
+    for (size_t i = 0; i < argv.n; i++)
+        cJSON_AddItemToArray(cmd, cJSON_CreateString(argv.v[i]));
+    json_set(meta, "command", cmd);
+    export_rel = xasprintf("%s/ray-output.jsonl", cl->attempt_rel);
+    json_set(meta, "ray_export_path", cJSON_CreateString(export_rel));
+    free(export_rel);
+    if ((r = json_write_atomic(meta_path, meta, JSON_PRETTY, err)) < 0)
+        goto out;
+    ret->argv = argv.v;
+    ret->envp = env.v;
+    strv_init(&argv);
+    strv_init(&env);
+out:
+    if (r < 0) {
+        free(ret->export_path);
+        free(ret->log_path);
+        free(ret->cwd);
+        memset(ret, 0, sizeof(*ret));
+    }
+    cJSON_Delete(meta);
+    free(meta_path);
+    free(config);
+    free(dataset);
+    strv_free(&argv);
+    strv_free(&env);
+    return r;
+}
+
+static void
+free_vec(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
+}
+
+void
+attempt_cmd_free(struct attempt_cmd *cmd)
+{
+    free_vec(cmd->argv);
+    free_vec(cmd->envp);
+    free(cmd->cwd);
+    free(cmd->log_path);
+    free(cmd->export_path);
+    memset(cmd, 0, sizeof(*cmd));
+}
+
+/* ---- materialising the output ---- */
+
+struct source {
+    char *path;
+    char *rel; /* relative to the export directory ("" for a file export) */
+};
+
+struct sources {
+    struct source *v;
+    size_t n, cap;
+};
+
+static void
+sources_free(struct sources *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        free(s->v[i].path);
+        free(s->v[i].rel);
+    }
+    free(s->v);
+}
+
+static int
+walk_export(const char *dir, const char *rel, struct sources *out, struct esd_err *err)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int r = 0;
+
+    if (!d)
+        return err_sys(err, -errno, "Cannot read %s", dir);
+    while ((errno = 0, e = readdir(d))) {
+        struct stat st;
+        char *path, *sub;
+
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        path = fs_join(dir, e->d_name);
+        sub = *rel ? xasprintf("%s/%s", rel, e->d_name) : xstrdup(e->d_name);
+        if (lstat(path, &st) < 0) {
+            r = err_sys(err, -errno, "Cannot stat %s", path);
+        } else if (S_ISDIR(st.st_mode)) {
+            r = walk_export(path, sub, out, err);
+        } else if (e->d_name[0] != '.' && e->d_name[0] != '_' &&
+                   (!S_ISLNK(st.st_mode) || stat(path, &st) == 0) && S_ISREG(st.st_mode)) {
+            if (out->n == out->cap) {
+                out->cap = out->cap ? out->cap * 2 : 16;
+                out->v = xrealloc(out->v, out->cap * sizeof(*out->v));
+            }
+            out->v[out->n].path = path;
+            out->v[out->n].rel = sub;
+            out->n++;
+            path = sub = NULL;
+        }
+        free(path);
+        free(sub);
+        if (r < 0)
+            break;
+    }
+    if (r == 0 && errno)
+        r = err_sys(err, -errno, "Cannot read %s", dir);
+    closedir(d);
+    return r;
+}
+
+static int
+cmp_source(const void *a, const void *b)
+{
+    return strcmp(((const struct source *)a)->rel, ((const struct source *)b)->rel);
+}
+
+struct src_sink {
+    struct sha256 sha;
+    uint64_t bytes;
+};
+
+static void
+src_data(void *ctx, const char *p, size_t n)
+{
+    struct src_sink *k = ctx;
+
+    sha256_update(&k->sha, p, n);
+    k->bytes += n;
+}
+
+int
+attempt_materialize(const struct manifest *m, const struct claim *cl,
+                    const struct jsonl_limits *lim, struct attempt_result *ret,
+                    struct esd_err *err)
+{
+    struct attempt_result res = { 0 };
+    struct sources src = { 0 };
+    struct jsonl_record rec;
+    struct sha256 out_sha;
+    struct stat st;
+    char *export = fs_join(cl->attempt_dir, "ray-output.jsonl");
+    char *output = fs_join(cl->attempt_dir, "processed.jsonl");
+    char *tmp = fs_tmp_path(output), *export_rel;
+    int fd = -1, r = 0;
+
+    jsonl_record_init(&rec, false);
+    sha256_init(&out_sha);
+    if (!lim)
+        lim = &jsonl_default_limits;
+    if (stat(export, &st) < 0) {
+        r = errno == ENOENT
+                ? err_set(err, -ENOENT, "Data-Juicer returned 0 but did not create %s", export)
+                : err_sys(err, -errno, "Cannot stat %s", export);
+        goto out;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        if ((r = walk_export(export, "", &src, err)) < 0)
+            goto out;
+        qsort(src.v, src.n, sizeof(*src.v), cmp_source);
+    } else {
+        src.v = xcalloc(1, sizeof(*src.v));
+        src.v[0].path = xstrdup(export);
+        src.v[0].rel = xstrdup("");
+        src.n = 1;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        r = err_sys(err, -errno, "Cannot create %s", tmp);
+        goto out;
+    }
+    res.ray_output_files = cJSON_CreateArray();
+    export_rel = xasprintf("%s/ray-output.jsonl", cl->attempt_rel);
+    for (size_t i = 0; i < src.n && r == 0; i++) {
+        struct src_sink sink = { .bytes = 0 };
+        struct jsonl_reader rd;
+        const char *line;
+        size_t len;
+        bool nl;
+        uint64_t rows = 0;
+        char hex[SHA256_HEX_LEN + 1], *rel;
+        cJSON *f;
+
+        if ((r = jsonl_reader_open(&rd, src.v[i].path, lim->max_line, err)) < 0)
+            break;
+        sha256_init(&sink.sha);
+        rd.on_data = src_data;
+        rd.on_data_ctx = &sink;
+        while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
+            if (jsonl_check(&rec, line, len, lim) < 0) {
+                r = jsonl_error(&rec, lim, src.v[i].path, rd.lineno, err);
+                break;
+            }
+            if ((r = fs_write_all(fd, line, len)) < 0 || (r = fs_write_all(fd, "\n", 1)) < 0) {
+                err_sys(err, r, "Cannot write %s", tmp);
+                break;
+            }
+            sha256_update(&out_sha, line, len);
+            sha256_update(&out_sha, "\n", 1);
+            res.size_bytes += len + 1;
+            rows++;
+        }
+        jsonl_reader_close(&rd);
+        if (r < 0) {
+            sha256_abort(&sink.sha);
+            break;
+        }
+        sha256_final(&sink.sha, hex);
+        res.rows += rows;
+        rel = *src.v[i].rel ? xasprintf("%s/%s", export_rel, src.v[i].rel) : xstrdup(export_rel);
+        f = cJSON_CreateObject();
+        json_add_str(f, "path", rel);
+        json_add_int(f, "rows", (long long)rows);
+        json_add_int(f, "size_bytes", (long long)sink.bytes);
+        json_add_str(f, "sha256", hex);
+        cJSON_AddItemToArray(res.ray_output_files, f);
+        free(rel);
+    }
+    free(export_rel);
+    if (r < 0)
+        goto out;
+    if (fsync(fd) < 0 || close(fd) < 0) {
+        r = err_sys(err, -errno, "Cannot write %s", tmp);
+        fd = -1;
+        goto out;
+    }
+    fd = -1;
+    if (rename(tmp, output) < 0) {
+        r = err_sys(err, -errno, "Cannot rename %s to %s", tmp, output);
+        goto out;
+    }
+    if ((r = fs_fsync_parent(output, err)) < 0)
+        goto out;
+    sha256_final(&out_sha, res.sha256);
+    *ret = res;
+    memset(&res, 0, sizeof(res));
+out:
+    if (fd >= 0)
+        close(fd);
+    if (r < 0)
+        unlink(tmp);
+    sha256_abort(&out_sha);
+    attempt_result_free(&res);
+    jsonl_record_free(&rec);
+    sources_free(&src);
+    free(export);
+    free(output);
+    free(tmp);
+    return r;
+}
+
+void
+attempt_result_free(struct attempt_result *r)
+{
+    cJSON_Delete(r->ray_output_files);
+    memset(r, 0, sizeof(*r));
+}
+
+/* ---- finishing ---- */
+
+static bool
+exists(const char *path)
+{
+    struct stat st;
+
+    return stat(path, &st) == 0;
+}
+
+static cJSON *
+result_json(const struct attempt_result *res)
+{
+    cJSON *j = cJSON_CreateObject();
+
+    json_add_int(j, "rows", (long long)res->rows);
+    json_add_int(j, "size_bytes", (long long)res->size_bytes);
+    json_add_str(j, "sha256", res->sha256);
+    cJSON_AddItemToObject(j, "ray_output_files", cJSON_Duplicate(res->ray_output_files, true));
+    return j;
+}
+
+static cJSON *
+done_record(const struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
+            const struct attempt_result *res, const char *output_rel)
+{
+    cJSON *j = result_json(res);
+    char now[40];
+
+    time_iso_now(now, NULL);
+    json_add_str(j, "shard_id", cl->shard_id);
+    json_add_str(j, "status", "done");
+    json_add_str(j, "completed_at", now);
+    json_add_str(j, "hostname", c->hostname);
+    json_add_int(j, "pid", (long long)getpid());
+    json_add_str(j, "token", cl->token);
+    json_add_int(j, "attempt_number", cl->attempt_number);
+    json_add_str(j, "output_path", output_rel);
+    json_add_str(j, "executor_type", "ray");
+    json_add_str(j, "ray_address", out->ray_address ? out->ray_address : c->m->ray_address);
+    json_add_str(j, "data_juicer_commit", out->dj_commit ? out->dj_commit : "unknown");
+    json_add_str(j, "node", c->node);
+    return j;
+}
+
+static cJSON *
+failed_record(const struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
+              const struct attempt_counts *n)
+{
+    cJSON *j = cJSON_CreateObject();
+    char now[40], *log = xasprintf("%s/process.log", cl->attempt_rel);
+
+    time_iso_now(now, NULL);
+    json_add_str(j, "shard_id", cl->shard_id);
+    json_add_str(j, "status", "failed");
+    json_add_str(j, "failed_at", now);
+    json_add_int(j, "failures", n->counted);
+    json_add_int(j, "infrastructure_failures", n->infra);
+    json_add_str(j, "last_error", out->error ? out->error : "unknown error");
+    json_add_int(j, "last_attempt", cl->attempt_number);
+    json_add_str(j, "last_log", log);
+    json_add_str(j, "failure_class", attempt_class_name(out->fc));
+    json_add_str(j, "node", c->node);
+    free(log);
+    return j;
+}
+
+int
+attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
+               const struct attempt_result *res, struct attempt_final *ret,
+               struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    struct attempt_final fin = { 0 };
+    struct attempt_counts n = { 0 };
+    char now[40], *meta_path = attempt_json_path(cl);
+    char *done = manifest_state_path(m, "done", cl->shard_id, ".json");
+    char *failed = manifest_state_path(m, "failed", cl->shard_id, ".json");
+    char *output_rel = xasprintf("%s/processed.jsonl", cl->attempt_rel);
+    const char *status, *seen;
+    cJSON *meta, *latest = NULL, *rec = NULL;
+    bool owned;
+    int fd, r = 0;
+
+    meta = load_meta(meta_path);
+    time_iso_now(now, NULL);
+    json_set(meta, "finished_at", cJSON_CreateString(now));
+    json_set(meta, "duration_secs", json_float(out->duration));
+    json_set(meta, "return_code", json_int(out->return_code));
+    json_set(meta, "output_path", cJSON_CreateString(output_rel));
+    /* Everything below happens under the fence of our own lock, or not at
+     * all: a claim that lost its lock can never publish. */
+    fd = claim_fence(cl->lock_path, cl->token, false, NULL);
+    if (fd < 0 && fd != -ESTALE) {
+        r = err_sys(err, fd, "Cannot lock %s", cl->lock_path);
+        goto out;
+    }
+    owned = fd >= 0;
+    if (!owned) {
+        /* Taken over (the taker marked it stale) or removed under us. */
+        latest = load_meta(meta_path);
+        seen = json_get_str(latest, "status");
+        status = seen && !strcmp(seen, "stale") ? "stale" : "lost";
+        if (json_get_str(latest, "stale_at"))
+            json_set(meta, "stale_at", cJSON_CreateString(json_get_str(latest, "stale_at")));
+        json_set(meta, "failure_class", cJSON_CreateString("infrastructure"));
+        json_set(meta, "error", cJSON_CreateString(
+                                    out->error && out->fc == FC_INFRASTRUCTURE
+                                        ? out->error
+                                        : "the lease was lost before the attempt ended"));
+        if (res)
+            json_set(meta, "result", result_json(res));
+    } else if (res) {
+        bool published = false;
+
+        if (!exists(failed)) {
+            rec = done_record(c, cl, out, res, output_rel);
+            r = json_publish_excl(done, rec, JSON_PRETTY, err);
+            if (r == -EEXIST)
+                r = 0;
+            else if (r == 0)
+                published = true;
+        }
+        if (r == 0 && unlink(cl->lock_path) < 0)
+            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+        status = published ? "done" : "superseded";
+        fin.shard_done = published || exists(done);
+        fin.shard_failed = !fin.shard_done && exists(failed);
+        json_set(meta, "result", result_json(res));
+    } else if (out->released) {
+        status = "released";
+        json_set(meta, "failure_class", cJSON_CreateString("infrastructure"));
+        json_set(meta, "error", cJSON_CreateString(out->error ? out->error : "stopped"));
+        if (unlink(cl->lock_path) < 0)
+            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+    } else {
+        status = "failed";
+        json_set(meta, "failure_class", cJSON_CreateString(attempt_class_name(out->fc)));
+        json_set(meta, "error", cJSON_CreateString(out->error ? out->error : "unknown error"));
+        json_set(meta, "status", cJSON_CreateString(status));
+        /* Recorded before counting, so the count includes this attempt. */
+        r = json_write_atomic(meta_path, meta, JSON_PRETTY, err);
+        if (r == 0)
+            r = attempt_count(m, cl->shard_id, &n, err);
+        if (r == 0 && (n.counted > c->max_retries || n.infra > c->max_infra) && !exists(done)) {
+            rec = failed_record(c, cl, out, &n);
+            r = json_publish_excl(failed, rec, JSON_PRETTY, err);
+            if (r == -EEXIST)
+                r = 0;
+            fin.shard_failed = true;
+        }
+        if (r == 0 && unlink(cl->lock_path) < 0)
+            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+    }
+    if (owned) {
+        claim_unfence(fd);
+        if (r == 0)
+            r = fs_fsync_parent(cl->lock_path, err);
+    }
+    if (r < 0)
+        goto out;
+    json_set(meta, "status", cJSON_CreateString(status));
+    r = json_write_atomic(meta_path, meta, JSON_PRETTY, err);
+    snprintf(fin.status, sizeof(fin.status), "%s", status);
+    claimer_forget(c, cl, fin.shard_done, fin.shard_failed);
+    if (r == 0)
+        *ret = fin;
+out:
+    cJSON_Delete(meta);
+    cJSON_Delete(latest);
+    cJSON_Delete(rec);
+    free(meta_path);
+    free(done);
+    free(failed);
+    free(output_rel);
+    return r;
+}

@@ -1,0 +1,627 @@
+/*
+ * claim: the claim pass, stale takeover, heartbeats and fences.
+ *
+ * Syscall budget of one claim of a pending shard (first attempt): the
+ * server clock (2), the O_EXCL create, write, fsync and fstat of the lock
+ * (5, close included), the attempts listing (1), the re-check of the done
+ * and failed records (2), two mkdirs and attempt.json (6). Known-terminal
+ * shards and locks known to be fresh cost nothing.
+ */
+#include "claim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attempt.h"
+#include "fsutil.h"
+#include "json.h"
+
+enum { K_UNKNOWN, K_DONE, K_FAILED, K_MINE };
+
+/* Largest lock file worth reading. */
+#define LOCK_MAX 65536
+
+static uint64_t
+fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL;
+
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+int
+claimer_init(struct claimer *c, const struct manifest *m, const struct claim_opts *o,
+             struct esd_err *err)
+{
+    char host[256], *dir = NULL, *path = NULL;
+    int r;
+
+    memset(c, 0, sizeof(*c));
+    c->clock_fd = -1;
+    if (!o->node || !manifest_id_ok(o->node))
+        return err_set(err, -EINVAL,
+                       "Invalid node name '%s': use letters, digits, '.', '_' and '-', not "
+                       "starting with '.'",
+                       o->node ? o->node : "");
+    c->m = m;
+    c->node = xstrdup(o->node);
+    if (o->hostname) {
+        c->hostname = xstrdup(o->hostname);
+    } else {
+        if (gethostname(host, sizeof(host)) < 0)
+            snprintf(host, sizeof(host), "unknown");
+        host[sizeof(host) - 1] = '\0';
+        c->hostname = xstrdup(host);
+    }
+    c->lease_secs = o->lease_secs > 0 ? o->lease_secs : CLAIM_LEASE_DEFAULT;
+    c->lock_timeout = o->lock_timeout > 0 ? o->lock_timeout : m->lock_timeout_secs;
+    c->max_retries = o->max_retries >= 0 ? o->max_retries : m->max_retries;
+    c->max_infra = o->max_infra > 0 ? o->max_infra : CLAIM_MAX_INFRA_DEFAULT;
+    c->known = xcalloc(m->nshards, 1);
+    c->fresh_until = xcalloc(m->nshards, sizeof(double));
+    c->cursor = (size_t)(fnv1a(c->node) % m->nshards);
+    /* A job prepared by the reference has no state/clock yet. */
+    dir = fs_join(m->job_dir, "state/clock");
+    if ((r = fs_mkdir_p(dir, 0755, err)) < 0)
+        goto fail;
+    path = fs_join(dir, c->node);
+    c->clock_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (c->clock_fd < 0) {
+        r = err_sys(err, -errno, "Cannot open the clock file %s", path);
+        goto fail;
+    }
+    free(dir);
+    free(path);
+    return 0;
+fail:
+    free(dir);
+    free(path);
+    claimer_free(c);
+    return r;
+}
+
+void
+claimer_free(struct claimer *c)
+{
+    if (c->clock_fd >= 0)
+        close(c->clock_fd);
+    free(c->node);
+    free(c->hostname);
+    free(c->known);
+    free(c->fresh_until);
+    memset(c, 0, sizeof(*c));
+    c->clock_fd = -1;
+}
+
+static double
+ts_secs(const struct timespec *ts)
+{
+    return (double)ts->tv_sec + (double)ts->tv_nsec / 1e9;
+}
+
+int
+claimer_now(struct claimer *c, double *ret_now, struct esd_err *err)
+{
+    struct stat st;
+
+    /* UTIME_NOW makes the file server stamp its own time (on NFS a
+     * SETATTR to server time); the reply's attributes carry it back. */
+    if (futimens(c->clock_fd, NULL) < 0 || fstat(c->clock_fd, &st) < 0)
+        return err_sys(err, -errno, "Cannot read the server clock in %s/state/clock",
+                       c->m->job_dir);
+    *ret_now = ts_secs(&st.st_mtim);
+    return 0;
+}
+
+void
+claim_free(struct claim *cl)
+{
+    free(cl->shard_id);
+    free(cl->attempt_rel);
+    free(cl->attempt_dir);
+    free(cl->lock_path);
+    memset(cl, 0, sizeof(*cl));
+}
+
+/* Reads a lock file's content from fd; NULL if it is empty or unparsable. */
+static cJSON *
+read_lock_fd(int fd)
+{
+    char buf[LOCK_MAX];
+    ssize_t n = pread(fd, buf, sizeof(buf), 0);
+    cJSON *j = NULL;
+
+    if (n <= 0 || json_parse_object(buf, (size_t)n, "lock", &j, NULL) < 0)
+        return NULL;
+    return j;
+}
+
+/* Seconds after which the lock described by j is stale. */
+static double
+lock_threshold(const struct claimer *c, const cJSON *j)
+{
+    long long lease;
+
+    if (!j)
+        /* Empty or partial: its writer died between create and write (or
+         * is writing right now); our own lease bounds that window. */
+        return (double)c->lease_secs;
+    if (json_get_int(j, "lease_secs", &lease) == 0 && lease > 0)
+        return (double)lease;
+    return (double)c->lock_timeout;
+}
+
+static bool
+same_inode(int fd, const char *path)
+{
+    struct stat a, b;
+
+    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+int
+claim_fence(const char *path, const char *token, bool nb, struct esd_err *err)
+{
+    cJSON *j;
+    const char *t;
+    int fd, r;
+
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return err_set(err, -ESTALE, "lock %s is gone", path);
+        return err_sys(err, -errno, "Cannot open lock %s", path);
+    }
+    while ((r = flock(fd, LOCK_EX | (nb ? LOCK_NB : 0))) < 0 && errno == EINTR)
+        ;
+    if (r < 0) {
+        r = errno == EWOULDBLOCK ? -EWOULDBLOCK : err_sys(err, -errno, "Cannot lock %s", path);
+        close(fd);
+        return r;
+    }
+    if (!same_inode(fd, path)) {
+        claim_unfence(fd);
+        return err_set(err, -ESTALE, "lock %s was replaced", path);
+    }
+    if (token) {
+        j = read_lock_fd(fd);
+        t = json_get_str(j, "token");
+        r = t && strcmp(t, token) == 0;
+        cJSON_Delete(j);
+        if (!r) {
+            claim_unfence(fd);
+            return err_set(err, -ESTALE, "lock %s belongs to another claim", path);
+        }
+    }
+    return fd;
+}
+
+void
+claim_unfence(int fd)
+{
+    if (fd >= 0) {
+        flock(fd, LOCK_UN);
+        close(fd);
+    }
+}
+
+enum judged { J_FRESH, J_GONE, J_BUSY };
+
+/*
+ * Takes over the stale lock of shard i, under the fence: re-checks the
+ * inode and the age on the open file, marks the old attempt stale and
+ * renames the lock into state/stale_locks/. J_GONE means the lock is out
+ * of the way.
+ */
+static int
+takeover(struct claimer *c, size_t i, const char *path, double now, struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    struct stat st;
+    cJSON *j;
+    const char *attempt;
+    char hex[33], *dest;
+    double threshold, age;
+    int fd, r;
+
+    fd = claim_fence(path, NULL, true, err);
+    if (fd == -ESTALE)
+        return J_GONE;
+    if (fd == -EWOULDBLOCK)
+        return J_BUSY;
+    if (fd < 0)
+        return fd;
+    if (fstat(fd, &st) < 0) {
+        r = err_sys(err, -errno, "Cannot stat lock %s", path);
+        claim_unfence(fd);
+        return r;
+    }
+    j = read_lock_fd(fd);
+    threshold = lock_threshold(c, j);
+    age = now - ts_secs(&st.st_mtim);
+    if (age <= threshold) {
+        c->fresh_until[i] = now + (threshold - age);
+        cJSON_Delete(j);
+        claim_unfence(fd);
+        return J_FRESH;
+    }
+    /* Mark first, so that the next claimant cannot miss the failure. */
+    attempt = json_get_str(j, "attempt_dir");
+    if (attempt)
+        attempt_mark_stale(m, attempt, NULL);
+    rand_hex32(hex);
+    dest = xasprintf("%s/state/stale_locks/%s.%lld.%s.lock", m->job_dir, m->shards[i].id,
+                     (long long)time(NULL), hex);
+    r = rename(path, dest) < 0 ? err_sys(err, -errno, "Cannot move stale lock %s", path) : 0;
+    if (r == 0)
+        r = fs_fsync_parent(path, err);
+    if (r == 0)
+        r = fs_fsync_parent(dest, err);
+    free(dest);
+    cJSON_Delete(j);
+    claim_unfence(fd);
+    return r < 0 ? r : J_GONE;
+}
+
+/*
+ * Shard i's lock exists: fresh (skip), gone or taken over (try again),
+ * busy (another node is deciding; skip).
+ */
+static int
+judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd_err *err)
+{
+    struct stat st;
+    cJSON *j;
+    double threshold, age;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return errno == ENOENT ? J_GONE : err_sys(err, -errno, "Cannot open lock %s", path);
+    if (fstat(fd, &st) < 0) {
+        int r = err_sys(err, -errno, "Cannot stat lock %s", path);
+        close(fd);
+        return r;
+    }
+    j = read_lock_fd(fd);
+    close(fd);
+    threshold = lock_threshold(c, j);
+    cJSON_Delete(j);
+    age = now - ts_secs(&st.st_mtim);
+    if (age <= threshold) {
+        c->fresh_until[i] = now + (threshold - age);
+        return J_FRESH;
+    }
+    return takeover(c, i, path, now, err);
+}
+
+static bool
+exists(const char *path)
+{
+    struct stat st;
+
+    return stat(path, &st) == 0;
+}
+
+/* The failed record of a shard whose limits were used up before a claim. */
+static int
+fail_before_claim(struct claimer *c, size_t i, const struct attempt_counts *n,
+                  struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    char now[40], *path = manifest_state_path(m, "failed", m->shards[i].id, ".json");
+    cJSON *j = cJSON_CreateObject();
+    bool infra = n->counted <= c->max_retries;
+    int r;
+
+    time_iso_now(now, NULL);
+    json_add_str(j, "shard_id", m->shards[i].id);
+    json_add_str(j, "status", "failed");
+    json_add_str(j, "failed_at", now);
+    json_add_int(j, "failures", n->counted);
+    json_add_int(j, "infrastructure_failures", n->infra);
+    json_add_str(j, "reason", infra ? "infrastructure failure limit reached before claim"
+                                    : "retry limit reached before claim");
+    json_add_str(j, "node", c->node);
+    r = json_publish_excl(path, j, JSON_PRETTY, err);
+    if (r == -EEXIST)
+        r = 0;
+    cJSON_Delete(j);
+    free(path);
+    return r;
+}
+
+/* The one-line lock content of a new claim (spec §5.3, plus lease and node). */
+static void
+lock_content(const struct claimer *c, const struct claim *cl, const char *claimed_at,
+             double epoch, struct buf *out)
+{
+    cJSON *j = cJSON_CreateObject();
+
+    json_add_str(j, "shard_id", cl->shard_id);
+    json_add_str(j, "token", cl->token);
+    json_add_str(j, "hostname", c->hostname);
+    json_add_int(j, "pid", (long long)getpid());
+    json_add_str(j, "claimed_at", claimed_at);
+    json_add_float(j, "claimed_at_epoch", epoch);
+    json_add_int(j, "attempt_number", cl->attempt_number);
+    json_add_str(j, "attempt_dir", cl->attempt_rel);
+    json_add_int(j, "lease_secs", cl->lease_secs);
+    json_add_str(j, "node", c->node);
+    json_dump(j, JSON_LINE, out);
+    cJSON_Delete(j);
+}
+
+enum tried { T_SKIP, T_CLAIMED };
+
+/*
+ * Tries to claim shard i (not known terminal, not known fresh): O_EXCL
+ * create of the lock, stale takeover if it exists, then the checks that
+ * need the lock held.
+ */
+static int
+try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    const char *id = m->shards[i].id;
+    struct claim cl = { 0 };
+    struct attempt_counts n;
+    struct buf line;
+    struct stat st;
+    char claimed_at[40], *done = NULL, *failed = NULL, *parent = NULL;
+    double epoch;
+    int fd = -1, r, tries;
+
+    cl.index = i;
+    cl.shard_id = xstrdup(id);
+    cl.lock_path = manifest_state_path(m, "locks", id, ".lock");
+    cl.lease_secs = c->lease_secs;
+    buf_init(&line);
+    /* Create; if a lock is in the way, judge it and, once it is gone
+     * (released, or taken over as stale), create again. */
+    for (tries = 0;; tries++) {
+        fd = open(cl.lock_path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
+        if (fd >= 0)
+            break;
+        if (errno != EEXIST) {
+            r = err_sys(err, -errno, "Cannot create lock %s", cl.lock_path);
+            goto out;
+        }
+        if (tries == 1) {
+            r = T_SKIP; /* somebody else was faster */
+            goto out;
+        }
+        if ((r = judge_lock(c, i, cl.lock_path, now, err)) < 0)
+            goto out;
+        if (r != J_GONE) {
+            r = T_SKIP;
+            goto out;
+        }
+    }
+    /* Held. Count the attempts now: a previous owner records its failure
+     * before it releases the lock. */
+    if ((r = attempt_count(m, id, &n, err)) < 0)
+        goto unlock;
+    cl.attempt_number = n.attempts + 1;
+    rand_hex32(cl.token);
+    cl.attempt_rel = xasprintf("attempts/%s/%04lld-%s", id, cl.attempt_number, cl.token);
+    cl.attempt_dir = fs_join(m->job_dir, cl.attempt_rel);
+    time_iso_now(claimed_at, &epoch);
+    lock_content(c, &cl, claimed_at, epoch, &line);
+    if ((r = fs_write_all(fd, line.p, line.len)) < 0 || (fsync(fd) < 0 && (r = -errno)) ||
+        (fstat(fd, &st) < 0 && (r = -errno))) {
+        err_sys(err, r, "Cannot write lock %s", cl.lock_path);
+        goto unlock;
+    }
+    cl.lock_dev = st.st_dev;
+    cl.lock_ino = st.st_ino;
+    close(fd);
+    fd = -1;
+    /* A result published between our cache and our lock wins. */
+    done = manifest_state_path(m, "done", id, ".json");
+    failed = manifest_state_path(m, "failed", id, ".json");
+    if (exists(done) || exists(failed)) {
+        c->known[i] = exists(done) ? K_DONE : K_FAILED;
+        *(c->known[i] == K_DONE ? &c->ndone : &c->nfailed) += 1;
+        r = T_SKIP;
+        goto unlock;
+    }
+    if (n.counted > c->max_retries || n.infra > c->max_infra) {
+        if ((r = fail_before_claim(c, i, &n, err)) < 0)
+            goto unlock;
+        c->known[i] = K_FAILED;
+        c->nfailed++;
+        r = T_SKIP;
+        goto unlock;
+    }
+    parent = fs_dirname(cl.attempt_dir);
+    if ((mkdir(parent, 0755) < 0 && errno != EEXIST) || mkdir(cl.attempt_dir, 0755) < 0) {
+        r = err_sys(err, -errno, "Cannot create attempt directory %s", cl.attempt_dir);
+        goto unlock;
+    }
+    if ((r = attempt_record_start(m, &cl, c->hostname, c->node, epoch, claimed_at, err)) < 0)
+        goto unlock;
+    c->known[i] = K_MINE;
+    *ret = cl;
+    memset(&cl, 0, sizeof(cl));
+    r = T_CLAIMED;
+    goto out;
+unlock:
+    /* The lock is ours and nothing started: remove it. */
+    if (fd >= 0)
+        close(fd);
+    fd = -1;
+    unlink(cl.lock_path);
+out:
+    if (fd >= 0)
+        close(fd);
+    buf_free(&line);
+    free(done);
+    free(failed);
+    free(parent);
+    claim_free(&cl);
+    return r;
+}
+
+/* Learns the terminal shards from two listings (once per claimer). */
+static int
+prime(struct claimer *c, struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    bool *done = xcalloc(m->nshards, sizeof(bool));
+    bool *failed = xcalloc(m->nshards, sizeof(bool));
+    int r;
+
+    if ((r = manifest_list_state(m, "done", ".json", done, err)) == 0 &&
+        (r = manifest_list_state(m, "failed", ".json", failed, err)) == 0) {
+        for (size_t i = 0; i < m->nshards; i++) {
+            if (c->known[i] == K_MINE)
+                continue;
+            if (done[i] && c->known[i] != K_DONE) {
+                c->known[i] = K_DONE;
+                c->ndone++;
+            } else if (!done[i] && failed[i] && c->known[i] != K_FAILED) {
+                c->known[i] = K_FAILED;
+                c->nfailed++;
+            } else if (!done[i] && !failed[i] && c->known[i] == K_FAILED) {
+                /* requeued by a retry */
+                c->known[i] = K_UNKNOWN;
+                c->nfailed--;
+            }
+        }
+        c->primed = true;
+    }
+    free(done);
+    free(failed);
+    return r;
+}
+
+int
+claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
+              struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    size_t n = m->nshards, busy = 0;
+    double now, next = -1;
+    int r;
+
+    if ((r = claimer_now(c, &now, err)) < 0)
+        return r;
+    if (!c->primed && (r = prime(c, err)) < 0)
+        return r;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = (c->cursor + k) % n;
+
+        if (c->known[i] == K_DONE || c->known[i] == K_FAILED)
+            continue;
+        if (c->known[i] == K_MINE || c->fresh_until[i] > now) {
+            busy++;
+            if (c->known[i] != K_MINE && (next < 0 || c->fresh_until[i] - now < next))
+                next = c->fresh_until[i] - now;
+            continue;
+        }
+        r = try_shard(c, i, now, ret, err);
+        if (r < 0)
+            return r;
+        if (r == T_CLAIMED) {
+            c->cursor = (i + 1) % n;
+            return 1;
+        }
+        if (c->known[i] == K_UNKNOWN && c->fresh_until[i] > now) {
+            busy++;
+            if (next < 0 || c->fresh_until[i] - now < next)
+                next = c->fresh_until[i] - now;
+        }
+    }
+    /* Nothing claimable: a failed shard may have been requeued since. */
+    if (c->nfailed && (r = prime(c, err)) < 0)
+        return r;
+    if (idle) {
+        idle->done = c->ndone;
+        idle->failed = c->nfailed;
+        idle->busy = busy;
+        idle->complete = c->ndone == n;
+        idle->terminal = c->ndone + c->nfailed == n;
+        idle->next_secs = next;
+    }
+    return 0;
+}
+
+int
+claim_heartbeat(const struct claim *cl, struct esd_err *err)
+{
+    struct stat st;
+    cJSON *j;
+    const char *t;
+    int fd, r = 0;
+
+    fd = open(cl->lock_path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return err_set(err, -ESTALE, "Lease of %s lost: its lock was removed or taken over",
+                           cl->shard_id);
+        return err_sys(err, -errno, "Cannot open lock %s", cl->lock_path);
+    }
+    if (fstat(fd, &st) < 0) {
+        r = err_sys(err, -errno, "Cannot stat lock %s", cl->lock_path);
+    } else if (st.st_dev != cl->lock_dev || st.st_ino != cl->lock_ino) {
+        r = err_set(err, -ESTALE, "Lease of %s lost: its lock was replaced by another claim",
+                    cl->shard_id);
+    } else {
+        j = read_lock_fd(fd);
+        t = json_get_str(j, "token");
+        if (!t || strcmp(t, cl->token) != 0)
+            r = err_set(err, -ESTALE, "Lease of %s lost: its lock holds another token",
+                        cl->shard_id);
+        else if (futimens(fd, NULL) < 0)
+            r = err_sys(err, -errno, "Cannot renew the lease of %s", cl->shard_id);
+        cJSON_Delete(j);
+    }
+    close(fd);
+    return r;
+}
+
+int
+claim_release(const struct claim *cl, struct esd_err *err)
+{
+    int fd = claim_fence(cl->lock_path, cl->token, false, err), r;
+
+    if (fd == -ESTALE)
+        return 0;
+    if (fd < 0)
+        return fd;
+    r = unlink(cl->lock_path) < 0 ? err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path)
+                                  : 1;
+    claim_unfence(fd);
+    if (r == 1 && fs_fsync_parent(cl->lock_path, err) < 0)
+        return -EIO;
+    return r;
+}
+
+void
+claimer_forget(struct claimer *c, const struct claim *cl, bool done, bool failed)
+{
+    size_t i = cl->index;
+
+    if (i >= c->m->nshards || c->known[i] != K_MINE)
+        return;
+    if (done) {
+        c->known[i] = K_DONE;
+        c->ndone++;
+    } else if (failed) {
+        c->known[i] = K_FAILED;
+        c->nfailed++;
+    } else {
+        c->known[i] = K_UNKNOWN;
+        c->fresh_until[i] = 0;
+    }
+}

@@ -1,0 +1,38 @@
+/*
+ * spawn: starting an attempt's child the way every caller needs it: fork
+ * and exec at once, a process group of its own (so the whole tree can be
+ * killed), stdout and stderr into one pipe, every other descriptor closed
+ * (O_CLOEXEC), and a failed exec reported as an error rather than as an
+ * exit status the processor might also use.
+ */
+#ifndef ESD_SPAWN_H
+#define ESD_SPAWN_H
+
+#include <sys/types.h>
+
+#include "util.h"
+
+struct spawned {
+    pid_t pid;  /* also the process group id */
+    int out_fd; /* read end of the child's stdout+stderr (O_CLOEXEC, blocking) */
+};
+
+/*
+ * Starts argv[0] (looked up in PATH unless it contains '/') with envp in
+ * cwd, in a new process group. Returns 0 with *ret filled, or a negative
+ * errno with err naming the program when the fork or the exec failed (the
+ * child is reaped in that case).
+ */
+int spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
+                struct esd_err *err);
+
+/* Sends sig to the child's whole process group (ESRCH ignored). */
+void spawn_signal(const struct spawned *s, int sig);
+
+/*
+ * Describes a wait status as the reference words it: "exit code N" or
+ * "killed by signal N (NAME)"; *ret_code gets N, or -N for a signal.
+ */
+void spawn_describe(int status, char out[64], int *ret_code);
+
+#endif
