@@ -1,7 +1,7 @@
 /*
  * esctl: the operator's command line. One command table (ctl/commands.c)
- * drives parsing, usage, help and dispatch; local mode (ctl/local.c) runs
- * the job-directory engine of libesd in-process; ctl/output.c renders
+ * drives parsing, usage, help and dispatch; local mode (ctl/local.c,
+ * ctl/worker.c) runs the job-directory engine of libesd in-process; ctl/output.c renders
  * tables, progress bars and colour for humans.
  */
 #ifndef ESCTL_H
@@ -41,6 +41,13 @@ enum opt_id {
     O_OUTPUT,
     O_OVERWRITE,
     O_EXPECT_NODES,
+    O_NODE,
+    O_MAX_SHARDS,
+    O_LEASE_SECS,
+    O_MAX_INFRA,
+    O_PROCESSOR,
+    O_ATTEMPT_TIMEOUT,
+    O_VERBOSE,
     O_JSON,
     O_LOCAL,
     O_SOCKET,
@@ -100,6 +107,7 @@ int local_status(struct call *c);
 int local_retry(struct call *c);
 int local_merge(struct call *c);
 int local_verify(struct call *c);
+int local_worker(struct call *c);
 
 /* Output helpers (ctl/output.c). */
 void out_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

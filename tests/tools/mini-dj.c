@@ -623,7 +623,7 @@ yw_is_null(const struct yw *y)
 static int
 yw_int_arg(struct yw *y, const char *op, const char *key, long long *val, struct esd_err *err)
 {
-    const char *s = (const char *)y->ev.data.scalar.value;
+    const char *s;
     char *end;
     long long v;
 
@@ -631,6 +631,7 @@ yw_int_arg(struct yw *y, const char *op, const char *key, long long *val, struct
         return 0;
     if (y->ev.type != YAML_SCALAR_EVENT || y->ev.data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
         return err_set(err, -EINVAL, "%s: %s must be an integer", op, key);
+    s = (const char *)y->ev.data.scalar.value;
     errno = 0;
     v = strtoll(s, &end, 10);
     if (errno || end == s || *end || (size_t)(end - s) != y->ev.data.scalar.length)
@@ -821,6 +822,7 @@ normalize_ws(const char *s, size_t n, struct buf *out)
     bool pending = false;
 
     buf_reset(out);
+    buf_reserve(out, n);
     for (size_t i = 0; i < n;) {
         size_t start = i;
 
@@ -897,11 +899,12 @@ record_apply(const struct recipe *rc, struct work *w, bool *ret_keep)
             continue;
         }
         buf_reset(&w->text);
+        buf_reserve(&w->text, m->val_len); /* never a NULL buffer, even for "" */
         jsonl_unescape(w->cur.p + m->val_off + 1, m->val_len - 2, &w->text);
         switch (op->kind) {
         case OP_LENGTH:
             cps = count_code_points(w->text.p, w->text.len);
-            if ((long long)cps < op->min_len || (unsigned long long)cps > (unsigned long long)op->max_len) {
+            if ((long long)cps < op->min_len || (long long)cps > op->max_len) {
                 *ret_keep = false;
                 return 0;
             }
@@ -1055,6 +1058,7 @@ write_output(const char *dir, const struct rows *rs, const struct knobs *k, size
     buf_init(&body);
     buf_init(&crc);
     buf_init(&empty);
+    buf_reserve(&empty, 0);
     for (size_t i = 0; i < (size_t)k->parts; i++) {
         size_t cnt = q + (i < rem), start = i * q + (i < rem ? i : rem);
         char name[64], crcname[80];
@@ -1100,27 +1104,23 @@ out:
     return r;
 }
 
-/* Appends "<time> <message>" to events.log in dir; best effort. */
+static void event(const char *dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Appends "<time> mini-dj (test stand-in) <message>" to dir/events.log; best effort. */
 static void
 event(const char *dir, const char *fmt, ...)
 {
-    char now[40], *path = fs_join(dir, "events.log");
+    char now[40], msg[1024], *path = fs_join(dir, "events.log");
     struct buf b;
     va_list ap;
     int fd;
 
-    buf_init(&b);
-    time_iso_now(now, NULL);
-    buf_printf(&b, "%s mini-dj (test stand-in) ", now);
     va_start(ap, fmt);
-    {
-        char msg[1024];
-
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        buf_puts(&b, msg);
-    }
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    buf_putc(&b, '\n');
+    time_iso_now(now, NULL);
+    buf_init(&b);
+    buf_printf(&b, "%s mini-dj (test stand-in) %s\n", now, msg);
     fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
         (void)fs_write_all(fd, b.p, b.len);

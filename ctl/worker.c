@@ -1,0 +1,415 @@
+/*
+ * worker: `esctl worker --local`, a synchronous worker in the manner of the
+ * reference's `shard_job.py worker`, on esd's engine: claim a shard, run
+ * the processor in its own process group with its output in process.log,
+ * renew the lease every lease/4, enforce the attempt timeout, validate and
+ * publish, and claim again; when nothing is claimable, wait (jittered) and
+ * poll until the job is terminal. SIGINT/SIGTERM stop the running attempt
+ * and release its claim without counting a failure.
+ *
+ * The daemon drives the same engine from its event loop; this loop is what
+ * an operator runs without a daemon, and what the multi-process tests run.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attempt.h"
+#include "claim.h"
+#include "esctl.h"
+#include "fsutil.h"
+#include "manifest.h"
+#include "spawn.h"
+
+static volatile sig_atomic_t stop_requested;
+
+static void
+on_stop(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* The default node name: the host name, made a valid file name. */
+static char *
+default_node(void)
+{
+    char host[256];
+
+    if (gethostname(host, sizeof(host)) < 0)
+        snprintf(host, sizeof(host), "node");
+    host[sizeof(host) - 1] = '\0';
+    for (char *p = host; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '.' || *p == '_' || *p == '-'))
+            *p = '-';
+    if (host[0] == '.' || !host[0])
+        host[0] = 'n';
+    return xstrdup(host);
+}
+
+/* Splits a command on blanks (no quoting: paths with spaces need a
+ * wrapper script). */
+static void
+split_words(const char *s, struct strv *out)
+{
+    while (*s) {
+        size_t n;
+
+        while (*s == ' ' || *s == '\t')
+            s++;
+        n = strcspn(s, " \t");
+        if (n)
+            strv_push_owned(out, xstrndup(s, n));
+        s += n;
+    }
+}
+
+struct run {
+    struct spawned child;
+    int log_fd;
+    bool exited;
+    int status;
+    bool lease_lost;
+    bool timed_out;
+    bool stopped;
+    char lease_error[ESD_ERR_MAX];
+};
+
+/* Copies what the child wrote to process.log (and to stderr when asked). */
+static bool
+pump_output(struct run *run, bool echo, const char *id)
+{
+    char buf[65536];
+    ssize_t n = read(run->child.out_fd, buf, sizeof(buf));
+
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return true;
+    if (n <= 0)
+        return false;
+    (void)fs_write_all(run->log_fd, buf, (size_t)n);
+    if (echo) {
+        /* prefix each line with the shard, as the daemon's journal does */
+        const char *p = buf, *end = buf + n;
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t len = nl ? (size_t)(nl - p) + 1 : (size_t)(end - p);
+            fprintf(stderr, "[%s] %.*s%s", id, (int)len, p, nl ? "" : "\n");
+            p += len;
+        }
+    }
+    return true;
+}
+
+/* Stops the child's process group: SIGTERM, then SIGKILL after grace. */
+static void
+terminate(struct run *run, double grace)
+{
+    double deadline = time_mono() + grace;
+
+    spawn_signal(&run->child, SIGTERM);
+    while (!run->exited) {
+        pid_t p = waitpid(run->child.pid, &run->status, WNOHANG);
+        if (p == run->child.pid) {
+            run->exited = true;
+            break;
+        }
+        if (time_mono() >= deadline) {
+            spawn_signal(&run->child, SIGKILL);
+            while (waitpid(run->child.pid, &run->status, 0) < 0 && errno == EINTR)
+                ;
+            run->exited = true;
+            break;
+        }
+        poll(NULL, 0, 50);
+    }
+}
+
+/* Runs the attempt until it exits, is timed out, loses its lease or the
+ * worker is stopped. */
+static void
+supervise(struct run *run, const struct claim *cl, double timeout, bool echo)
+{
+    double start = time_mono(), beat_every = (double)cl->lease_secs / 4.0;
+    double next_beat = start + beat_every;
+    bool out_open = true;
+
+    while (!run->exited || out_open) {
+        struct pollfd pfd = { .fd = run->child.out_fd, .events = POLLIN };
+        double now = time_mono(), wake = next_beat;
+        int ms;
+
+        if (!run->exited) {
+            pid_t p = waitpid(run->child.pid, &run->status, WNOHANG);
+            if (p == run->child.pid) {
+                run->exited = true;
+                /* Stragglers of the group must not keep the pipe open. */
+                spawn_signal(&run->child, SIGKILL);
+            }
+        }
+        if (!run->exited) {
+            if (stop_requested) {
+                run->stopped = true;
+                terminate(run, 10);
+                continue;
+            }
+            if (timeout > 0 && now - start >= timeout) {
+                run->timed_out = true;
+                terminate(run, 10);
+                continue;
+            }
+            if (now >= next_beat) {
+                struct esd_err err;
+                int r = claim_heartbeat(cl, &err);
+
+                if (r == -ESTALE) {
+                    run->lease_lost = true;
+                    snprintf(run->lease_error, sizeof(run->lease_error), "%s", err.msg);
+                    terminate(run, 10);
+                    continue;
+                }
+                if (r < 0)
+                    fprintf(stderr, "esctl worker: %s; retrying\n", err.msg);
+                next_beat = now + beat_every;
+                wake = next_beat;
+            }
+            if (timeout > 0 && start + timeout < wake)
+                wake = start + timeout;
+        }
+        if (!out_open) {
+            poll(NULL, 0, 50);
+            continue;
+        }
+        ms = run->exited ? 1000 : (int)((wake - now) * 1000) + 1;
+        if (ms > 1000)
+            ms = 1000; /* also the period of waitpid and stop checks */
+        if (poll(&pfd, 1, ms) > 0)
+            out_open = pump_output(run, echo, cl->shard_id);
+    }
+}
+
+struct worker_cfg {
+    struct attempt_opts aopts;
+    struct jsonl_limits lim;
+    double timeout;
+    bool echo;
+};
+
+/* One claimed shard, start to end: *fin says how it ended. */
+static int
+run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
+          struct attempt_final *fin, struct esd_err *err)
+{
+    struct attempt_cmd cmd = { 0 };
+    struct attempt_result res = { 0 };
+    struct attempt_outcome out = { 0 };
+    struct run run = { .log_fd = -1 };
+    struct esd_err e2;
+    char how[64], msg[ESD_ERR_MAX + 64];
+    double t0 = time_mono();
+    int r;
+
+    out.ray_address = w->aopts.ray_address;
+    if ((r = attempt_prepare(c->m, cl, &w->aopts, &cmd, err)) < 0) {
+        /* Cannot even build it: an infrastructure failure of this node. */
+        out.fc = FC_INFRASTRUCTURE;
+        out.return_code = -1;
+        out.error = err->msg;
+        r = attempt_finish(c, cl, &out, NULL, fin, &e2);
+        return r < 0 ? r : 0;
+    }
+    run.log_fd = open(cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (run.log_fd < 0) {
+        r = err_sys(err, -errno, "Cannot create %s", cmd.log_path);
+        out.fc = FC_INFRASTRUCTURE;
+        out.return_code = -1;
+        out.error = err->msg;
+    } else if ((r = spawn_start(cmd.argv, cmd.envp, cmd.cwd, &run.child, err)) < 0) {
+        dprintf(run.log_fd, "\nUnable to start Data-Juicer: %s\n", err->msg);
+        out.fc = FC_INFRASTRUCTURE;
+        out.return_code = -1;
+        out.error = err->msg;
+    } else {
+        supervise(&run, cl, w->timeout, w->echo);
+        close(run.child.out_fd);
+        spawn_describe(run.status, how, &out.return_code);
+        if (run.stopped) {
+            out.released = true;
+            out.error = "the worker was stopped";
+        } else if (run.lease_lost) {
+            out.fc = FC_INFRASTRUCTURE;
+            out.error = run.lease_error;
+        } else if (run.timed_out) {
+            out.fc = FC_PROCESSOR;
+            snprintf(msg, sizeof(msg), "Data-Juicer timed out after %.0f s and was killed",
+                     w->timeout);
+            out.error = msg;
+        } else if (out.return_code != 0) {
+            out.fc = FC_PROCESSOR;
+            snprintf(msg, sizeof(msg), "Data-Juicer returned %s", how);
+            out.error = msg;
+        } else if (attempt_materialize(c->m, cl, &w->lim, &res, &e2) < 0) {
+            out.fc = FC_OUTPUT;
+            snprintf(msg, sizeof(msg), "%s", e2.msg);
+            out.error = msg;
+        }
+    }
+    if (run.log_fd >= 0)
+        close(run.log_fd);
+    out.duration = time_mono() - t0;
+    r = attempt_finish(c, cl, &out, out.fc == FC_NONE && !out.released ? &res : NULL, fin, err);
+    if (r == 0 && out.error)
+        fprintf(stderr, "esctl worker: %s attempt %lld: %s\n", cl->shard_id, cl->attempt_number,
+                out.error);
+    attempt_result_free(&res);
+    attempt_cmd_free(&cmd);
+    return r;
+}
+
+/* Sleeps up to secs, waking early on a stop request. */
+static void
+nap(double secs)
+{
+    double end = time_mono() + secs;
+
+    while (!stop_requested && time_mono() < end)
+        poll(NULL, 0, 100);
+}
+
+int
+local_worker(struct call *c)
+{
+    struct manifest m;
+    struct claimer cl;
+    struct claim_opts co = { 0 };
+    struct worker_cfg w = { 0 };
+    struct strv processor;
+    struct esd_err err;
+    struct sigaction sa;
+    char *dir = NULL, *node = NULL;
+    long long handled = 0, failed = 0;
+    double poll_secs;
+    int r, rc = EXIT_OK;
+
+    if ((r = fs_resolve_cli(c->str[O_JOB_DIR], &dir, &err)) < 0 ||
+        (r = manifest_load(dir, &m, &err)) < 0) {
+        free(dir);
+        fprintf(stderr, "ERROR: %s\n", err.msg);
+        return EXIT_ERROR;
+    }
+    free(dir);
+    strv_init(&processor);
+    node = c->set[O_NODE] ? xstrdup(c->str[O_NODE]) : default_node();
+    co.node = node;
+    co.lease_secs = c->set[O_LEASE_SECS] ? c->num[O_LEASE_SECS] : 0;
+    co.lock_timeout = c->set[O_LOCK_TIMEOUT] ? c->num[O_LOCK_TIMEOUT] : 0;
+    co.max_retries = c->set[O_MAX_RETRIES] ? c->num[O_MAX_RETRIES] : -1;
+    co.max_infra = c->set[O_MAX_INFRA] ? c->num[O_MAX_INFRA] : 0;
+    if (c->set[O_PROCESSOR]) {
+        split_words(c->str[O_PROCESSOR], &processor);
+        if (!processor.n) {
+            fprintf(stderr, "ERROR: --processor is empty\n");
+            rc = EXIT_ERROR;
+            goto out_manifest;
+        }
+        w.aopts.processor = (const char *const *)processor.v;
+    }
+    w.aopts.dj_root = c->str[O_DJ_ROOT];
+    w.aopts.ray_address = c->str[O_RAY_ADDRESS];
+    w.lim = jsonl_default_limits;
+    if (c->set[O_MAX_LINE_BYTES])
+        w.lim.max_line = (size_t)c->num[O_MAX_LINE_BYTES];
+    if (c->set[O_MAX_DEPTH])
+        w.lim.max_depth = (unsigned)(c->num[O_MAX_DEPTH] > 4096 ? 4096 : c->num[O_MAX_DEPTH]);
+    w.timeout = c->set[O_ATTEMPT_TIMEOUT] ? (double)c->num[O_ATTEMPT_TIMEOUT] : 0;
+    w.echo = c->set[O_VERBOSE];
+    poll_secs = c->set[O_POLL_INTERVAL] ? (double)c->num[O_POLL_INTERVAL]
+                                        : (double)m.poll_interval_secs;
+    if ((r = claimer_init(&cl, &m, &co, &err)) < 0) {
+        fprintf(stderr, "ERROR: %s\n", err.msg);
+        rc = EXIT_ERROR;
+        goto out_manifest;
+    }
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    printf("Worker %s (node %s, pid %d) started for %s\n", cl.hostname, cl.node, (int)getpid(),
+           m.job_id);
+    fflush(stdout);
+    srand((unsigned)(getpid() ^ (unsigned)time(NULL)));
+    while (!stop_requested) {
+        struct claim claim;
+        struct claim_idle idle;
+        struct attempt_final fin;
+
+        if (c->set[O_MAX_SHARDS] && handled >= c->num[O_MAX_SHARDS]) {
+            printf("Reached --max-shards=%lld\n", c->num[O_MAX_SHARDS]);
+            rc = failed ? EXIT_ERROR : EXIT_OK;
+            break;
+        }
+        r = claim_acquire(&cl, &claim, &idle, &err);
+        if (r < 0) {
+            fprintf(stderr, "ERROR: %s\n", err.msg);
+            rc = EXIT_ERROR;
+            break;
+        }
+        if (r == 1) {
+            printf("Claimed %s (attempt %lld)\n", claim.shard_id, claim.attempt_number);
+            fflush(stdout);
+            r = run_claim(&cl, &claim, &w, &fin, &err);
+            handled++;
+            if (r < 0) {
+                fprintf(stderr, "ERROR: %s\n", err.msg);
+                claim_free(&claim);
+                rc = EXIT_ERROR;
+                break;
+            }
+            if (!strcmp(fin.status, "failed"))
+                failed++;
+            printf("Finished %s: %s\n", claim.shard_id, fin.status);
+            fflush(stdout);
+            claim_free(&claim);
+            continue;
+        }
+        if (idle.complete) {
+            printf("All %zu shards completed\n", m.nshards);
+            break;
+        }
+        if (idle.terminal) {
+            fprintf(stderr, "Job finished with failures: done=%zu failed=%zu\n", idle.done,
+                    idle.failed);
+            rc = EXIT_ERROR;
+            break;
+        }
+        {
+            /* Poll again when a lock could turn stale, at most every poll
+             * interval, jittered so a fleet does not poll in step. */
+            double wait = poll_secs;
+            if (idle.next_secs >= 0 && idle.next_secs + 0.05 < wait)
+                wait = idle.next_secs + 0.05;
+            wait *= 0.8 + 0.4 * ((double)rand() / RAND_MAX);
+            printf("No shard claim available; done=%zu failed=%zu busy=%zu. Waiting %.1fs...\n",
+                   idle.done, idle.failed, idle.busy, wait);
+            fflush(stdout);
+            nap(wait);
+        }
+    }
+    if (stop_requested && rc == EXIT_OK)
+        printf("Stopped\n");
+    claimer_free(&cl);
+out_manifest:
+    manifest_free(&m);
+    strv_free(&processor);
+    free(node);
+    return rc;
+}
