@@ -109,6 +109,14 @@ $(BUILD)/tools/%: tests/tools/%.c $(LIBESD)
 	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
 tools: $(TOOL_BINS)
 
+# Benchmark helpers written in C (bench/*.c).
+BENCH_SRC  := $(sort $(wildcard bench/*.c))
+BENCH_BINS := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+$(BUILD)/bench/%: bench/%.c $(LIBESD)
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  CC/LD   $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
+
 # check: every unit suite (check prints its own summary line), then every
 # integration script. All of them run even if one fails; the target fails
 # if any did.
@@ -157,9 +165,10 @@ fuzz: fuzz-build
 			build/fuzz/corpus/$$n tests/fuzz/seeds/$$n || exit 1; \
 	done
 
-bench: all
+bench: all $(BENCH_BINS)
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/prepare
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/merge
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) CLAIMER=$(CURDIR)/$(BUILD)/bench/claimer bench/claim
 
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1

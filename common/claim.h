@@ -52,6 +52,9 @@ struct claimer {
     long long max_retries;
     long long max_infra;
     int clock_fd;          /* state/clock/<node>, kept open */
+    double clock_server;   /* last server time read ... */
+    double clock_mono;     /* ... and the monotonic time it was read at */
+    bool clock_valid;
     size_t cursor;         /* where the next pass starts */
     unsigned char *known;  /* per shard: what this node knows (claim.c) */
     double *fresh_until;   /* per shard: server time before which its lock stays fresh */
@@ -90,8 +93,18 @@ int claimer_init(struct claimer *c, const struct manifest *m, const struct claim
                  struct esd_err *err);
 void claimer_free(struct claimer *c);
 
-/* The file server's "now": touches state/clock/<node> and reads its mtime. */
+/*
+ * The file server's "now": touches state/clock/<node> and reads its mtime.
+ * Between such readings (at most CLAIM_CLOCK_RESYNC seconds apart) a claim
+ * pass estimates the server time from the last reading and the monotonic
+ * clock, and reads it again before any decision closer than
+ * CLAIM_CLOCK_MARGIN seconds to a lease's end: the node's own wall clock
+ * is never used.
+ */
 int claimer_now(struct claimer *c, double *ret_now, struct esd_err *err);
+
+#define CLAIM_CLOCK_RESYNC 30.0
+#define CLAIM_CLOCK_MARGIN 2.0
 
 /*
  * One claim pass. Returns 1 with *ret filled (claim_free), 0 if nothing is
