@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -104,6 +105,17 @@ claimer_free(struct claimer *c)
     c->clock_fd = -1;
 }
 
+/*
+ * futimens(fd, NULL) as a raw system call: the time must be the one the
+ * kernel or the file server stamps, never one a userland clock shim (or a
+ * libc wrapper) substitutes for "now".
+ */
+static int
+touch_now(int fd)
+{
+    return (int)syscall(SYS_utimensat, fd, NULL, NULL, 0);
+}
+
 static double
 ts_secs(const struct timespec *ts)
 {
@@ -117,7 +129,7 @@ claimer_now(struct claimer *c, double *ret_now, struct esd_err *err)
 
     /* UTIME_NOW makes the file server stamp its own time (on NFS a
      * SETATTR to server time); the reply's attributes carry it back. */
-    if (futimens(c->clock_fd, NULL) < 0 || fstat(c->clock_fd, &st) < 0)
+    if (touch_now(c->clock_fd) < 0 || fstat(c->clock_fd, &st) < 0)
         return err_sys(err, -errno, "Cannot read the server clock in %s/state/clock",
                        c->m->job_dir);
     c->clock_server = ts_secs(&st.st_mtim);
@@ -608,7 +620,7 @@ claim_heartbeat(const struct claim *cl, struct esd_err *err)
         if (!t || strcmp(t, cl->token) != 0)
             r = err_set(err, -ESTALE, "Lease of %s lost: its lock holds another token",
                         cl->shard_id);
-        else if (futimens(fd, NULL) < 0)
+        else if (touch_now(fd) < 0)
             r = err_sys(err, -errno, "Cannot renew the lease of %s", cl->shard_id);
         cJSON_Delete(j);
     }
