@@ -5,13 +5,16 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "json.h"
 #include "manifest.h"
 #include "prepare.h"
 #include "util.h"
@@ -120,6 +123,40 @@ tu_job(const char *dir, struct manifest *ret)
     free(recipe);
     free(data);
     free(job);
+}
+
+void
+tu_set_age(const char *path, double age)
+{
+    struct timespec ts[2];
+    long long ns;
+
+    clock_gettime(CLOCK_REALTIME, &ts[0]);
+    ns = (long long)ts[0].tv_sec * 1000000000LL + ts[0].tv_nsec - (long long)(age * 1e9);
+    ts[0].tv_sec = (time_t)(ns / 1000000000LL);
+    ts[0].tv_nsec = (long)(ns % 1000000000LL);
+    ts[1] = ts[0];
+    ck_assert_msg(utimensat(AT_FDCWD, path, ts, 0) == 0, "utimensat %s", path);
+}
+
+void
+tu_put_done(const struct manifest *m, size_t i)
+{
+    char *path = manifest_state_path(m, "done", m->shards[i].id, ".json");
+    char *out = xasprintf("attempts/%s/0001-x/processed.jsonl", m->shards[i].id);
+    cJSON *j = cJSON_CreateObject();
+    struct esd_err err;
+
+    json_add_str(j, "shard_id", m->shards[i].id);
+    json_add_str(j, "status", "done");
+    json_add_str(j, "hostname", "elsewhere");
+    json_add_str(j, "output_path", out);
+    json_add_int(j, "rows", m->shards[i].rows);
+    json_add_str(j, "sha256", m->shards[i].sha256);
+    ck_assert_msg(json_publish_excl(path, j, JSON_PRETTY, &err) == 0, "%s", err.msg);
+    cJSON_Delete(j);
+    free(out);
+    free(path);
 }
 
 int

@@ -29,6 +29,12 @@ struct manifest;
  * 2, 2 and 1 rows. Loads its manifest into *ret (manifest_free).
  */
 void tu_job(const char *dir, struct manifest *ret);
+/* Sets path's atime and mtime age seconds into the past (negative: into the
+ * future), so that tests age locks without waiting. */
+void tu_set_age(const char *path, double age);
+/* Publishes state/done/<id>.json for shard i of m as a worker would (its
+ * own rows and sha256, output_path under attempts/). */
+void tu_put_done(const struct manifest *m, size_t i);
 /* Runs suite s in fork mode and returns the exit status for main(). */
 int tu_run(Suite *s);
 
