@@ -74,8 +74,9 @@
  *                          print "mini-dj: spawned child pid N"
  *   MINI_DJ_ONLY=SUBSTR    failure knobs only if --dataset_path contains SUBSTR
  *   MINI_DJ_FAIL_ONCE=DIR  failure knobs only on the first run for a given
- *                          --dataset_path: a marker file in DIR (created if
- *                          missing) records that run
+ *                          --dataset_path: that run creates the marker
+ *                          DIR/<first 16 hex of sha256(path as given)>.once
+ *                          (DIR is created if missing)
  *   MINI_DJ_PARTS=N        number of chunks, 1..100000 (default 12)
  *   MINI_DJ_EMPTY=dir|nodir  what to write when no row is left (default dir)
  *   MINI_DJ_RECORD=FILE    append one JSON line per invocation, before the
