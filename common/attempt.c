@@ -228,6 +228,7 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
     char *meta_path = NULL, *export_rel;
     cJSON *meta = NULL, *cmd;
     char *const *base;
+    struct attempt_cmd res = { 0 };
     int r;
 
     if (!o)
@@ -255,11 +256,11 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
     job_id = xasprintf("%s_%s_%.12s", m->job_id, cl->shard_id, cl->token);
     work = fs_join(cl->attempt_dir, "work");
     resolved_work = fs_join(work, job_id);
-    ret->export_path = fs_join(cl->attempt_dir, "ray-output.jsonl");
-    ret->log_path = fs_join(cl->attempt_dir, "process.log");
+    res.export_path = fs_join(cl->attempt_dir, "ray-output.jsonl");
+    res.log_path = fs_join(cl->attempt_dir, "process.log");
     argv_push(&argv, "--config", config);
     argv_push(&argv, "--dataset_path", dataset);
-    argv_push(&argv, "--export_path", ret->export_path);
+    argv_push(&argv, "--export_path", res.export_path);
     argv_push(&argv, "--executor_type", "ray");
     argv_push(&argv, "--ray_address", o->ray_address ? o->ray_address : m->ray_address);
     argv_push(&argv, "--work_dir", work);
@@ -295,7 +296,7 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
         env_set(&env, "PYTHONPATH", tmp);
         free(tmp);
     }
-    ret->cwd = xstrdup(o->dj_root ? o->dj_root : m->job_dir);
+    res.cwd = xstrdup(o->dj_root ? o->dj_root : m->job_dir);
     /* Data-Juicer backs up the recipe into the resolved work directory
      * before it makes sure that exists. */
     r = fs_mkdir_p(resolved_work, 0755, err);
@@ -315,17 +316,16 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
     free(export_rel);
     if ((r = json_write_atomic(meta_path, meta, JSON_PRETTY, err)) < 0)
         goto out;
-    ret->argv = argv.v;
-    ret->envp = env.v;
+    res.argv = argv.v;
+    res.envp = env.v;
     strv_init(&argv);
     strv_init(&env);
 out:
-    if (r < 0) {
-        free(ret->export_path);
-        free(ret->log_path);
-        free(ret->cwd);
-        memset(ret, 0, sizeof(*ret));
-    }
+    /* *ret is written only on success. */
+    if (r < 0)
+        attempt_cmd_free(&res);
+    else
+        *ret = res;
     cJSON_Delete(meta);
     free(meta_path);
     free(config);
@@ -467,7 +467,8 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     if (S_ISDIR(st.st_mode)) {
         if ((r = walk_export(export, "", &src, err)) < 0)
             goto out;
-        qsort(src.v, src.n, sizeof(*src.v), cmp_source);
+        if (src.n > 1) /* an empty directory leaves src.v NULL */
+            qsort(src.v, src.n, sizeof(*src.v), cmp_source);
     } else {
         src.v = xcalloc(1, sizeof(*src.v));
         src.v[0].path = xstrdup(export);

@@ -525,6 +525,9 @@ prime(struct claimer *c, struct esd_err *err)
             if (c->known[i] == K_MINE)
                 continue;
             if (done[i] && c->known[i] != K_DONE) {
+                /* (a failed shard requeued and completed since) */
+                if (c->known[i] == K_FAILED)
+                    c->nfailed--;
                 c->known[i] = K_DONE;
                 c->ndone++;
             } else if (!done[i] && failed[i] && c->known[i] != K_FAILED) {

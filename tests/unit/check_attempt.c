@@ -1,0 +1,1247 @@
+/*
+ * check_attempt: one run of the processor on a claimed shard (spec §5.4–5.6,
+ * §8.4–8.7, DESIGN.md "Failure classes"): the command, environment and
+ * working directory of the child and what attempt.json records of them;
+ * materialising Ray's export into processed.jsonl (file order, skipped
+ * names, per-source metadata, every kind of invalid output naming its file
+ * and line, nothing left behind on failure); finishing an attempt (done,
+ * superseded, lost, failed, released) and the failure accounting by class
+ * against max_retries and the infrastructure limit, including attempts
+ * written by the reference and the reset by retry.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attempt.h"
+#include "claim.h"
+#include "fsutil.h"
+#include "json.h"
+#include "manifest.h"
+#include "retry.h"
+#include "sha256.h"
+#include "spawn.h"
+#include "testutil.h"
+#include "util.h"
+
+/* The job of every test: 5 records in two files, 3 shards of 2, 2, 1 rows. */
+static char *tmp;
+static struct manifest M;
+
+static void
+job_setup(void)
+{
+    tmp = tu_tmpdir();
+    tu_job(tmp, &M);
+}
+
+static void
+job_teardown(void)
+{
+    fs_rm_rf(tmp);
+    manifest_free(&M);
+    free(tmp);
+}
+
+static const char *
+id(size_t i)
+{
+    return M.shards[i].id;
+}
+
+static bool
+state_exists(const char *kind, size_t i, const char *suffix)
+{
+    char *path = manifest_state_path(&M, kind, id(i), suffix);
+    bool r = tu_exists(path);
+
+    free(path);
+    return r;
+}
+
+/* True if path holds exactly content. */
+static bool
+holds(const char *path, const char *content)
+{
+    char *text = tu_read(path, NULL);
+    bool same = text && !strcmp(text, content);
+
+    free(text);
+    return same;
+}
+
+/* A claimer for node with the given limits (< 0 / 0: the defaults). */
+static void
+claimer_lim(struct claimer *c, const char *node, long long max_retries, long long max_infra)
+{
+    char *host = xasprintf("host-%s", node);
+    struct claim_opts o = {
+        .node = node,
+        .hostname = host,
+        .max_retries = max_retries,
+        .max_infra = max_infra,
+    };
+    struct esd_err err;
+
+    ck_assert_msg(claimer_init(c, &M, &o, &err) == 0, "%s", err.msg);
+    free(host);
+}
+
+static int
+acquire(struct claimer *c, struct claim *cl, struct claim_idle *idle)
+{
+    struct esd_err err;
+    int r = claim_acquire(c, cl, idle, &err);
+
+    ck_assert_msg(r >= 0, "claim_acquire: %s", err.msg);
+    return r;
+}
+
+/* Claims shard keep, the only one left (the others are marked done). */
+static void
+claim_only(struct claimer *c, size_t keep, struct claim *cl)
+{
+    for (size_t i = 0; i < M.nshards; i++)
+        if (i != keep && !state_exists("done", i, ".json"))
+            tu_put_done(&M, i);
+    ck_assert_int_eq(acquire(c, cl, NULL), 1);
+    ck_assert_uint_eq(cl->index, keep);
+}
+
+static cJSON *
+load(const char *path)
+{
+    struct esd_err err;
+    cJSON *j = NULL;
+
+    ck_assert_msg(json_load_object(path, 1 << 20, &j, &err) == 0, "%s", err.msg);
+    return j;
+}
+
+static cJSON *
+load_attempt(const struct claim *cl)
+{
+    char *path = fs_join(cl->attempt_dir, "attempt.json");
+    cJSON *j = load(path);
+
+    free(path);
+    return j;
+}
+
+static cJSON *
+load_state(const char *kind, size_t i)
+{
+    char *path = manifest_state_path(&M, kind, id(i), ".json");
+    cJSON *j = load(path);
+
+    free(path);
+    return j;
+}
+
+static long long
+get_int(const cJSON *j, const char *key)
+{
+    long long v = -12345;
+
+    ck_assert_msg(json_get_int(j, key, &v) == 0, "%s is not an integer", key);
+    return v;
+}
+
+static void
+put_attempt(size_t i, const char *name, const char *json)
+{
+    char *rel = xasprintf("attempts/%s/%s/attempt.json", id(i), name);
+
+    free(tu_write(M.job_dir, rel, json, (size_t)-1));
+    free(rel);
+}
+
+static struct attempt_counts
+count(size_t i)
+{
+    struct attempt_counts n;
+    struct esd_err err;
+
+    ck_assert_msg(attempt_count(&M, id(i), &n, &err) == 0, "%s", err.msg);
+    return n;
+}
+
+/* Writes rel under the attempt's export directory. */
+static void
+put_export(const struct claim *cl, const char *rel, const char *data, size_t len)
+{
+    char *path = xasprintf("ray-output.jsonl/%s", rel);
+
+    free(tu_write(cl->attempt_dir, path, data, len));
+    free(path);
+}
+
+static void
+materialize(const struct claim *cl, struct attempt_result *res)
+{
+    struct esd_err err;
+
+    free(tu_write(cl->attempt_dir, "ray-output.jsonl", "{\"text\":\"x\"}\n", (size_t)-1));
+    ck_assert_msg(attempt_materialize(&M, cl, NULL, res, &err) == 0, "%s", err.msg);
+}
+
+static struct attempt_final
+finish_out(struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
+           const struct attempt_result *res)
+{
+    struct attempt_final fin;
+    struct esd_err err;
+
+    ck_assert_msg(attempt_finish(c, cl, out, res, &fin, &err) == 0, "%s", err.msg);
+    return fin;
+}
+
+static struct attempt_final
+finish_ok(struct claimer *c, const struct claim *cl, const struct attempt_result *res)
+{
+    struct attempt_outcome out = { .return_code = 0, .duration = 2.5 };
+
+    return finish_out(c, cl, &out, res);
+}
+
+static struct attempt_final
+finish_failed(struct claimer *c, const struct claim *cl, enum failure_class fc, const char *msg)
+{
+    struct attempt_outcome out = { .return_code = 1, .duration = 0.25, .fc = fc, .error = msg };
+
+    return finish_out(c, cl, &out, NULL);
+}
+
+/* A NULL-terminated vector of copies of the arguments, which end with
+ * NULL (strv_free). */
+static struct strv
+vec(const char *first, ...)
+{
+    struct strv v;
+    va_list ap;
+
+    strv_init(&v);
+    va_start(ap, first);
+    for (const char *s = first; s; s = va_arg(ap, const char *))
+        strv_push(&v, s);
+    va_end(ap);
+    return v;
+}
+
+/* Entries of a NULL-terminated vector. */
+static size_t
+vec_len(char *const *v)
+{
+    size_t n = 0;
+
+    while (v && v[n])
+        n++;
+    return n;
+}
+
+/* The value of NAME in a "NAME=value" vector, or NULL (and only once). */
+static const char *
+env_value(char *const *envp, const char *name)
+{
+    size_t n = strlen(name);
+    const char *found = NULL;
+
+    for (; envp && *envp; envp++)
+        if (!strncmp(*envp, name, n) && (*envp)[n] == '=') {
+            ck_assert_msg(!found, "%s set twice", name);
+            found = *envp + n + 1;
+        }
+    return found;
+}
+
+/* ---- the command ---- */
+
+/* Checks argv after the prefix of length k: the ten flags of spec §8.4. */
+static void
+check_flags(const struct claim *cl, const struct attempt_cmd *cmd, size_t k, const char *ray)
+{
+    char *job_id = xasprintf("%s_%s_%.12s", M.job_id, cl->shard_id, cl->token);
+    char *want[20];
+    size_t n = 0;
+
+    want[n++] = xstrdup("--config");
+    want[n++] = fs_join(M.job_dir, "recipe.yaml");
+    want[n++] = xstrdup("--dataset_path");
+    want[n++] = xasprintf("%s/shards/%s.jsonl", M.job_dir, cl->shard_id);
+    want[n++] = xstrdup("--export_path");
+    want[n++] = fs_join(cl->attempt_dir, "ray-output.jsonl");
+    want[n++] = xstrdup("--executor_type");
+    want[n++] = xstrdup("ray");
+    want[n++] = xstrdup("--ray_address");
+    want[n++] = xstrdup(ray);
+    want[n++] = xstrdup("--work_dir");
+    want[n++] = fs_join(cl->attempt_dir, "work");
+    want[n++] = xstrdup("--job_id");
+    want[n++] = xstrdup(job_id);
+    want[n++] = xstrdup("--event_log_dir");
+    want[n++] = fs_join(cl->attempt_dir, "logs");
+    want[n++] = xstrdup("--checkpoint_dir");
+    want[n++] = fs_join(cl->attempt_dir, "checkpoints");
+    want[n++] = xstrdup("--partition_dir");
+    want[n++] = fs_join(cl->attempt_dir, "partitions");
+    ck_assert_uint_eq(vec_len(cmd->argv), k + n);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_str_eq(cmd->argv[k + i], want[i]);
+        free(want[i]);
+    }
+    ck_assert_str_eq(cmd->export_path, cmd->argv[k + 5]);
+    {
+        char *log = fs_join(cl->attempt_dir, "process.log");
+        char *work = xasprintf("%s/work/%s", cl->attempt_dir, job_id);
+        struct stat st;
+
+        ck_assert_str_eq(cmd->log_path, log);
+        /* Data-Juicer needs the resolved work directory before it starts. */
+        ck_assert_int_eq(stat(work, &st), 0);
+        ck_assert(S_ISDIR(st.st_mode));
+        free(log);
+        free(work);
+    }
+    free(job_id);
+}
+
+/* attempt.json records the exact argv and the export path. */
+static void
+check_recorded(const struct claim *cl, const struct attempt_cmd *cmd)
+{
+    cJSON *j = load_attempt(cl), *c = cJSON_GetObjectItemCaseSensitive(j, "command"), *it;
+    char *rel = xasprintf("%s/ray-output.jsonl", cl->attempt_rel);
+    size_t k = 0;
+
+    ck_assert(cJSON_IsArray(c));
+    ck_assert_int_eq(cJSON_GetArraySize(c), (int)vec_len(cmd->argv));
+    cJSON_ArrayForEach(it, c)
+    {
+        ck_assert(cJSON_IsString(it));
+        ck_assert_str_eq(it->valuestring, cmd->argv[k]);
+        k++;
+    }
+    ck_assert_str_eq(json_get_str(j, "ray_export_path"), rel);
+    /* The claim's fields stay. */
+    ck_assert_str_eq(json_get_str(j, "status"), "running");
+    ck_assert_str_eq(json_get_str(j, "token"), cl->token);
+    cJSON_Delete(j);
+    free(rel);
+}
+
+START_TEST(test_prepare_default_processor)
+{
+    struct strv env = vec("PATH=/usr/bin:/bin", "FOO=bar", "PYTHONPATH=/x", NULL);
+    struct attempt_opts o = { .env = env.v };
+    struct attempt_cmd cmd = { 0 };
+    struct claimer c;
+    struct claim cl;
+    struct esd_err err;
+    char *v;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_msg(attempt_prepare(&M, &cl, &o, &cmd, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(cmd.argv[0], "dj-process");
+    check_flags(&cl, &cmd, 1, M.ray_address);
+    check_recorded(&cl, &cmd);
+    ck_assert_str_eq(cmd.cwd, M.job_dir);
+
+    /* The base environment, plus the three variables of spec §8.4. */
+    ck_assert_uint_eq(vec_len(cmd.envp), 6);
+    ck_assert_str_eq(env_value(cmd.envp, "PATH"), "/usr/bin:/bin");
+    ck_assert_str_eq(env_value(cmd.envp, "FOO"), "bar");
+    ck_assert_str_eq(env_value(cmd.envp, "PYTHONPATH"), "/x");
+    v = fs_join(cl.attempt_dir, "produced");
+    ck_assert_str_eq(env_value(cmd.envp, "DJ_PRODUCED_DATA_DIR"), v);
+    free(v);
+    v = fs_join(M.job_dir, "cache");
+    ck_assert_str_eq(env_value(cmd.envp, "XDG_CACHE_HOME"), v);
+    free(v);
+    v = fs_join(M.job_dir, "cache/huggingface");
+    ck_assert_str_eq(env_value(cmd.envp, "HF_HOME"), v);
+    free(v);
+
+    attempt_cmd_free(&cmd);
+    ck_assert_ptr_null(cmd.argv);
+    strv_free(&env);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_prepare_processor_and_address)
+{
+    const char *const proc[] = { "/opt/mini-dj", "--fail-after", "3", NULL };
+    char *env[] = { NULL };
+    struct attempt_opts o = { .processor = proc, .ray_address = "10.1.2.3:6379", .env = env };
+    struct attempt_cmd cmd = { 0 };
+    struct claimer c;
+    struct claim cl;
+    struct esd_err err;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_msg(attempt_prepare(&M, &cl, &o, &cmd, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(cmd.argv[0], "/opt/mini-dj");
+    ck_assert_str_eq(cmd.argv[1], "--fail-after");
+    ck_assert_str_eq(cmd.argv[2], "3");
+    check_flags(&cl, &cmd, 3, "10.1.2.3:6379");
+    check_recorded(&cl, &cmd);
+    ck_assert_str_eq(cmd.cwd, M.job_dir);
+    ck_assert_uint_eq(vec_len(cmd.envp), 3);
+    ck_assert_ptr_null(env_value(cmd.envp, "PYTHONPATH"));
+    attempt_cmd_free(&cmd);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_prepare_dj_root)
+{
+    struct strv with = vec("PYTHONPATH=/x:/y", "HOME=/root", NULL);
+    struct strv without = vec("HOME=/root", NULL);
+    struct strv blank = vec("PYTHONPATH=", NULL);
+    struct attempt_opts o = { .dj_root = "/opt/data-juicer", .env = with.v };
+    struct attempt_cmd cmd = { 0 };
+    struct claimer c;
+    struct claim cl;
+    struct esd_err err;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_msg(attempt_prepare(&M, &cl, &o, &cmd, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(cmd.argv[0], "python3");
+    ck_assert_str_eq(cmd.argv[1], "/opt/data-juicer/tools/process_data.py");
+    check_flags(&cl, &cmd, 2, M.ray_address);
+    check_recorded(&cl, &cmd);
+    ck_assert_str_eq(cmd.cwd, "/opt/data-juicer");
+    ck_assert_str_eq(env_value(cmd.envp, "PYTHONPATH"), "/opt/data-juicer:/x:/y");
+    ck_assert_str_eq(env_value(cmd.envp, "HOME"), "/root");
+    attempt_cmd_free(&cmd);
+
+    o.python = "/usr/bin/python3.11";
+    o.env = without.v;
+    ck_assert_msg(attempt_prepare(&M, &cl, &o, &cmd, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(cmd.argv[0], "/usr/bin/python3.11");
+    ck_assert_str_eq(cmd.argv[1], "/opt/data-juicer/tools/process_data.py");
+    check_flags(&cl, &cmd, 2, M.ray_address);
+    ck_assert_str_eq(env_value(cmd.envp, "PYTHONPATH"), "/opt/data-juicer");
+    attempt_cmd_free(&cmd);
+
+    o.env = blank.v;
+    ck_assert_msg(attempt_prepare(&M, &cl, &o, &cmd, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(env_value(cmd.envp, "PYTHONPATH"), "/opt/data-juicer");
+    attempt_cmd_free(&cmd);
+    strv_free(&with);
+    strv_free(&without);
+    strv_free(&blank);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_prepare_keeps_cache_settings)
+{
+    struct strv xdg = vec("XDG_CACHE_HOME=/var/cache/me", "DJ_PRODUCED_DATA_DIR=/elsewhere", NULL);
+    struct strv hf = vec("HF_HOME=/models/hf", NULL);
+    struct attempt_opts o = { .env = xdg.v };
+    struct attempt_cmd cmd = { 0 };
+    struct claimer c;
+    struct claim cl;
+    struct esd_err err;
+    char *v;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_msg(attempt_prepare(&M, &cl, &o, &cmd, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(vec_len(cmd.envp), 3);
+    ck_assert_str_eq(env_value(cmd.envp, "XDG_CACHE_HOME"), "/var/cache/me");
+    ck_assert_str_eq(env_value(cmd.envp, "HF_HOME"), "/var/cache/me/huggingface");
+    /* DJ_PRODUCED_DATA_DIR is always the attempt's. */
+    v = fs_join(cl.attempt_dir, "produced");
+    ck_assert_str_eq(env_value(cmd.envp, "DJ_PRODUCED_DATA_DIR"), v);
+    free(v);
+    attempt_cmd_free(&cmd);
+
+    o.env = hf.v;
+    ck_assert_msg(attempt_prepare(&M, &cl, &o, &cmd, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(vec_len(cmd.envp), 3);
+    ck_assert_str_eq(env_value(cmd.envp, "HF_HOME"), "/models/hf");
+    v = fs_join(M.job_dir, "cache");
+    ck_assert_str_eq(env_value(cmd.envp, "XDG_CACHE_HOME"), v);
+    free(v);
+    attempt_cmd_free(&cmd);
+    strv_free(&xdg);
+    strv_free(&hf);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_prepare_empty_processor)
+{
+    static const char *const empty[] = { NULL };
+    static char sentinel[] = "untouched";
+    char *env[] = { NULL };
+    struct attempt_opts o = { .processor = empty, .env = env };
+    struct attempt_cmd cmd = { .cwd = sentinel, .log_path = sentinel, .export_path = sentinel };
+    struct claimer c;
+    struct claim cl;
+    struct esd_err err;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_int_eq(attempt_prepare(&M, &cl, &o, &cmd, &err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "processor command is empty"));
+    /* ret_* is written only on success. */
+    ck_assert_ptr_eq(cmd.cwd, sentinel);
+    ck_assert_ptr_eq(cmd.log_path, sentinel);
+    ck_assert_ptr_eq(cmd.export_path, sentinel);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+/* ---- materialising the output ---- */
+
+static void
+check_source(const cJSON *f, const struct claim *cl, const char *rel, long long rows,
+             const char *raw, size_t len)
+{
+    char *path = *rel ? xasprintf("%s/ray-output.jsonl/%s", cl->attempt_rel, rel)
+                      : xasprintf("%s/ray-output.jsonl", cl->attempt_rel);
+    char hex[SHA256_HEX_LEN + 1];
+
+    sha256_buf(raw, len, hex);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(json_get_str(f, "path"), path);
+    ck_assert_int_eq(get_int(f, "rows"), rows);
+    ck_assert_int_eq(get_int(f, "size_bytes"), (long long)len);
+    ck_assert_str_eq(json_get_str(f, "sha256"), hex);
+    ck_assert_int_eq(cJSON_GetArraySize(f), 4);
+    free(path);
+}
+
+START_TEST(test_materialize_directory)
+{
+    static const char *const processed = "{\"m\":1}\n"
+                                         "{\"b\":10}\n{\"b\":11}\n"
+                                         "{\"a\":2}\n"
+                                         "{\"y\":1}\n"
+                                         "{\"x\":1}\n"
+                                         "{\"x\":1}\n";
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct esd_err err;
+    char *out, *dir, hex[SHA256_HEX_LEN + 1];
+    const cJSON *files;
+    size_t len;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    put_export(&cl, "2_a.json", "{\"a\":2}\n", (size_t)-1);
+    put_export(&cl, "10_b.json", "{\"b\":10}\n{\"b\":11}", (size_t)-1);
+    put_export(&cl, "sub/x.json", "{\"x\":1}\n", (size_t)-1);
+    put_export(&cl, "_tmp/y.json", "{\"y\":1}\n", (size_t)-1);
+    put_export(&cl, ".meta/m.json", "{\"m\":1}\n", (size_t)-1);
+    put_export(&cl, "empty.json", "", 0);
+    /* Skipped by their own names, wherever they are. */
+    put_export(&cl, "_SUCCESS", "not json", (size_t)-1);
+    put_export(&cl, ".hidden.crc", "not json\n", (size_t)-1);
+    put_export(&cl, "sub/_part.json", "not json\n", (size_t)-1);
+    put_export(&cl, "sub/.x.json.crc", "not json\n", (size_t)-1);
+    /* A symlink to a file counts; a symlinked directory is not walked. */
+    dir = fs_join(cl.attempt_dir, "ray-output.jsonl");
+    {
+        char *ln = fs_join(dir, "ln.json"), *sl = fs_join(dir, "sublink");
+
+        ck_assert_int_eq(symlink("sub/x.json", ln), 0);
+        ck_assert_int_eq(symlink("sub", sl), 0);
+        free(ln);
+        free(sl);
+    }
+
+    ck_assert_msg(attempt_materialize(&M, &cl, NULL, &res, &err) == 0, "%s", err.msg);
+    out = fs_join(cl.attempt_dir, "processed.jsonl");
+    ck_assert(holds(out, processed));
+    len = strlen(processed);
+    sha256_buf(processed, len, hex);
+    ck_assert_uint_eq(res.rows, 7);
+    ck_assert_uint_eq(res.size_bytes, len);
+    ck_assert_str_eq(res.sha256, hex);
+
+    /* In code point order of relative paths: "10_b" before "2_a". */
+    files = res.ray_output_files;
+    ck_assert_int_eq(cJSON_GetArraySize(files), 7);
+    check_source(cJSON_GetArrayItem(files, 0), &cl, ".meta/m.json", 1, "{\"m\":1}\n", 8);
+    check_source(cJSON_GetArrayItem(files, 1), &cl, "10_b.json", 2, "{\"b\":10}\n{\"b\":11}", 17);
+    check_source(cJSON_GetArrayItem(files, 2), &cl, "2_a.json", 1, "{\"a\":2}\n", 8);
+    check_source(cJSON_GetArrayItem(files, 3), &cl, "_tmp/y.json", 1, "{\"y\":1}\n", 8);
+    check_source(cJSON_GetArrayItem(files, 4), &cl, "empty.json", 0, "", 0);
+    check_source(cJSON_GetArrayItem(files, 5), &cl, "ln.json", 1, "{\"x\":1}\n", 8);
+    check_source(cJSON_GetArrayItem(files, 6), &cl, "sub/x.json", 1, "{\"x\":1}\n", 8);
+    /* attempt.json, the export and processed.jsonl: no temp file left. */
+    ck_assert_int_eq(tu_count_entries(cl.attempt_dir), 3);
+
+    attempt_result_free(&res);
+    free(out);
+    free(dir);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_materialize_file_and_empty_dir)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct esd_err err;
+    char *out, *exp, hex[SHA256_HEX_LEN + 1];
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    out = fs_join(cl.attempt_dir, "processed.jsonl");
+    exp = fs_join(cl.attempt_dir, "ray-output.jsonl");
+
+    /* A file export is the only source; its missing newline is added. */
+    free(tu_write(cl.attempt_dir, "ray-output.jsonl", "{\"t\": \"\xc3\xa9\"}\n{\"u\":[1,2]}",
+                  (size_t)-1));
+    ck_assert_msg(attempt_materialize(&M, &cl, NULL, &res, &err) == 0, "%s", err.msg);
+    ck_assert(holds(out, "{\"t\": \"\xc3\xa9\"}\n{\"u\":[1,2]}\n"));
+    ck_assert_uint_eq(res.rows, 2);
+    ck_assert_uint_eq(res.size_bytes, strlen("{\"t\": \"\xc3\xa9\"}\n{\"u\":[1,2]}\n"));
+    sha256_buf("{\"t\": \"\xc3\xa9\"}\n{\"u\":[1,2]}\n", res.size_bytes, hex);
+    ck_assert_str_eq(res.sha256, hex);
+    ck_assert_int_eq(cJSON_GetArraySize(res.ray_output_files), 1);
+    check_source(cJSON_GetArrayItem(res.ray_output_files, 0), &cl, "", 2,
+                 "{\"t\": \"\xc3\xa9\"}\n{\"u\":[1,2]}", res.size_bytes - 1);
+    attempt_result_free(&res);
+
+    /* An export directory without qualifying files: a valid empty result,
+     * replacing the earlier one. */
+    ck_assert_int_eq(unlink(exp), 0);
+    put_export(&cl, "_SUCCESS", "", 0);
+    ck_assert_msg(attempt_materialize(&M, &cl, NULL, &res, &err) == 0, "%s", err.msg);
+    ck_assert(holds(out, ""));
+    ck_assert_uint_eq(res.rows, 0);
+    ck_assert_uint_eq(res.size_bytes, 0);
+    sha256_buf("", 0, hex);
+    ck_assert_str_eq(res.sha256, hex);
+    ck_assert(cJSON_IsArray(res.ray_output_files));
+    ck_assert_int_eq(cJSON_GetArraySize(res.ray_output_files), 0);
+    attempt_result_free(&res);
+
+    free(out);
+    free(exp);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+static const struct {
+    const char *data;
+    const char *msg; /* after "<file>:2" */
+} bad_output[] = {
+    { "{\"a\":1}\n\n{\"a\":3}\n", "Blank JSONL record at " },
+    { "{\"a\":1}\n   \n", "Blank JSONL record at " },
+    { "{\"a\":1}\n{\"a\":}\n", "Invalid JSON at " },
+    { "{\"a\":1}\n[1, 2]\n", "JSONL record must be an object at " },
+    { "{\"a\":1}\n\"text\"", "JSONL record must be an object at " },
+    { "{\"a\":1}\n{\"a\": \"\xff\"}\n", "Invalid UTF-8 at " },
+};
+
+START_TEST(test_materialize_invalid_output)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res = { .rows = 77 };
+    struct esd_err err;
+    char *file, *where;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    /* A valid file first, so the output was partly written. */
+    put_export(&cl, "a.json", "{\"ok\":1}\n", (size_t)-1);
+    put_export(&cl, "b.json", bad_output[_i].data, (size_t)-1);
+    file = xasprintf("%s/ray-output.jsonl/b.json", cl.attempt_dir);
+    ck_assert_int_eq(attempt_materialize(&M, &cl, NULL, &res, &err), -EINVAL);
+    where = xasprintf("%s%s:2", bad_output[_i].msg, file);
+    ck_assert_msg(!strncmp(err.msg, where, strlen(where)), "message: %s", err.msg);
+    ck_assert_uint_eq(res.rows, 77);
+    /* attempt.json and the export: neither processed.jsonl nor its temp
+     * file is left. */
+    ck_assert_int_eq(tu_count_entries(cl.attempt_dir), 2);
+    {
+        char *out = fs_join(cl.attempt_dir, "processed.jsonl");
+
+        ck_assert(!tu_exists(out));
+        free(out);
+    }
+    free(where);
+    free(file);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_materialize_missing_export)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct esd_err err;
+    char *want;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_int_eq(attempt_materialize(&M, &cl, NULL, &res, &err), -ENOENT);
+    want = xasprintf("Data-Juicer returned 0 but did not create %s/ray-output.jsonl",
+                     cl.attempt_dir);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_int_eq(tu_count_entries(cl.attempt_dir), 1);
+    free(want);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_materialize_line_limit)
+{
+    struct jsonl_limits lim = { .max_line = 16, .max_depth = 0 };
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct esd_err err;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    put_export(&cl, "a.json", "{\"ok\":1}\n{\"long\":\"0123456789\"}\n", (size_t)-1);
+    ck_assert_int_lt(attempt_materialize(&M, &cl, &lim, &res, &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "a.json:2"));
+    ck_assert_int_eq(tu_count_entries(cl.attempt_dir), 2);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+/* ---- finishing ---- */
+
+START_TEST(test_finish_done)
+{
+    struct attempt_outcome out = {
+        .return_code = 0,
+        .duration = 2.5,
+        .dj_commit = "0123abcd",
+        .ray_address = "127.0.0.1:7777",
+    };
+    struct claimer c;
+    struct claim cl, next;
+    struct claim_idle idle;
+    struct attempt_result res;
+    struct attempt_final fin;
+    char *output;
+    cJSON *d, *a, *r;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    claim_only(&c, 1, &cl);
+    materialize(&cl, &res);
+    fin = finish_out(&c, &cl, &out, &res);
+    ck_assert_str_eq(fin.status, "done");
+    ck_assert(fin.shard_done && !fin.shard_failed);
+    ck_assert(!tu_exists(cl.lock_path));
+
+    output = xasprintf("%s/processed.jsonl", cl.attempt_rel);
+    d = load_state("done", 1);
+    ck_assert_str_eq(json_get_str(d, "shard_id"), id(1));
+    ck_assert_str_eq(json_get_str(d, "status"), "done");
+    ck_assert_ptr_nonnull(json_get_str(d, "completed_at"));
+    ck_assert_str_eq(json_get_str(d, "hostname"), "host-node-a");
+    ck_assert_str_eq(json_get_str(d, "node"), "node-a");
+    ck_assert_int_eq(get_int(d, "pid"), getpid());
+    ck_assert_str_eq(json_get_str(d, "token"), cl.token);
+    ck_assert_int_eq(get_int(d, "attempt_number"), 1);
+    ck_assert_str_eq(json_get_str(d, "output_path"), output);
+    ck_assert_str_eq(json_get_str(d, "executor_type"), "ray");
+    ck_assert_str_eq(json_get_str(d, "ray_address"), "127.0.0.1:7777");
+    ck_assert_str_eq(json_get_str(d, "data_juicer_commit"), "0123abcd");
+    ck_assert_int_eq(get_int(d, "rows"), 1);
+    ck_assert_int_eq(get_int(d, "size_bytes"), 13);
+    ck_assert_str_eq(json_get_str(d, "sha256"), res.sha256);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(d, "ray_output_files")),
+                     1);
+
+    a = load_attempt(&cl);
+    ck_assert_str_eq(json_get_str(a, "status"), "done");
+    ck_assert_int_eq(get_int(a, "return_code"), 0);
+    ck_assert_ptr_nonnull(json_get_str(a, "finished_at"));
+    ck_assert_str_eq(json_get_str(a, "output_path"), output);
+    ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(a, "duration_secs"));
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(a, "error"));
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(a, "failure_class"));
+    r = cJSON_GetObjectItemCaseSensitive(a, "result");
+    ck_assert_int_eq(get_int(r, "rows"), 1);
+    ck_assert_str_eq(json_get_str(r, "sha256"), res.sha256);
+
+    /* The claimer knows: the job is complete. */
+    ck_assert_int_eq(acquire(&c, &next, &idle), 0);
+    ck_assert(idle.complete && idle.terminal);
+    ck_assert_uint_eq(idle.done, 3);
+
+    cJSON_Delete(a);
+    cJSON_Delete(d);
+    free(output);
+    attempt_result_free(&res);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_finish_done_defaults)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct attempt_final fin;
+    cJSON *d;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    claim_only(&c, 0, &cl);
+    materialize(&cl, &res);
+    fin = finish_ok(&c, &cl, &res);
+    ck_assert_str_eq(fin.status, "done");
+    d = load_state("done", 0);
+    ck_assert_str_eq(json_get_str(d, "ray_address"), M.ray_address);
+    ck_assert_str_eq(json_get_str(d, "data_juicer_commit"), "unknown");
+    cJSON_Delete(d);
+    attempt_result_free(&res);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_finish_superseded_by_done)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct attempt_final fin;
+    char *done = manifest_state_path(&M, "done", id(2), ".json"), *before;
+    cJSON *a;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    claim_only(&c, 2, &cl);
+    materialize(&cl, &res);
+    tu_put_done(&M, 2);
+    before = tu_read(done, NULL);
+    fin = finish_ok(&c, &cl, &res);
+    ck_assert_str_eq(fin.status, "superseded");
+    ck_assert(fin.shard_done && !fin.shard_failed);
+    ck_assert(holds(done, before));
+    ck_assert(!tu_exists(cl.lock_path));
+    a = load_attempt(&cl);
+    ck_assert_str_eq(json_get_str(a, "status"), "superseded");
+    ck_assert_ptr_nonnull(cJSON_GetObjectItemCaseSensitive(a, "result"));
+    cJSON_Delete(a);
+    free(before);
+    free(done);
+    attempt_result_free(&res);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_finish_superseded_by_failed)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct attempt_final fin;
+    struct esd_err err;
+    char *failed = manifest_state_path(&M, "failed", id(2), ".json");
+    cJSON *j = cJSON_CreateObject();
+
+    claimer_lim(&c, "node-a", -1, 0);
+    claim_only(&c, 2, &cl);
+    materialize(&cl, &res);
+    json_add_str(j, "shard_id", id(2));
+    json_add_str(j, "status", "failed");
+    ck_assert_int_eq(json_publish_excl(failed, j, JSON_PRETTY, &err), 0);
+    fin = finish_ok(&c, &cl, &res);
+    ck_assert_str_eq(fin.status, "superseded");
+    ck_assert(!fin.shard_done && fin.shard_failed);
+    ck_assert(!state_exists("done", 2, ".json"));
+    ck_assert(!tu_exists(cl.lock_path));
+    cJSON_Delete(j);
+    free(failed);
+    attempt_result_free(&res);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_finish_lost)
+{
+    struct claimer c;
+    struct claim cl, again;
+    struct attempt_result res;
+    struct attempt_final fin;
+    cJSON *a;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    claim_only(&c, 2, &cl);
+    materialize(&cl, &res);
+    ck_assert_int_eq(unlink(cl.lock_path), 0);
+    fin = finish_ok(&c, &cl, &res);
+    ck_assert_str_eq(fin.status, "lost");
+    ck_assert(!fin.shard_done && !fin.shard_failed);
+    ck_assert(!state_exists("done", 2, ".json"));
+    a = load_attempt(&cl);
+    ck_assert_str_eq(json_get_str(a, "status"), "lost");
+    ck_assert_str_eq(json_get_str(a, "failure_class"), "infrastructure");
+    ck_assert_str_eq(json_get_str(a, "error"), "the lease was lost before the attempt ended");
+    cJSON_Delete(a);
+    ck_assert_int_eq(count(2).infra, 1);
+    ck_assert_int_eq(count(2).counted, 0);
+    /* Claimable again, as the next attempt. */
+    ck_assert_int_eq(acquire(&c, &again, NULL), 1);
+    ck_assert_int_eq(again.attempt_number, 2);
+
+    /* A failure reported after the lease was lost is lost too. */
+    ck_assert_int_eq(unlink(again.lock_path), 0);
+    fin = finish_failed(&c, &again, FC_PROCESSOR, "Data-Juicer returned exit code 1");
+    ck_assert_str_eq(fin.status, "lost");
+    ck_assert_int_eq(count(2).infra, 2);
+    ck_assert_int_eq(count(2).counted, 0);
+    attempt_result_free(&res);
+    claim_free(&again);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+static const enum failure_class counted_classes[] = { FC_PROCESSOR, FC_OUTPUT };
+
+START_TEST(test_failures_use_up_retries)
+{
+    enum failure_class fc = counted_classes[_i];
+    struct claimer c;
+    struct claim cl;
+    struct claim_idle idle;
+    struct attempt_final fin;
+    struct strv ids, req;
+    struct esd_err err;
+    char *log = NULL;
+    cJSON *f, *a;
+
+    claimer_lim(&c, "node-a", 3, 0);
+    for (int k = 1; k <= 4; k++) {
+        struct attempt_counts n;
+
+        if (k == 1)
+            claim_only(&c, 2, &cl);
+        else
+            ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+        ck_assert_uint_eq(cl.index, 2);
+        ck_assert_int_eq(cl.attempt_number, k);
+        n = count(2);
+        ck_assert_int_eq(n.attempts, k);
+        ck_assert_int_eq(n.counted, k - 1);
+        ck_assert_int_eq(n.infra, 0);
+        fin = finish_failed(&c, &cl, fc, "Data-Juicer returned exit code 1");
+        ck_assert_str_eq(fin.status, "failed");
+        ck_assert(!fin.shard_done);
+        ck_assert(!tu_exists(cl.lock_path));
+        ck_assert_int_eq(count(2).counted, k);
+        a = load_attempt(&cl);
+        ck_assert_str_eq(json_get_str(a, "status"), "failed");
+        ck_assert_str_eq(json_get_str(a, "failure_class"), attempt_class_name(fc));
+        ck_assert_str_eq(json_get_str(a, "error"), "Data-Juicer returned exit code 1");
+        ck_assert_int_eq(get_int(a, "return_code"), 1);
+        ck_assert_ptr_nonnull(json_get_str(a, "finished_at"));
+        ck_assert_ptr_nonnull(json_get_str(a, "output_path"));
+        cJSON_Delete(a);
+        if (k < 4) {
+            ck_assert(!fin.shard_failed);
+            ck_assert(!state_exists("failed", 2, ".json"));
+            claim_free(&cl);
+        }
+    }
+    /* The fourth counted failure exceeds max_retries 3. */
+    ck_assert(fin.shard_failed);
+    f = load_state("failed", 2);
+    log = xasprintf("%s/process.log", cl.attempt_rel);
+    ck_assert_str_eq(json_get_str(f, "shard_id"), id(2));
+    ck_assert_str_eq(json_get_str(f, "status"), "failed");
+    ck_assert_ptr_nonnull(json_get_str(f, "failed_at"));
+    ck_assert_int_eq(get_int(f, "failures"), 4);
+    ck_assert_str_eq(json_get_str(f, "last_error"), "Data-Juicer returned exit code 1");
+    ck_assert_int_eq(get_int(f, "last_attempt"), 4);
+    ck_assert_str_eq(json_get_str(f, "last_log"), log);
+    ck_assert_str_eq(json_get_str(f, "failure_class"), attempt_class_name(fc));
+    ck_assert_str_eq(json_get_str(f, "node"), "node-a");
+    cJSON_Delete(f);
+    claim_free(&cl);
+    ck_assert(!state_exists("locks", 2, ".lock"));
+
+    /* Terminal: no further claims. */
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert(idle.terminal && !idle.complete);
+    ck_assert_uint_eq(idle.failed, 1);
+
+    /* Retry moves the attempts away: the next claim is attempt 1 again,
+     * with nothing counted. */
+    strv_init(&ids);
+    strv_init(&req);
+    strv_push(&ids, id(2));
+    ck_assert_msg(retry_run(&M, false, &ids, &req, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(req.n, 1);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0); /* the idle pass sees the requeue */
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 1);
+    ck_assert_uint_eq(cl.index, 2);
+    ck_assert_int_eq(cl.attempt_number, 1);
+    ck_assert_int_eq(count(2).attempts, 1);
+    ck_assert_int_eq(count(2).counted, 0);
+    fin = finish_failed(&c, &cl, fc, "again");
+    ck_assert(!fin.shard_failed);
+    ck_assert(!state_exists("failed", 2, ".json"));
+
+    strv_free(&ids);
+    strv_free(&req);
+    free(log);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_infra_failures_spare_retries)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_final fin;
+    struct attempt_counts n;
+
+    claimer_lim(&c, "node-a", 3, 0);
+    for (int k = 1; k <= 5; k++) {
+        if (k == 1)
+            claim_only(&c, 0, &cl);
+        else
+            ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+        ck_assert_int_eq(cl.attempt_number, k);
+        fin = finish_failed(&c, &cl, FC_INFRASTRUCTURE, "the Ray head is down");
+        ck_assert_str_eq(fin.status, "failed");
+        ck_assert(!fin.shard_failed);
+        claim_free(&cl);
+    }
+    n = count(0);
+    ck_assert_int_eq(n.attempts, 5);
+    ck_assert_int_eq(n.counted, 0);
+    ck_assert_int_eq(n.infra, 5);
+    ck_assert(!state_exists("failed", 0, ".json"));
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_int_eq(cl.attempt_number, 6);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_infra_limit)
+{
+    struct claimer c;
+    struct claim cl;
+    struct claim_idle idle;
+    struct attempt_final fin;
+    cJSON *f;
+
+    claimer_lim(&c, "node-a", 3, 2);
+    for (int k = 1; k <= 3; k++) {
+        if (k == 1)
+            claim_only(&c, 0, &cl);
+        else
+            ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+        fin = finish_failed(&c, &cl, FC_INFRASTRUCTURE, "the Ray head is down");
+        ck_assert_str_eq(fin.status, "failed");
+        ck_assert(fin.shard_failed == (k == 3));
+        ck_assert(state_exists("failed", 0, ".json") == (k == 3));
+        claim_free(&cl);
+    }
+    f = load_state("failed", 0);
+    ck_assert_int_eq(get_int(f, "failures"), 0);
+    ck_assert_int_eq(get_int(f, "infrastructure_failures"), 3);
+    ck_assert_str_eq(json_get_str(f, "failure_class"), "infrastructure");
+    ck_assert_str_eq(json_get_str(f, "last_error"), "the Ray head is down");
+    ck_assert_int_eq(get_int(f, "last_attempt"), 3);
+    cJSON_Delete(f);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert(idle.terminal);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_released_counts_nothing)
+{
+    struct attempt_outcome out = { .return_code = -15, .released = true, .error = "draining" };
+    struct claimer c;
+    struct claim cl;
+    struct attempt_final fin;
+    struct attempt_counts n;
+    cJSON *a;
+
+    claimer_lim(&c, "node-a", 0, 1);
+    for (int k = 1; k <= 3; k++) {
+        if (k == 1)
+            claim_only(&c, 1, &cl);
+        else
+            ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+        ck_assert_int_eq(cl.attempt_number, k);
+        fin = finish_out(&c, &cl, &out, NULL);
+        ck_assert_str_eq(fin.status, "released");
+        ck_assert(!fin.shard_done && !fin.shard_failed);
+        ck_assert(!tu_exists(cl.lock_path));
+        a = load_attempt(&cl);
+        ck_assert_str_eq(json_get_str(a, "status"), "released");
+        ck_assert_str_eq(json_get_str(a, "error"), "draining");
+        cJSON_Delete(a);
+        claim_free(&cl);
+    }
+    n = count(1);
+    ck_assert_int_eq(n.attempts, 3);
+    ck_assert_int_eq(n.counted, 0);
+    ck_assert_int_eq(n.infra, 0);
+    ck_assert(!state_exists("failed", 1, ".json"));
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+START_TEST(test_count_reference_attempts)
+{
+    struct attempt_counts n = count(0);
+
+    ck_assert_int_eq(n.attempts, 0);
+    ck_assert_int_eq(n.counted, 0);
+    ck_assert_int_eq(n.infra, 0);
+    /* Written by the reference: no failure_class. */
+    put_attempt(0, "0001-a", "{\"status\": \"failed\"}\n");
+    put_attempt(0, "0002-b", "{\"status\": \"stale\", \"stale_at\": \"x\"}\n");
+    put_attempt(0, "0003-c", "{\"status\": \"running\"}\n");
+    put_attempt(0, "0004-d", "{\"status\": \"lost\"}\n");
+    put_attempt(0, "0005-e", "{\"status\": \"superseded\"}\n");
+    put_attempt(0, "0006-f", "{\"status\": \"failed\"");
+    put_attempt(0, "0007-g", "[\"failed\"]\n");
+    /* Written by esd. */
+    put_attempt(0, "0008-h", "{\"status\": \"failed\", \"failure_class\": \"infrastructure\"}\n");
+    put_attempt(0, "0009-i", "{\"status\": \"released\", \"failure_class\": \"infrastructure\"}\n");
+    put_attempt(0, "0010-j", "{\"status\": \"failed\", \"failure_class\": \"output\"}\n");
+    put_attempt(0, "0011-k", "{\"status\": \"stale\", \"failure_class\": \"infrastructure\"}\n");
+    put_attempt(0, "0012-l", "{\"status\": \"failed\", \"failure_class\": \"processor\"}\n");
+    {
+        /* A directory without attempt.json is an attempt; a file is not. */
+        char *rel = xasprintf("attempts/%s/0013-m/process.log", id(0));
+        char *f = xasprintf("attempts/%s/notes.txt", id(0));
+
+        free(tu_write(M.job_dir, rel, "", 0));
+        free(tu_write(M.job_dir, f, "{\"status\": \"failed\"}\n", (size_t)-1));
+        free(rel);
+        free(f);
+    }
+    n = count(0);
+    ck_assert_int_eq(n.attempts, 13);
+    ck_assert_int_eq(n.counted, 3);
+    ck_assert_int_eq(n.infra, 3);
+}
+END_TEST
+
+START_TEST(test_mark_stale)
+{
+    struct esd_err err;
+    char *rel = xasprintf("attempts/%s/0001-a", id(0)), *path;
+    cJSON *j;
+
+    put_attempt(0, "0001-a", "{\"status\": \"failed\", \"error\": \"x\"}\n");
+    path = xasprintf("%s/%s/attempt.json", M.job_dir, rel);
+    /* Only a running attempt is marked. */
+    ck_assert_int_eq(attempt_mark_stale(&M, rel, &err), 0);
+    ck_assert(holds(path, "{\"status\": \"failed\", \"error\": \"x\"}\n"));
+    put_attempt(0, "0001-a", "{\"status\": \"running\", \"token\": \"t\"}\n");
+    ck_assert_int_eq(attempt_mark_stale(&M, rel, &err), 0);
+    j = load(path);
+    ck_assert_str_eq(json_get_str(j, "status"), "stale");
+    ck_assert_str_eq(json_get_str(j, "token"), "t");
+    ck_assert_ptr_nonnull(json_get_str(j, "stale_at"));
+    ck_assert_str_eq(json_get_str(j, "failure_class"), "infrastructure");
+    cJSON_Delete(j);
+    /* Missing: nothing to mark. Outside the job: refused. */
+    ck_assert_int_eq(attempt_mark_stale(&M, "attempts/none/0001-x", &err), 0);
+    ck_assert_int_lt(attempt_mark_stale(&M, "../outside", &err), 0);
+    ck_assert_ptr_nonnull(strstr(err.msg, "escapes"));
+    free(path);
+    free(rel);
+}
+END_TEST
+
+START_TEST(test_class_names)
+{
+    ck_assert_ptr_null(attempt_class_name(FC_NONE));
+    ck_assert_str_eq(attempt_class_name(FC_PROCESSOR), "processor");
+    ck_assert_str_eq(attempt_class_name(FC_OUTPUT), "output");
+    ck_assert_str_eq(attempt_class_name(FC_INFRASTRUCTURE), "infrastructure");
+}
+END_TEST
+
+static Suite *
+attempt_suite(void)
+{
+    Suite *s = suite_create("attempt");
+    TCase *tc = tcase_create("attempt");
+
+    tcase_add_checked_fixture(tc, job_setup, job_teardown);
+    tcase_add_test(tc, test_prepare_default_processor);
+    tcase_add_test(tc, test_prepare_processor_and_address);
+    tcase_add_test(tc, test_prepare_dj_root);
+    tcase_add_test(tc, test_prepare_keeps_cache_settings);
+    tcase_add_test(tc, test_prepare_empty_processor);
+    tcase_add_test(tc, test_materialize_directory);
+    tcase_add_test(tc, test_materialize_file_and_empty_dir);
+    tcase_add_loop_test(tc, test_materialize_invalid_output, 0,
+                        (int)(sizeof(bad_output) / sizeof(bad_output[0])));
+    tcase_add_test(tc, test_materialize_missing_export);
+    tcase_add_test(tc, test_materialize_line_limit);
+    tcase_add_test(tc, test_finish_done);
+    tcase_add_test(tc, test_finish_done_defaults);
+    tcase_add_test(tc, test_finish_superseded_by_done);
+    tcase_add_test(tc, test_finish_superseded_by_failed);
+    tcase_add_test(tc, test_finish_lost);
+    tcase_add_loop_test(tc, test_failures_use_up_retries, 0,
+                        (int)(sizeof(counted_classes) / sizeof(counted_classes[0])));
+    tcase_add_test(tc, test_infra_failures_spare_retries);
+    tcase_add_test(tc, test_infra_limit);
+    tcase_add_test(tc, test_released_counts_nothing);
+    tcase_add_test(tc, test_count_reference_attempts);
+    tcase_add_test(tc, test_mark_stale);
+    tcase_add_test(tc, test_class_names);
+    suite_add_tcase(s, tc);
+
+    return s;
+}
+
+int
+main(void)
+{
+    json_init();
+    return tu_run(attempt_suite());
+}

@@ -1,0 +1,258 @@
+/*
+ * check_spawn: how attempts are started: stdout and stderr on one pipe, a
+ * process group of its own, the given environment and working directory,
+ * exec failures reported as errors (and no zombie), the whole tree
+ * signalled, and wait statuses described as the reference words them.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "spawn.h"
+#include "testutil.h"
+#include "util.h"
+
+static char *tmp;
+
+static void
+tmp_setup(void)
+{
+    tmp = tu_tmpdir();
+}
+
+static void
+tmp_teardown(void)
+{
+    fs_rm_rf(tmp);
+    free(tmp);
+}
+
+/* A NULL-terminated vector of copies of the arguments, which end with
+ * NULL (strv_free). */
+static struct strv
+vec(const char *first, ...)
+{
+    struct strv v;
+    va_list ap;
+
+    strv_init(&v);
+    va_start(ap, first);
+    for (const char *s = first; s; s = va_arg(ap, const char *))
+        strv_push(&v, s);
+    va_end(ap);
+    return v;
+}
+
+/* Reads fd to EOF (10 s at most between chunks). Caller frees. */
+static char *
+read_all(int fd)
+{
+    struct buf b;
+    char chunk[4096];
+    ssize_t n;
+
+    buf_init(&b);
+    buf_puts(&b, "");
+    for (;;) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+
+        ck_assert_msg(poll(&p, 1, 10000) == 1, "no output or EOF within 10 s");
+        n = read(fd, chunk, sizeof(chunk));
+        if (n < 0 && errno == EINTR)
+            continue;
+        ck_assert_int_ge(n, 0);
+        if (n == 0)
+            break;
+        buf_append(&b, chunk, (size_t)n);
+    }
+    return buf_steal(&b);
+}
+
+static int
+wait_for(pid_t pid)
+{
+    int st;
+
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return st;
+}
+
+START_TEST(test_spawn_output_and_status)
+{
+    struct strv argv = vec("sh", "-c", "echo out; echo err >&2; cat; echo \"$GREETING\"; exit 3",
+                           NULL);
+    struct strv envp = vec("GREETING=hello", "PATH=/usr/bin:/bin", NULL);
+    struct spawned s;
+    struct esd_err err;
+    char how[64], *text;
+    int code = 0;
+
+    ck_assert_msg(spawn_start(argv.v, envp.v, NULL, &s, &err) == 0, "%s", err.msg);
+    ck_assert_int_gt(s.pid, 0);
+    ck_assert(fcntl(s.out_fd, F_GETFD) & FD_CLOEXEC);
+    /* stdout and stderr in one pipe, stdin empty, envp as given. */
+    text = read_all(s.out_fd);
+    ck_assert_str_eq(text, "out\nerr\nhello\n");
+    close(s.out_fd);
+    spawn_describe(wait_for(s.pid), how, &code);
+    ck_assert_str_eq(how, "exit code 3");
+    ck_assert_int_eq(code, 3);
+    free(text);
+    strv_free(&argv);
+    strv_free(&envp);
+}
+END_TEST
+
+START_TEST(test_spawn_cwd)
+{
+    struct strv argv = vec("pwd", NULL);
+    char *want, *text, real[PATH_MAX];
+    struct spawned s;
+    struct esd_err err;
+
+    ck_assert_ptr_nonnull(realpath(tmp, real));
+    ck_assert_msg(spawn_start(argv.v, environ, tmp, &s, &err) == 0, "%s", err.msg);
+    text = read_all(s.out_fd);
+    close(s.out_fd);
+    want = xasprintf("%s\n", real);
+    ck_assert_str_eq(text, want);
+    ck_assert(WIFEXITED(wait_for(s.pid)));
+    free(text);
+    free(want);
+    strv_free(&argv);
+}
+END_TEST
+
+START_TEST(test_spawn_own_process_group)
+{
+    struct strv argv = vec("sleep", "100", NULL);
+    struct spawned s;
+    struct esd_err err;
+    char how[64];
+    int code = 0;
+
+    ck_assert_msg(spawn_start(argv.v, environ, NULL, &s, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(getpgid(s.pid), s.pid);
+    ck_assert_int_ne(getpgid(0), s.pid);
+    spawn_signal(&s, SIGKILL);
+    spawn_describe(wait_for(s.pid), how, &code);
+    ck_assert_str_eq(how, "killed by signal 9 (KILL)");
+    ck_assert_int_eq(code, -9);
+    close(s.out_fd);
+    /* Signalling a group that is gone is harmless. */
+    spawn_signal(&s, SIGKILL);
+    strv_free(&argv);
+}
+END_TEST
+
+START_TEST(test_spawn_signal_reaches_grandchildren)
+{
+    /* The shell's child inherits the pipe: EOF only once both are dead. */
+    struct strv argv = vec("sh", "-c", "sleep 100 & echo started; wait", NULL);
+    struct spawned s;
+    struct esd_err err;
+    char line[16] = { 0 }, how[64], *rest;
+    int code = 0;
+    ssize_t n;
+
+    ck_assert_msg(spawn_start(argv.v, environ, NULL, &s, &err) == 0, "%s", err.msg);
+    n = read(s.out_fd, line, 8);
+    ck_assert_int_eq(n, 8);
+    ck_assert_str_eq(line, "started\n");
+    spawn_signal(&s, SIGKILL);
+    rest = read_all(s.out_fd);
+    ck_assert_str_eq(rest, "");
+    spawn_describe(wait_for(s.pid), how, &code);
+    ck_assert_str_eq(how, "killed by signal 9 (KILL)");
+    close(s.out_fd);
+    free(rest);
+    strv_free(&argv);
+}
+END_TEST
+
+START_TEST(test_spawn_exec_failures)
+{
+    struct strv missing = vec("esd-no-such-program", NULL);
+    struct strv absent = vec("/nonexistent/dj-process", NULL);
+    struct strv ok = vec("true", NULL);
+    char *noexec[] = { NULL, NULL };
+    char *none[] = { NULL };
+    struct spawned s = { .pid = -7, .out_fd = -7 };
+    struct esd_err err;
+
+    ck_assert_int_eq(spawn_start(missing.v, environ, NULL, &s, &err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "esd-no-such-program"));
+    ck_assert_int_eq(spawn_start(absent.v, environ, NULL, &s, &err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "/nonexistent/dj-process"));
+    ck_assert_int_eq(spawn_start(ok.v, environ, "/nonexistent-dir", &s, &err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "/nonexistent-dir"));
+    noexec[0] = tu_write(tmp, "script", "#!/bin/sh\nexit 0\n", (size_t)-1);
+    ck_assert_int_eq(spawn_start(noexec, environ, NULL, &s, &err), -EACCES);
+    ck_assert_ptr_nonnull(strstr(err.msg, noexec[0]));
+    ck_assert_int_eq(spawn_start(none, environ, NULL, &s, &err), -EINVAL);
+    /* Failed children were reaped, and nothing was returned. */
+    errno = 0;
+    ck_assert_int_eq(waitpid(-1, NULL, WNOHANG), -1);
+    ck_assert_int_eq(errno, ECHILD);
+    ck_assert_int_eq(s.pid, -7);
+    ck_assert_int_eq(s.out_fd, -7);
+    free(noexec[0]);
+    strv_free(&missing);
+    strv_free(&absent);
+    strv_free(&ok);
+}
+END_TEST
+
+START_TEST(test_spawn_describe)
+{
+    char how[64];
+    int code = 0;
+
+    spawn_describe(W_EXITCODE(0, 0), how, &code);
+    ck_assert_str_eq(how, "exit code 0");
+    ck_assert_int_eq(code, 0);
+    spawn_describe(W_EXITCODE(255, 0), how, &code);
+    ck_assert_str_eq(how, "exit code 255");
+    ck_assert_int_eq(code, 255);
+    spawn_describe(W_EXITCODE(0, SIGTERM), how, &code);
+    ck_assert_str_eq(how, "killed by signal 15 (TERM)");
+    ck_assert_int_eq(code, -15);
+    spawn_describe(W_EXITCODE(0, SIGSEGV) | 0x80, how, &code);
+    ck_assert_str_eq(how, "killed by signal 11 (SEGV)");
+    ck_assert_int_eq(code, -11);
+}
+END_TEST
+
+static Suite *
+spawn_suite(void)
+{
+    Suite *s = suite_create("spawn");
+    TCase *tc = tcase_create("spawn");
+
+    tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
+    tcase_add_test(tc, test_spawn_output_and_status);
+    tcase_add_test(tc, test_spawn_cwd);
+    tcase_add_test(tc, test_spawn_own_process_group);
+    tcase_add_test(tc, test_spawn_signal_reaches_grandchildren);
+    tcase_add_test(tc, test_spawn_exec_failures);
+    tcase_add_test(tc, test_spawn_describe);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int
+main(void)
+{
+    return tu_run(spawn_suite());
+}
