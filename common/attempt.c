@@ -659,7 +659,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
     json_set(meta, "output_path", cJSON_CreateString(output_rel));
     /* Everything below happens under the fence of our own lock, or not at
      * all: a claim that lost its lock can never publish. */
-    fd = claim_fence(cl->lock_path, cl->token, false, NULL);
+    fd = claim_fence_own(cl, NULL);
     if (fd < 0 && fd != -ESTALE) {
         r = err_sys(err, fd, "Cannot lock %s", cl->lock_path);
         goto out;

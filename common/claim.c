@@ -175,6 +175,20 @@ read_lock_fd(int fd)
     return j;
 }
 
+/*
+ * Remembers that shard i's lock is fresh until server time until, but
+ * looks again after one of our own leases at the latest: the lock may be
+ * released or the shard finish long before a reference lock (35 hours
+ * without a lease) could turn stale, and an idle node must notice.
+ */
+static void
+remember_fresh(struct claimer *c, size_t i, double now, double until)
+{
+    double cap = now + (double)c->lease_secs;
+
+    c->fresh_until[i] = until < cap ? until : cap;
+}
+
 /* Seconds after which the lock described by j is stale. */
 static double
 lock_threshold(const struct claimer *c, const cJSON *j)
@@ -207,6 +221,10 @@ claim_fence(const char *path, const char *token, bool nb, struct esd_err *err)
     int fd, r;
 
     fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 && errno == EACCES)
+        /* A lock of another user (a reference worker): flock works on a
+         * read-only descriptor locally; on NFS it then fails cleanly. */
+        fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
             return err_set(err, -ESTALE, "lock %s is gone", path);
@@ -232,6 +250,23 @@ claim_fence(const char *path, const char *token, bool nb, struct esd_err *err)
             claim_unfence(fd);
             return err_set(err, -ESTALE, "lock %s belongs to another claim", path);
         }
+    }
+    return fd;
+}
+
+int
+claim_fence_own(const struct claim *cl, struct esd_err *err)
+{
+    struct stat st;
+    int fd = claim_fence(cl->lock_path, cl->token, false, err);
+
+    if (fd < 0)
+        return fd;
+    /* The heartbeat's rule too: our token in another file is not ours. */
+    if (fstat(fd, &st) < 0 || st.st_dev != cl->lock_dev || st.st_ino != cl->lock_ino) {
+        claim_unfence(fd);
+        return err_set(err, -ESTALE, "lock %s is not the file this claim created",
+                       cl->lock_path);
     }
     return fd;
 }
@@ -280,7 +315,7 @@ takeover(struct claimer *c, size_t i, const char *path, double now, struct esd_e
     threshold = lock_threshold(c, j);
     age = now - ts_secs(&st.st_mtim);
     if (age <= threshold) {
-        c->fresh_until[i] = now + (threshold - age);
+        remember_fresh(c, i, now, now + (threshold - age));
         cJSON_Delete(j);
         claim_unfence(fd);
         return J_FRESH;
@@ -336,7 +371,7 @@ judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd
         age = now - ts_secs(&st.st_mtim);
     }
     if (age <= threshold) {
-        c->fresh_until[i] = now + (threshold - age);
+        remember_fresh(c, i, now, now + (threshold - age));
         return J_FRESH;
     }
     return takeover(c, i, path, now, err);
@@ -577,9 +612,10 @@ claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
             c->cursor = (i + 1) % n;
             return 1;
         }
-        if (c->known[i] == K_UNKNOWN && c->fresh_until[i] > now) {
+        if (c->known[i] == K_UNKNOWN) {
+            /* locked: fresh, or being decided by another node */
             busy++;
-            if (next < 0 || c->fresh_until[i] - now < next)
+            if (c->fresh_until[i] > now && (next < 0 || c->fresh_until[i] - now < next))
                 next = c->fresh_until[i] - now;
         }
     }
@@ -634,7 +670,7 @@ claim_heartbeat(const struct claim *cl, struct esd_err *err)
 int
 claim_release(const struct claim *cl, struct esd_err *err)
 {
-    int fd = claim_fence(cl->lock_path, cl->token, false, err), r;
+    int fd = claim_fence_own(cl, err), r;
 
     if (fd == -ESTALE)
         return 0;

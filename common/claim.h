@@ -145,6 +145,9 @@ void claim_free(struct claim *cl);
  * negative errno.
  */
 int claim_fence(const char *path, const char *token, bool nb, struct esd_err *err);
+/* claim_fence on a claim's own lock: its token and the very file the claim
+ * created (-ESTALE otherwise). */
+int claim_fence_own(const struct claim *cl, struct esd_err *err);
 void claim_unfence(int fd);
 
 #endif

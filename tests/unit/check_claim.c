@@ -729,6 +729,24 @@ START_TEST(test_reference_lock_uses_lock_timeout)
 }
 END_TEST
 
+/* A fresh reference lock (35 h) is looked at again after the claimer's
+ * own lease: an idle node notices a release or a finish in time. */
+START_TEST(test_fresh_reference_lock_rechecked_after_own_lease)
+{
+    struct claimer c;
+    struct claim cl;
+    struct claim_idle idle;
+
+    done_except(0);
+    put_lock(0, 0, 10);
+    claimer(&c, "judge", 30, 0);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert_uint_eq(idle.busy, 1);
+    ck_assert_msg(idle.next_secs > 25 && idle.next_secs <= 30.5, "next_secs %f", idle.next_secs);
+    claimer_free(&c);
+}
+END_TEST
+
 START_TEST(test_empty_lock_judged_by_own_lease)
 {
     char *path = lock_path(0);
@@ -876,12 +894,15 @@ START_TEST(test_heartbeat_renews_and_detects_loss)
     }
     ck_assert_int_eq(claim_heartbeat(&cl, &err), 0);
 
-    /* Replaced by another file with the same content (a new inode). */
+    /* Replaced by another file with the same content (a new inode): not
+     * ours to renew, and not ours to release either. */
     put_file(cl.lock_path, orig);
     tu_set_age(cl.lock_path, 500);
     ck_assert_int_eq(claim_heartbeat(&cl, &err), -ESTALE);
     ck_assert_ptr_nonnull(strstr(err.msg, "replaced"));
     ck_assert(mtime_of(cl.lock_path) < (double)time(NULL) - 400);
+    ck_assert_int_eq(claim_release(&cl, &err), 0);
+    ck_assert(tu_exists(cl.lock_path));
 
     /* Removed. */
     ck_assert_int_eq(unlink(cl.lock_path), 0);
@@ -1204,6 +1225,7 @@ claim_suite(void)
     tcase_add_test(tc, test_fresh_lock_not_taken_over);
     tcase_add_test(tc, test_lease_of_the_lock_decides);
     tcase_add_test(tc, test_reference_lock_uses_lock_timeout);
+    tcase_add_test(tc, test_fresh_reference_lock_rechecked_after_own_lease);
     tcase_add_test(tc, test_empty_lock_judged_by_own_lease);
     tcase_add_test(tc, test_garbage_lock_judged_by_own_lease);
     tcase_add_test(tc, test_stale_lock_under_flock_is_skipped);
