@@ -58,8 +58,12 @@ struct claimer {
     size_t cursor;         /* where the next pass starts */
     unsigned char *known;  /* per shard: what this node knows (claim.c) */
     double *fresh_until;   /* per shard: server time before which its lock stays fresh */
+    ino_t *lock_ino;       /* per shard: the lock file last read ... */
+    dev_t *lock_dev;
+    double *lock_threshold; /* ... and the staleness threshold it holds */
     size_t ndone, nfailed;
     bool primed;
+    double locks_listed;   /* monotonic time of the last listing of state/locks */
 };
 
 /* One claimed shard, owned by the caller until claim_free. */

@@ -76,6 +76,14 @@ policy_int(const cJSON *policy, const char *key, long long def, long long min, l
     return 0;
 }
 
+static int
+cmp_by_id(const void *a, const void *b, void *shards)
+{
+    const struct manifest_shard *s = shards;
+
+    return strcmp(s[*(const size_t *)a].id, s[*(const size_t *)b].id);
+}
+
 int
 manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
 {
@@ -146,12 +154,6 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
                         s->id);
             goto out;
         }
-        for (int j = 0; j < i; j++)
-            if (strcmp(m.shards[j].id, s->id) == 0) {
-                r = err_set(err, -EINVAL, "Malformed manifest %s: duplicate shard id '%s'", path,
-                            s->id);
-                goto out;
-            }
         if (json_get_int(item, "index", &s->index) < 0)
             s->index = i;
         if (json_get_int(item, "size_bytes", &s->size_bytes) < 0)
@@ -160,6 +162,17 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
         m.total_rows += s->rows;
         i++;
     }
+    /* The index for manifest_find, which also finds duplicate ids. */
+    m.by_id = xcalloc(m.nshards, sizeof(*m.by_id));
+    for (size_t k = 0; k < m.nshards; k++)
+        m.by_id[k] = k;
+    qsort_r(m.by_id, m.nshards, sizeof(*m.by_id), cmp_by_id, m.shards);
+    for (size_t k = 1; k < m.nshards; k++)
+        if (strcmp(m.shards[m.by_id[k - 1]].id, m.shards[m.by_id[k]].id) == 0) {
+            r = err_set(err, -EINVAL, "Malformed manifest %s: duplicate shard id '%s'", path,
+                        m.shards[m.by_id[k]].id);
+            goto out;
+        }
     m.job_dir = xstrdup(job_dir);
     /* Into our own copy: the caller's job_dir may not outlive m. */
     if (!m.job_id)
@@ -167,8 +180,10 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
     *ret = m;
     m.json = NULL;
     m.shards = NULL;
+    m.by_id = NULL;
 out:
     free(path);
+    free(m.by_id);
     free(m.shards);
     cJSON_Delete(m.json);
     return r;
@@ -179,6 +194,7 @@ manifest_free(struct manifest *m)
 {
     cJSON_Delete(m->json);
     free(m->shards);
+    free(m->by_id);
     free(m->job_dir);
     memset(m, 0, sizeof(*m));
 }
@@ -186,9 +202,19 @@ manifest_free(struct manifest *m)
 long
 manifest_find(const struct manifest *m, const char *id)
 {
-    for (size_t i = 0; i < m->nshards; i++)
-        if (strcmp(m->shards[i].id, id) == 0)
-            return (long)i;
+    size_t lo = 0, hi = m->nshards;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(m->shards[m->by_id[mid]].id, id);
+
+        if (c == 0)
+            return (long)m->by_id[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     return -1;
 }
 

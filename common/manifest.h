@@ -38,6 +38,7 @@ struct manifest {
     const char *job_id;
     size_t nshards;
     struct manifest_shard *shards;
+    size_t *by_id;     /* shard indices sorted by id, for manifest_find */
     const cJSON *execution;
     const char *ray_address;
     long long lock_timeout_secs;
@@ -56,7 +57,7 @@ struct manifest {
 int manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err);
 void manifest_free(struct manifest *m);
 
-/* Index of the shard with this id, or -1. */
+/* Index of the shard with this id, or -1 (a binary search). */
 long manifest_find(const struct manifest *m, const char *id);
 
 /* Paths of a job directory (caller frees): <job>/state/<kind>/<id><suffix>. */

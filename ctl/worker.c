@@ -119,6 +119,8 @@ terminate(struct run *run, double grace)
         pid_t p = waitpid(run->child.pid, &run->status, WNOHANG);
         if (p == run->child.pid) {
             run->exited = true;
+            /* A helper that ignores SIGTERM must not keep the pipe open. */
+            spawn_signal(&run->child, SIGKILL);
             break;
         }
         if (time_mono() >= deadline) {

@@ -729,6 +729,26 @@ START_TEST(test_reference_lock_uses_lock_timeout)
 }
 END_TEST
 
+/* A dead node's lock is reclaimed first, wherever it lies relative to the
+ * claimer's cursor: a takeover does not wait for the pending shards. */
+START_TEST(test_stale_lock_reclaimed_before_pending_shards)
+{
+    struct claimer c;
+    struct claim cl;
+    size_t dead;
+
+    claimer(&c, "node-a", 60, 0);
+    /* the shard just behind the cursor: the last one a forward scan sees */
+    dead = (c.cursor + M.nshards - 1) % M.nshards;
+    put_lock(dead, 30, 600);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    ck_assert_uint_eq(cl.index, dead);
+    ck_assert_int_eq(count_in("state/stale_locks"), 1);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
 /* A fresh reference lock (35 h) is looked at again after the claimer's
  * own lease: an idle node notices a release or a finish in time. */
 START_TEST(test_fresh_reference_lock_rechecked_after_own_lease)
@@ -1226,6 +1246,7 @@ claim_suite(void)
     tcase_add_test(tc, test_lease_of_the_lock_decides);
     tcase_add_test(tc, test_reference_lock_uses_lock_timeout);
     tcase_add_test(tc, test_fresh_reference_lock_rechecked_after_own_lease);
+    tcase_add_test(tc, test_stale_lock_reclaimed_before_pending_shards);
     tcase_add_test(tc, test_empty_lock_judged_by_own_lease);
     tcase_add_test(tc, test_garbage_lock_judged_by_own_lease);
     tcase_add_test(tc, test_stale_lock_under_flock_is_skipped);
