@@ -255,7 +255,8 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
             out.error = msg;
         } else if (out.return_code != 0) {
             out.fc = FC_PROCESSOR;
-            snprintf(msg, sizeof(msg), "Data-Juicer returned %s", how);
+            snprintf(msg, sizeof(msg), "Data-Juicer %s %s", out.return_code < 0 ? "was" : "returned",
+                     how);
             out.error = msg;
         } else if (attempt_materialize(c->m, cl, &w->lim, &res, &e2) < 0) {
             out.fc = FC_OUTPUT;
