@@ -356,73 +356,11 @@ attempt_cmd_free(struct attempt_cmd *cmd)
 
 /* ---- materialising the output ---- */
 
-struct source {
-    char *path;
-    char *rel; /* relative to the export directory ("" for a file export) */
-};
-
-struct sources {
-    struct source *v;
-    size_t n, cap;
-};
-
-static void
-sources_free(struct sources *s)
+/* Ray's bookkeeping files (_SUCCESS, .crc, …) are not output. */
+static bool
+is_output_name(const char *name)
 {
-    for (size_t i = 0; i < s->n; i++) {
-        free(s->v[i].path);
-        free(s->v[i].rel);
-    }
-    free(s->v);
-}
-
-static int
-walk_export(const char *dir, const char *rel, struct sources *out, struct esd_err *err)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int r = 0;
-
-    if (!d)
-        return err_sys(err, -errno, "Cannot read %s", dir);
-    while ((errno = 0, e = readdir(d))) {
-        struct stat st;
-        char *path, *sub;
-
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        path = fs_join(dir, e->d_name);
-        sub = *rel ? xasprintf("%s/%s", rel, e->d_name) : xstrdup(e->d_name);
-        if (lstat(path, &st) < 0) {
-            r = err_sys(err, -errno, "Cannot stat %s", path);
-        } else if (S_ISDIR(st.st_mode)) {
-            r = walk_export(path, sub, out, err);
-        } else if (e->d_name[0] != '.' && e->d_name[0] != '_' &&
-                   (!S_ISLNK(st.st_mode) || stat(path, &st) == 0) && S_ISREG(st.st_mode)) {
-            if (out->n == out->cap) {
-                out->cap = out->cap ? out->cap * 2 : 16;
-                out->v = xrealloc(out->v, out->cap * sizeof(*out->v));
-            }
-            out->v[out->n].path = path;
-            out->v[out->n].rel = sub;
-            out->n++;
-            path = sub = NULL;
-        }
-        free(path);
-        free(sub);
-        if (r < 0)
-            break;
-    }
-    if (r == 0 && errno)
-        r = err_sys(err, -errno, "Cannot read %s", dir);
-    closedir(d);
-    return r;
-}
-
-static int
-cmp_source(const void *a, const void *b)
-{
-    return strcmp(((const struct source *)a)->rel, ((const struct source *)b)->rel);
+    return name[0] != '.' && name[0] != '_';
 }
 
 struct src_sink {
@@ -445,7 +383,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
                     struct esd_err *err)
 {
     struct attempt_result res = { 0 };
-    struct sources src = { 0 };
+    struct fs_entries src = { 0 };
     struct jsonl_record rec;
     struct sha256 out_sha;
     struct stat st;
@@ -465,10 +403,8 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
         goto out;
     }
     if (S_ISDIR(st.st_mode)) {
-        if ((r = walk_export(export, "", &src, err)) < 0)
+        if ((r = fs_walk(export, is_output_name, &src, err)) < 0)
             goto out;
-        if (src.n > 1) /* an empty directory leaves src.v NULL */
-            qsort(src.v, src.n, sizeof(*src.v), cmp_source);
     } else {
         src.v = xcalloc(1, sizeof(*src.v));
         src.v[0].path = xstrdup(export);
@@ -553,7 +489,7 @@ out:
     sha256_abort(&out_sha);
     attempt_result_free(&res);
     jsonl_record_free(&rec);
-    sources_free(&src);
+    fs_entries_free(&src);
     free(export);
     free(output);
     free(tmp);

@@ -803,3 +803,75 @@ fs_join_inside(const char *root, const char *rel, char **ret, struct esd_err *er
     *ret = resolved;
     return 0;
 }
+
+static int
+walk_dir(const char *dir, const char *rel, bool (*want)(const char *), struct fs_entries *out,
+         struct esd_err *err)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int r = 0;
+
+    if (!d)
+        return err_sys(err, -errno, "Cannot read directory %s", dir);
+    while ((errno = 0, e = readdir(d))) {
+        struct stat st;
+        char *path, *sub;
+
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        path = fs_join(dir, e->d_name);
+        sub = *rel ? xasprintf("%s/%s", rel, e->d_name) : xstrdup(e->d_name);
+        if (lstat(path, &st) < 0) {
+            r = err_sys(err, -errno, "Cannot stat %s", path);
+        } else if (S_ISDIR(st.st_mode)) {
+            r = walk_dir(path, sub, want, out, err);
+        } else if (want(e->d_name) && (!S_ISLNK(st.st_mode) || stat(path, &st) == 0) &&
+                   S_ISREG(st.st_mode)) {
+            if (out->n == out->cap) {
+                out->cap = out->cap ? out->cap * 2 : 16;
+                out->v = xrealloc(out->v, out->cap * sizeof(*out->v));
+            }
+            out->v[out->n++] = (struct fs_entry){ path, sub, st };
+            path = sub = NULL;
+        }
+        free(path);
+        free(sub);
+        if (r < 0)
+            break;
+    }
+    if (r == 0 && errno)
+        r = err_sys(err, -errno, "Cannot read directory %s", dir);
+    closedir(d);
+    return r;
+}
+
+static int
+cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const struct fs_entry *)a)->rel, ((const struct fs_entry *)b)->rel);
+}
+
+int
+fs_walk(const char *dir, bool (*want)(const char *name), struct fs_entries *ret,
+        struct esd_err *err)
+{
+    int r;
+
+    memset(ret, 0, sizeof(*ret));
+    r = walk_dir(dir, "", want, ret, err);
+    if (r == 0 && ret->n > 1)
+        qsort(ret->v, ret->n, sizeof(*ret->v), cmp_entry);
+    return r;
+}
+
+void
+fs_entries_free(struct fs_entries *e)
+{
+    for (size_t i = 0; i < e->n; i++) {
+        free(e->v[i].path);
+        free(e->v[i].rel);
+    }
+    free(e->v);
+    memset(e, 0, sizeof(*e));
+}

@@ -88,6 +88,29 @@ int fs_join_inside(const char *root, const char *rel, char **ret, struct esd_err
 /* True if path is inside (or equal to) dir; both must be resolved. */
 bool fs_is_inside(const char *dir, const char *path);
 
+/* A regular file found by fs_walk (all owned). */
+struct fs_entry {
+    char *path;     /* dir joined with rel */
+    char *rel;      /* POSIX path relative to dir */
+    struct stat st; /* of the file (a symlink followed) */
+};
+
+struct fs_entries {
+    struct fs_entry *v;
+    size_t n, cap;
+};
+
+/*
+ * Every regular file below dir whose own name want() accepts, sorted by
+ * relative path in code point order, with Python 3.11 rglob() semantics:
+ * hidden names are walked, symlinks to files are followed, symlinked
+ * directories are not descended. An unreadable directory is an error
+ * naming it. The caller frees *ret with fs_entries_free (also on error).
+ */
+int fs_walk(const char *dir, bool (*want)(const char *name), struct fs_entries *ret,
+            struct esd_err *err);
+void fs_entries_free(struct fs_entries *e);
+
 /* The final component of path (pointer into path); "" for "/". */
 const char *fs_basename(const char *path);
 /* The directory part of path (allocated); "/" for "/x", "." for "x". */

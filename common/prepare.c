@@ -12,7 +12,6 @@
  */
 #include "prepare.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -168,51 +167,6 @@ is_jsonl_name(const char *name)
     return strcasecmp(dot, ".jsonl") == 0;
 }
 
-static int
-walk(const char *dir, const char *rel, struct files *out, struct esd_err *err)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int r = 0;
-
-    if (!d)
-        return err_sys(err, -errno, "Cannot read dataset directory %s", dir);
-    while ((errno = 0, e = readdir(d))) {
-        struct stat st;
-        char *path, *sub;
-
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        path = fs_join(dir, e->d_name);
-        sub = *rel ? xasprintf("%s/%s", rel, e->d_name) : xstrdup(e->d_name);
-        if (lstat(path, &st) < 0) {
-            r = err_sys(err, -errno, "Cannot stat %s", path);
-        } else if (S_ISDIR(st.st_mode)) {
-            r = walk(path, sub, out, err);
-        } else if (is_jsonl_name(e->d_name)) {
-            /* Symlinks to files count; symlinked directories are not descended. */
-            if (S_ISLNK(st.st_mode) && stat(path, &st) < 0)
-                st.st_mode = 0; /* dangling: not a regular file */
-            if (S_ISREG(st.st_mode))
-                files_add(out, path, sub, &st);
-        }
-        free(path);
-        free(sub);
-        if (r < 0)
-            break;
-    }
-    if (r == 0 && errno)
-        r = err_sys(err, -errno, "Cannot read dataset directory %s", dir);
-    closedir(d);
-    return r;
-}
-
-static int
-cmp_rel(const void *a, const void *b)
-{
-    return strcmp(((const struct infile *)a)->rel, ((const struct infile *)b)->rel);
-}
-
 /* Discovers the input files of dataset (resolved) in processing order and
  * sets *ret_media_root. */
 static int
@@ -224,9 +178,14 @@ discover(const char *dataset, struct files *out, char **ret_media_root, struct e
     if (stat(dataset, &st) < 0)
         return err_sys(err, -errno, "Dataset path does not exist: %s", dataset);
     if (S_ISDIR(st.st_mode)) {
-        if ((r = walk(dataset, "", out, err)) < 0)
+        struct fs_entries found;
+
+        r = fs_walk(dataset, is_jsonl_name, &found, err);
+        for (size_t i = 0; r == 0 && i < found.n; i++)
+            files_add(out, found.v[i].path, found.v[i].rel, &found.v[i].st);
+        fs_entries_free(&found);
+        if (r < 0)
             return r;
-        qsort(out->v, out->n, sizeof(*out->v), cmp_rel);
         *ret_media_root = xstrdup(dataset);
     } else {
         if (S_ISREG(st.st_mode) && is_jsonl_name(fs_basename(dataset)))
