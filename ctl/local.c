@@ -299,6 +299,19 @@ merge_json(const struct merge_result *res, const char *output)
     return j;
 }
 
+/* What merge and verify share: limits, lock timeout, progress, Ctrl-C. */
+static void
+merge_opts_from(struct call *c, struct merge_opts *o, struct jsonl_limits *lim)
+{
+    limits_from(c, lim);
+    o->lock_timeout = c->set[O_LOCK_TIMEOUT] ? c->num[O_LOCK_TIMEOUT] : 0;
+    o->limits = lim;
+    o->progress = merge_progress;
+    o->progress_ctx = c;
+    o->cancel = &interrupted;
+    catch_signals();
+}
+
 int
 local_merge(struct call *c)
 {
@@ -320,15 +333,9 @@ local_merge(struct call *c)
         manifest_free(&m);
         return fail(c, &err);
     }
-    limits_from(c, &lim);
+    merge_opts_from(c, &o, &lim);
     o.output = output;
     o.overwrite = c->set[O_OVERWRITE];
-    o.lock_timeout = c->set[O_LOCK_TIMEOUT] ? c->num[O_LOCK_TIMEOUT] : 0;
-    o.limits = &lim;
-    o.progress = merge_progress;
-    o.progress_ctx = c;
-    o.cancel = &interrupted;
-    catch_signals();
     r = merge_run(&m, &o, &res, &err);
     out_progress_end(c);
     manifest_free(&m);
@@ -358,13 +365,7 @@ local_verify(struct call *c)
 
     if ((r = load_job(c, &m, &err)) < 0)
         return fail(c, &err);
-    limits_from(c, &lim);
-    o.lock_timeout = c->set[O_LOCK_TIMEOUT] ? c->num[O_LOCK_TIMEOUT] : 0;
-    o.limits = &lim;
-    o.progress = merge_progress;
-    o.progress_ctx = c;
-    o.cancel = &interrupted;
-    catch_signals();
+    merge_opts_from(c, &o, &lim);
     r = merge_verify(&m, &o, &res, &err);
     out_progress_end(c);
     manifest_free(&m);
