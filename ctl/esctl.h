@@ -108,6 +108,9 @@ int local_retry(struct call *c);
 int local_merge(struct call *c);
 int local_verify(struct call *c);
 int local_worker(struct call *c);
+/* --max-line-bytes and --max-depth over the defaults. */
+struct jsonl_limits;
+void limits_from(const struct call *c, struct jsonl_limits *lim);
 
 /* Output helpers (ctl/output.c). */
 void out_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -69,7 +69,7 @@ fail(const struct call *c, const struct esd_err *err)
     return err->code == -EACCES || err->code == -EPERM ? EXIT_DENIED : EXIT_ERROR;
 }
 
-static void
+void
 limits_from(const struct call *c, struct jsonl_limits *lim)
 {
     *lim = jsonl_default_limits;

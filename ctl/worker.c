@@ -326,11 +326,7 @@ local_worker(struct call *c)
     }
     w.aopts.dj_root = c->str[O_DJ_ROOT];
     w.aopts.ray_address = c->str[O_RAY_ADDRESS];
-    w.lim = jsonl_default_limits;
-    if (c->set[O_MAX_LINE_BYTES])
-        w.lim.max_line = (size_t)c->num[O_MAX_LINE_BYTES];
-    if (c->set[O_MAX_DEPTH])
-        w.lim.max_depth = (unsigned)(c->num[O_MAX_DEPTH] > 4096 ? 4096 : c->num[O_MAX_DEPTH]);
+    limits_from(c, &w.lim);
     w.timeout = c->set[O_ATTEMPT_TIMEOUT] ? (double)c->num[O_ATTEMPT_TIMEOUT] : 0;
     w.echo = c->set[O_VERBOSE];
     poll_secs = c->set[O_POLL_INTERVAL] ? (double)c->num[O_POLL_INTERVAL]
