@@ -18,92 +18,11 @@
 set -euo pipefail
 export LC_ALL=C
 
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
-ESCTL=${ESCTL:-$TOP/esctl}
-case $ESCTL in /*) ;; *) ESCTL=$(pwd)/$ESCTL ;; esac
-TOOLS=${TOOLS:-$(dirname "${JSONL_CHECK:-$TOP/build/default/tools/jsonl-check}")}
-MINI="$TOOLS/mini-dj"
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
+new_workdir
+unset_knobs XDG_CACHE_HOME HF_HOME PYTHONPATH
 
-W=$(mktemp -d)
-W=$(cd "$W" && pwd -P)
-# Workers started here, and processes or groups seen below them (a
-# processor runs in its own group, and what it leaves behind may outlive
-# it); all killed at exit.
-BG=()
-STRAYS=()
-descendants() {
-    local k
-    for k in $(pgrep -P "$1" 2>/dev/null || true); do
-        echo "$k"
-        descendants "$k"
-    done
-}
-cleanup() {
-    local p k
-    for p in "${BG[@]}"; do
-        for k in $(descendants "$p"); do
-            kill -KILL -- "-$k" 2>/dev/null || true
-            kill -KILL "$k" 2>/dev/null || true
-        done
-        kill -KILL "$p" 2>/dev/null || true
-    done
-    for p in "${STRAYS[@]}"; do
-        kill -KILL -- "-$p" 2>/dev/null || true
-        kill -KILL "$p" 2>/dev/null || true
-    done
-    { wait 2>/dev/null; } 2>/dev/null || true
-    rm -rf "$W"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-export ESD_SOCKET="$W/no-esd.sock"
-unset MINI_DJ_EXIT MINI_DJ_SLEEP_MS MINI_DJ_HANG MINI_DJ_CRASH MINI_DJ_BAD MINI_DJ_NO_EXPORT \
-    MINI_DJ_SPAWN_CHILD MINI_DJ_ONLY MINI_DJ_FAIL_ONCE MINI_DJ_PARTS MINI_DJ_EMPTY \
-    MINI_DJ_RECORD XDG_CACHE_HOME HF_HOME PYTHONPATH || true
-
-PASSED=0
-ok() {
-    PASSED=$((PASSED + 1))
-    echo "ok - $*"
-}
-fail() {
-    echo "not ok - $1"
-    shift
-    for line in "$@"; do echo "#   $line"; done
-    echo "# attempts: FAILED after $PASSED checks passed"
-    exit 1
-}
-wait_for() {
-    local what=$1 deadline
-    deadline=$(($(date +%s) + $2))
-    shift 2
-    until "$@"; do
-        [ "$(date +%s)" -le "$deadline" ] || fail "$what" "not within the deadline"
-        sleep 0.1
-    done
-}
-alive() {
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$st" ] && [ "$st" != Z ]
-}
-dead() { ! alive "$1"; }
-# group_gone PGID: no process of the group is left (zombies aside).
-group_gone() {
-    local p
-    for p in $(pgrep -g "$1" 2>/dev/null || true); do
-        ! alive "$p" || return 1
-    done
-}
-count() { find "$1" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
-# py EXPR FILE...: evaluates a Python expression on the JSON documents in
-# FILE... (j is the first, js all of them).
-py() {
-    python3 -c 'import json,sys
-js = [json.load(open(f)) for f in sys.argv[2:]]
-j = js[0]
-print(eval(sys.argv[1]))' "$@"
-}
 # attempts_of JOB ID: the attempt.json files of a shard, in attempt order.
 attempts_of() { find "$1/attempts/$2" -mindepth 2 -maxdepth 2 -name attempt.json | sort; }
 # attempt_of JOB ID N: the attempt.json of attempt N.
@@ -415,4 +334,4 @@ log="$(dirname "$f")/process.log"
     grep -q "^mini-dj: wrote 12 rows" "$log"; } || fail "process.log holds mini-dj's output" "$(cat "$log")"
 ok "process.log holds mini-dj's stdout and stderr lines"
 
-echo "# attempts: all $PASSED checks passed"
+summary

@@ -21,81 +21,14 @@
 set -euo pipefail
 export LC_ALL=C
 
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
-ESCTL=${ESCTL:-$TOP/esctl}
-case $ESCTL in /*) ;; *) ESCTL=$(pwd)/$ESCTL ;; esac
-TOOLS=${TOOLS:-$(dirname "${JSONL_CHECK:-$TOP/build/default/tools/jsonl-check}")}
-MINI="$TOOLS/mini-dj"
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 # libfaketime is preloaded into sanitizer builds too: ASan must not insist
 # on coming first.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
 
-W=$(mktemp -d)
-W=$(cd "$W" && pwd -P)
-BG=()
-descendants() {
-    local k
-    for k in $(pgrep -P "$1" 2>/dev/null || true); do
-        echo "$k"
-        descendants "$k"
-    done
-}
-cleanup() {
-    local p k
-    for p in "${BG[@]}"; do
-        for k in $(descendants "$p"); do
-            kill -KILL -- "-$k" 2>/dev/null || true
-            kill -KILL "$k" 2>/dev/null || true
-        done
-        kill -KILL "$p" 2>/dev/null || true
-    done
-    { wait 2>/dev/null; } 2>/dev/null || true
-    rm -rf "$W"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-export ESD_SOCKET="$W/no-esd.sock"
-unset MINI_DJ_EXIT MINI_DJ_SLEEP_MS MINI_DJ_HANG MINI_DJ_CRASH MINI_DJ_BAD MINI_DJ_NO_EXPORT \
-    MINI_DJ_SPAWN_CHILD MINI_DJ_ONLY MINI_DJ_FAIL_ONCE MINI_DJ_PARTS MINI_DJ_EMPTY \
-    MINI_DJ_RECORD FAKETIME NO_FAKE_STAT || true
-
-PASSED=0
-ok() {
-    PASSED=$((PASSED + 1))
-    echo "ok - $*"
-}
-fail() {
-    echo "not ok - $1"
-    shift
-    for line in "$@"; do echo "#   $line"; done
-    echo "# clock_skew: FAILED after $PASSED checks passed"
-    exit 1
-}
-wait_for() {
-    local what=$1 deadline
-    deadline=$(($(date +%s) + $2))
-    shift 2
-    until "$@"; do
-        [ "$(date +%s)" -le "$deadline" ] || fail "$what" "not within the deadline"
-        sleep 0.1
-    done
-}
-alive() {
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$st" ] && [ "$st" != Z ]
-}
-all_exited() {
-    local p
-    for p in "$@"; do
-        ! alive "$p" || return 1
-    done
-}
-count() { find "$1" -mindepth 1 -maxdepth 1 | wc -l; }
-# py EXPR FILE: evaluates a Python expression on the JSON document in FILE (j).
-py() {
-    python3 -c 'import json,sys; j=json.load(open(sys.argv[2])); print(eval(sys.argv[1]))' "$1" "$2"
-}
+new_workdir
+unset_knobs FAKETIME NO_FAKE_STAT
 
 { [ -x "$MINI" ] && [ -x "$ESCTL" ]; } || fail "tools exist" "run make && make tools"
 command -v faketime >/dev/null || fail "faketime is installed" "run scripts/deps --tools"
@@ -262,4 +195,4 @@ for VARIANT in fake-stat no-fake-stat; do
     scenario_c
 done
 
-echo "# clock_skew: all $PASSED checks passed"
+summary

@@ -7,8 +7,8 @@
 # The checks below are quoted on purpose: check() evaluates them later.
 # shellcheck disable=SC2016,SC2034
 set -euo pipefail
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
-ESCTL=${ESCTL:-$TOP/esctl}
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 
 if [ "${ESD_IN_NS:-}" != 1 ]; then
     if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then

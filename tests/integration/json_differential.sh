@@ -6,7 +6,8 @@
 # left out of the generator on purpose: esd refuses them where Python
 # accepts them (and the reference later crashes).
 set -euo pipefail
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 CHECK=${JSONL_CHECK:-$TOP/build/default/tools/jsonl-check}
 [ -x "$CHECK" ] || { echo "not ok - $CHECK not built (make tools)"; exit 1; }
 python3 - "$CHECK" <<'PY'

@@ -10,49 +10,16 @@
 # TOP (the repository root; default: two levels above this script).
 set -euo pipefail
 
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
 ESCTL=${ESCTL:-./esctl}
-case $ESCTL in /*) ;; *) ESCTL=$(pwd)/$ESCTL ;; esac
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 FAKE="$TOP/tests/tools/fake-finish"
 
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-W=$(cd "$W" && pwd -P)
-# Never talk to a real esd, whatever runs on this machine.
-export ESD_SOCKET="$W/no-esd.sock"
+# Never talk to a real esd, whatever runs on this machine (new_workdir
+# points ESD_SOCKET into W).
+new_workdir
 unset NO_COLOR || true
 
-PASSED=0
-ok() {
-    PASSED=$((PASSED + 1))
-    echo "ok - $*"
-}
-fail() {
-    echo "not ok - $1"
-    shift
-    for line in "$@"; do echo "#   $line"; done
-    echo "# local_mode: FAILED after $PASSED checks passed"
-    exit 1
-}
-
-# run CMD...: runs it, keeping its exit code in RC and its output in OUT/ERR.
-run() {
-    RC=0
-    "$@" >"$W/stdout" 2>"$W/stderr" || RC=$?
-    OUT=$(cat "$W/stdout")
-    ERR=$(cat "$W/stderr")
-}
-# check WHAT EXPECTED_RC [TEXT_IN_STDOUT] [TEXT_IN_STDERR]
-check() {
-    local what=$1 want=$2 out=${3:-} err=${4:-}
-    [ "$RC" -eq "$want" ] ||
-        fail "$what" "exit status $RC, expected $want" "stdout: $OUT" "stderr: $ERR"
-    [ -z "$out" ] || [[ $OUT == *"$out"* ]] ||
-        fail "$what" "stdout lacks: $out" "stdout: $OUT" "stderr: $ERR"
-    [ -z "$err" ] || [[ $ERR == *"$err"* ]] ||
-        fail "$what" "stderr lacks: $err" "stdout: $OUT" "stderr: $ERR"
-    ok "$what"
-}
 # json_ok WHAT: stdout of the last run parses as JSON.
 json_ok() {
     python3 -c 'import json,sys; json.load(sys.stdin)' <"$W/stdout" ||
@@ -69,10 +36,6 @@ shards_in_order() {
     python3 -c 'import json,sys
 m = json.load(open(sys.argv[1] + "/manifest.json"))
 print("\n".join(sys.argv[1] + "/" + s["path"] for s in m["shards"]))' "$1"
-}
-# entries DIR: how many names DIR holds.
-entries() {
-    find "$1" -mindepth 1 -maxdepth 1 | wc -l
 }
 shard_id() {
     python3 -c 'import json,sys
@@ -176,9 +139,9 @@ check "retry of an unknown shard exits 2" 2 "" "Unknown shard IDs: no-such-shard
 
 run "$ESCTL" retry --local "$JOB" --all-failed
 check "retry --all-failed requeues the failed shard" 0 "Requeued $S1"
-[ "$(entries "$JOB/state/failed")" -eq 0 ] || fail "retry emptied state/failed"
-if [ "$(entries "$JOB/state/history/failed")" -ne 1 ] ||
-    [ "$(entries "$JOB/state/history/attempts")" -ne 1 ]; then
+[ "$(count "$JOB/state/failed")" -eq 0 ] || fail "retry emptied state/failed"
+if [ "$(count "$JOB/state/history/failed")" -ne 1 ] ||
+    [ "$(count "$JOB/state/history/attempts")" -ne 1 ]; then
     fail "retry moved the record and the attempts into history" "$(find "$JOB/state/history")"
 fi
 ok "retry moved the record and the attempts into history"
@@ -304,4 +267,4 @@ open(p, "w").write(json.dumps(m, indent=2, sort_keys=True) + "\n")' "$JOB2"
 run "$ESCTL" status --local "$JOB2"
 check "a manifest without job_id is named after its directory" 0 "Job job2: executor=ray"
 
-echo "# local_mode: all $PASSED checks passed"
+summary

@@ -3,8 +3,8 @@
 # make `esctl prepare` exit 2 with a message naming the file and the line,
 # and leave no job directory and no staging directory behind.
 set -euo pipefail
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
-ESCTL=${ESCTL:-$TOP/esctl}
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 corpus=$TOP/tests/data/malformed
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

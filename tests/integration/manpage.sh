@@ -4,8 +4,8 @@
 # lists is documented, the entries follow the table's order, and mandoc
 # finds nothing at warning level or above.
 set -euo pipefail
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
-ESCTL=${ESCTL:-$TOP/esctl}
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 page=$TOP/man/esctl.1
 fail=0
 

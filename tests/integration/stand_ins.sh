@@ -14,81 +14,15 @@
 set -euo pipefail
 export LC_ALL=C
 
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
 ESCTL=${ESCTL:-./esctl}
-case $ESCTL in /*) ;; *) ESCTL=$(pwd)/$ESCTL ;; esac
-# make passes JSONL_CHECK from the flavour it built (default or sanitizer).
-TOOLS=${TOOLS:-${JSONL_CHECK:+$(dirname "$JSONL_CHECK")}}
-TOOLS=${TOOLS:-$TOP/build/default/tools}
-MINI="$TOOLS/mini-dj"
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 CHECK="$TOOLS/jsonl-check"
-FAKE_RAY="$TOP/tests/tools/fake-ray"
 
-W=$(mktemp -d)
-W=$(cd "$W" && pwd -P)
-# Background processes started here; killed (with their groups) at exit.
-BG=()
-cleanup() {
-    local p
-    for p in "${BG[@]}"; do
-        kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null || true
-    done
-    rm -rf "$W"
-}
-trap cleanup EXIT
-export ESD_SOCKET="$W/no-esd.sock"
-unset MINI_DJ_EXIT MINI_DJ_SLEEP_MS MINI_DJ_HANG MINI_DJ_CRASH MINI_DJ_BAD MINI_DJ_NO_EXPORT \
-    MINI_DJ_SPAWN_CHILD MINI_DJ_ONLY MINI_DJ_FAIL_ONCE MINI_DJ_PARTS MINI_DJ_EMPTY \
-    MINI_DJ_RECORD FAKE_RAY_DIE_AFTER FAKE_RAY_REFUSE FAKE_RAY_SLOW_START || true
+new_workdir
+unset_knobs
+WAIT_POLL=0.05
 
-PASSED=0
-ok() {
-    PASSED=$((PASSED + 1))
-    echo "ok - $*"
-}
-fail() {
-    echo "not ok - $1"
-    shift
-    for line in "$@"; do echo "#   $line"; done
-    echo "# stand_ins: FAILED after $PASSED checks passed"
-    exit 1
-}
-
-# run CMD...: runs it, keeping its exit code in RC and its output in OUT/ERR.
-# The braces keep bash's own "Aborted" report of a killed child quiet.
-run() {
-    RC=0
-    { "$@" >"$W/stdout" 2>"$W/stderr"; } 2>/dev/null || RC=$?
-    OUT=$(cat "$W/stdout")
-    ERR=$(cat "$W/stderr")
-}
-# check WHAT EXPECTED_RC [TEXT_IN_STDOUT] [TEXT_IN_STDERR]
-check() {
-    local what=$1 want=$2 out=${3:-} err=${4:-}
-    [ "$RC" -eq "$want" ] ||
-        fail "$what" "exit status $RC, expected $want" "stdout: $OUT" "stderr: $ERR"
-    [ -z "$out" ] || [[ $OUT == *"$out"* ]] ||
-        fail "$what" "stdout lacks: $out" "stdout: $OUT" "stderr: $ERR"
-    [ -z "$err" ] || [[ $ERR == *"$err"* ]] ||
-        fail "$what" "stderr lacks: $err" "stdout: $OUT" "stderr: $ERR"
-    ok "$what"
-}
-# wait_for WHAT SECS CMD...: polls CMD until it succeeds; fails after SECS.
-wait_for() {
-    local what=$1 deadline=$((SECONDS + $2))
-    shift 2
-    until "$@"; do
-        [ "$SECONDS" -le "$deadline" ] || fail "$what" "not within the deadline"
-        sleep 0.05
-    done
-}
-# alive PID: the process exists and is not a zombie.
-alive() {
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$st" ] && [ "$st" != Z ]
-}
-dead() { ! alive "$1"; }
 has_text() { grep -qF -- "$2" "$1" 2>/dev/null; }
 free_port() {
     python3 -c 'import socket
@@ -549,4 +483,4 @@ run "$FAKE_RAY" stop --temp-dir "$W/ray5"
 check "fake-ray stop on a dead head's pid file exits 0" 0 "stopped 0 fake-ray head(s)"
 [ ! -e "$W/ray5/fake-ray.pid" ] || fail "stop removes a stale pid file"
 
-echo "# stand_ins: all $PASSED checks passed"
+summary

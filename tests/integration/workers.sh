@@ -22,11 +22,8 @@
 set -euo pipefail
 export LC_ALL=C
 
-TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
-ESCTL=${ESCTL:-$TOP/esctl}
-case $ESCTL in /*) ;; *) ESCTL=$(pwd)/$ESCTL ;; esac
-TOOLS=${TOOLS:-$(dirname "${JSONL_CHECK:-$TOP/build/default/tools/jsonl-check}")}
-MINI="$TOOLS/mini-dj"
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
 
 NWORKERS=8
 NSHARDS=200
@@ -37,74 +34,10 @@ LEASE=3
 # another node's pass to come by would show there.
 VICTIMS=(w3 w8)
 
-W=$(mktemp -d)
-W=$(cd "$W" && pwd -P)
-# Workers started here (pid, node); killed at exit together with every
-# process group below them (a processor runs in its own group).
-BG=()
+new_workdir
+unset_knobs
+# Workers started here (pid in BG, by node in PID_OF).
 declare -A PID_OF=()
-descendants() {
-    local k
-    for k in $(pgrep -P "$1" 2>/dev/null || true); do
-        echo "$k"
-        descendants "$k"
-    done
-}
-cleanup() {
-    local p k
-    for p in "${BG[@]}"; do
-        for k in $(descendants "$p"); do
-            kill -KILL -- "-$k" 2>/dev/null || true
-            kill -KILL "$k" 2>/dev/null || true
-        done
-        kill -KILL "$p" 2>/dev/null || true
-    done
-    # reaped here, quietly (bash reports jobs killed by a signal)
-    { wait 2>/dev/null; } 2>/dev/null || true
-    rm -rf "$W"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-export ESD_SOCKET="$W/no-esd.sock"
-unset MINI_DJ_EXIT MINI_DJ_SLEEP_MS MINI_DJ_HANG MINI_DJ_CRASH MINI_DJ_BAD MINI_DJ_NO_EXPORT \
-    MINI_DJ_SPAWN_CHILD MINI_DJ_ONLY MINI_DJ_FAIL_ONCE MINI_DJ_PARTS MINI_DJ_EMPTY \
-    MINI_DJ_RECORD || true
-
-PASSED=0
-ok() {
-    PASSED=$((PASSED + 1))
-    echo "ok - $*"
-}
-fail() {
-    echo "not ok - $1"
-    shift
-    for line in "$@"; do echo "#   $line"; done
-    echo "# workers: FAILED after $PASSED checks passed"
-    exit 1
-}
-# wait_for WHAT SECS CMD...: polls CMD until it succeeds; fails after SECS.
-wait_for() {
-    local what=$1 deadline
-    deadline=$(($(date +%s) + $2))
-    shift 2
-    until "$@"; do
-        [ "$(date +%s)" -le "$deadline" ] || fail "$what" "not within the deadline"
-        sleep 0.1
-    done
-}
-# alive PID: the process exists and is not a zombie.
-alive() {
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$st" ] && [ "$st" != Z ]
-}
-all_exited() {
-    local p
-    for p in "$@"; do
-        ! alive "$p" || return 1
-    done
-}
-count() { find "$1" -mindepth 1 -maxdepth 1 | wc -l; }
 job_complete() { [ "$(count "$1/state/done")" -eq "$NSHARDS" ]; }
 
 # start_workers JOB TAG [ENV=VALUE...]: starts the workers w1..w8 on JOB.
@@ -258,11 +191,10 @@ kill_node() {
     ATTEMPT_OF[$n]=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["attempt_dir"])' \
         "$lock")
 }
-group_gone() { ! kill -0 -- "-$1" 2>/dev/null; }
 for n in "${VICTIMS[@]}"; do
     wait_for "$n holds a lock and runs its processor" 20 holding "$n"
     wait_for "$n is killed while holding a lock" 20 kill_node "$n"
-    wait_for "nothing of $n runs on" 10 group_gone "${GROUP_OF[$n]}"
+    wait_for "nothing of $n runs on" 10 group_vanished "${GROUP_OF[$n]}"
     ok "killed $n (and its processor's group) while it held ${SHARD_OF[$n]}"
 done
 SURVIVORS=()
@@ -321,4 +253,4 @@ EOF
     ok "$s was reclaimed $secs s after $n died (lease $LEASE s)"
 done
 
-echo "# workers: all $PASSED checks passed"
+summary
