@@ -1465,6 +1465,106 @@ bad:
                    d->name, v->line, key);
 }
 
+/*
+ * Built-in exceptions to the name rule (recipe_classify), for operators of
+ * Data-Juicer's registry whose name says something else than the
+ * reference's test (a Mapper or Filter subclass, no truthy
+ * is_global_operation, none of "deduplicator", "global_", "full_dataset_"
+ * in the lower-cased name). Taken from Data-Juicer 1.6.1 with
+ * tests/tools/dj-operators; tests/integration/real_registry.sh checks that
+ * esd and the reference agree on every registered operator. Exact names,
+ * as registered. The caller's lists take precedence over both.
+ */
+
+/* Registered operators the reference accepts but the name rule refuses. */
+static const char *const builtin_allow[] = {
+    /*
+     * Class FusedSequentialBatchOp is a Mapper subclass but its name ends in
+     * "_op". It runs the batch-local mappers and filters given in its
+     * op_specs argument one after the other, which neither the reference
+     * nor esd inspects.
+     */
+    "fused_sequential_batch_op",
+    /*
+     * Class GeneralFusedOP is a Mapper subclass but its name ends in "_op".
+     * It runs the operators of its fused_op_list argument on each batch;
+     * those are not inspected either.
+     */
+    "general_fused_op",
+};
+
+/*
+ * Registered operators the reference refuses as whole-dataset where the name
+ * rule would accept them or call them unknown (then esd's refusal says what
+ * the reference's says).
+ */
+static const char *const builtin_deny[] = {
+    /*
+     * Classes LLMRayVLLMEnginePipeline, RayRepartitionPipeline and
+     * VLMRayVLLMEnginePipeline are Pipeline subclasses, neither Mapper nor
+     * Filter; their names end in "_pipeline", which the name rule does not
+     * know. Repartitioning in particular works on the whole dataset.
+     */
+    "llm_ray_vllm_engine_pipeline",
+    "ray_repartition_pipeline",
+    "vlm_ray_vllm_engine_pipeline",
+};
+
+/* How an operator name is judged, and by what (for the messages). */
+enum verdict { V_SAFE, V_WHOLE, V_UNKNOWN, V_DENIED };
+
+static bool
+in_table(const char *const *table, size_t n, const char *op)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(table[i], op) == 0)
+            return true;
+    return false;
+}
+
+#define IN_TABLE(t, op) in_table((t), sizeof(t) / sizeof((t)[0]), (op))
+
+/*
+ * The one place that decides whether an operator may run per shard: the
+ * caller's deny list, the caller's allow list, the built-in deny and allow
+ * tables, then the name rule.
+ */
+static enum verdict
+verdict(const char *op, const struct recipe_policy *pol)
+{
+    if (!op)
+        return V_UNKNOWN;
+    if (pol && pol->deny && strv_contains(pol->deny, op))
+        return V_DENIED;
+    if (pol && pol->allow && strv_contains(pol->allow, op))
+        return V_SAFE;
+    if (IN_TABLE(builtin_deny, op))
+        return V_WHOLE;
+    if (IN_TABLE(builtin_allow, op))
+        return V_SAFE;
+    switch (recipe_classify(op)) {
+    case 0:
+        return V_SAFE;
+    case -EPERM:
+        return V_WHOLE;
+    default:
+        return V_UNKNOWN;
+    }
+}
+
+int
+recipe_verdict(const char *op, const struct recipe_policy *pol)
+{
+    switch (verdict(op, pol)) {
+    case V_SAFE:
+        return 0;
+    case V_UNKNOWN:
+        return -ENOENT;
+    default:
+        return -EPERM;
+    }
+}
+
 /* The keys of a process item: the first, the value of the last, and
  * whether any differs from the first. */
 struct opscan {
@@ -1518,22 +1618,23 @@ check_op(struct ydoc *d, const struct recipe_policy *pol, size_t idx, const stru
         return err_set(err, -EINVAL,
                        "Operator '%s' in %s:%lu: its arguments must be a mapping or null, not a %s",
                        name, d->name, args->line, kind_name(args));
-    if (pol && pol->deny && strv_contains(pol->deny, name))
+    switch (verdict(name, pol)) {
+    case V_SAFE:
+        break;
+    case V_DENIED:
         return err_set(err, -EINVAL,
                        "Operator '%s' in %s:%lu is denied by configuration and cannot run per "
                        "shard",
                        name, d->name, line);
-    if (!(pol && pol->allow && strv_contains(pol->allow, name))) {
-        rc = recipe_classify(name);
-        if (rc == -ENOENT)
-            return err_set(err, -EINVAL,
-                           "Unknown operator '%s' in %s:%lu; cannot prove it is shard-safe", name,
-                           d->name, line);
-        if (rc < 0)
-            return err_set(err, -EINVAL,
-                           "Operator '%s' in %s:%lu requires or may require whole-dataset "
-                           "semantics and cannot run per shard",
-                           name, d->name, line);
+    case V_UNKNOWN:
+        return err_set(err, -EINVAL,
+                       "Unknown operator '%s' in %s:%lu; cannot prove it is shard-safe", name,
+                       d->name, line);
+    case V_WHOLE:
+        return err_set(err, -EINVAL,
+                       "Operator '%s' in %s:%lu requires or may require whole-dataset "
+                       "semantics and cannot run per shard",
+                       name, d->name, line);
     }
     if (args->kind == K_MAP) {
         if ((v = map_get(args, "is_global_operation", &k)) && truthy(v))

@@ -8,9 +8,12 @@
  * are shard-safe; names ending in "_deduplicator", "_selector", "_grouper"
  * or "_aggregator", or containing "deduplicator", "global_" or
  * "full_dataset_" need the whole dataset and are refused; anything else is
- * refused as unknown. A deny list (always refused) and an allow list
- * (accepted whatever the name) given by the caller take precedence, deny
- * first.
+ * refused as unknown. A few registered operators whose class says otherwise
+ * than their name are built-in exceptions (recipe.c's builtin_deny and
+ * builtin_allow tables, checked against the real registry by
+ * tests/integration/real_registry.sh). A deny list (always refused) and an
+ * allow list (accepted whatever the name) given by the caller take
+ * precedence over both, deny first.
  *
  * Scalars are typed as PyYAML's SafeLoader types them (YAML 1.1: null, bool
  * with yes/no/on/off, int incl. 0x, 0-prefixed octal, 0b and sexagesimal,
@@ -78,6 +81,14 @@ int recipe_parse(const char *data, size_t len, const char *name, const struct re
  * dataset, -ENOENT unknown.
  */
 int recipe_classify(const char *op);
+
+/*
+ * The decision recipe_parse makes for an operator name: the caller's deny
+ * list, the caller's allow list, the built-in exceptions, then the name
+ * rule. Returns 0 shard-safe, -EPERM whole-dataset or denied, -ENOENT
+ * unknown (also for NULL). pol may be NULL (no caller lists).
+ */
+int recipe_verdict(const char *op, const struct recipe_policy *pol);
 
 void recipe_free(struct recipe *r);
 

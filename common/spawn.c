@@ -5,6 +5,8 @@
 #include "spawn.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -13,9 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int
-spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
-            struct esd_err *err)
+/* spawn_start, with stderr on the pipe too (merge) or on /dev/null. */
+static int
+start(char *const *argv, char *const *envp, const char *cwd, bool merge, struct spawned *ret,
+      struct esd_err *err)
 {
     int out[2], status[2], e = 0, r;
     pid_t pid;
@@ -48,16 +51,15 @@ spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawne
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
         signal(SIGPIPE, SIG_DFL);
-        if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(out[1], STDERR_FILENO) < 0 ||
-            (cwd && chdir(cwd) < 0)) {
+        int devnull = open("/dev/null", O_RDWR);
+
+        if (devnull < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
+            dup2(merge ? out[1] : devnull, STDERR_FILENO) < 0 ||
+            dup2(devnull, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {
             e = errno;
         } else {
-            int devnull = open("/dev/null", O_RDONLY);
-            if (devnull >= 0) {
-                dup2(devnull, STDIN_FILENO);
-                if (devnull != STDIN_FILENO)
-                    close(devnull);
-            }
+            if (devnull > STDERR_FILENO)
+                close(devnull);
             execvpe(argv[0], argv, envp);
             e = errno;
         }
@@ -84,6 +86,13 @@ spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawne
     return 0;
 }
 
+int
+spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
+            struct esd_err *err)
+{
+    return start(argv, envp, cwd, true, ret, err);
+}
+
 void
 spawn_signal(const struct spawned *s, int sig)
 {
@@ -105,4 +114,46 @@ spawn_describe(int status, char out[64], int *ret_code)
         *ret_code = -1;
         snprintf(out, 64, "status %d", status);
     }
+}
+
+int
+spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
+              struct buf *out, int *ret_status, struct esd_err *err)
+{
+    extern char **environ;
+    struct spawned sp;
+    double deadline = time_mono() + timeout;
+    bool eof = false;
+    int status = 0, r;
+
+    if ((r = start(argv, environ, cwd, false, &sp, err)) < 0)
+        return r;
+    while (!eof) {
+        struct pollfd p = { .fd = sp.out_fd, .events = POLLIN };
+        double left = deadline - time_mono();
+        char chunk[4096];
+        ssize_t n;
+
+        if (left <= 0) {
+            spawn_signal(&sp, SIGKILL);
+            close(sp.out_fd);
+            while (waitpid(sp.pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+            return err_set(err, -ETIMEDOUT, "%s did not finish within %.0f s", argv[0], timeout);
+        }
+        if (poll(&p, 1, (int)(left * 1000) + 1) <= 0)
+            continue;
+        n = read(sp.out_fd, chunk, sizeof(chunk));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            eof = true;
+        else if (out->len < max)
+            buf_append(out, chunk, (size_t)n < max - out->len ? (size_t)n : max - out->len);
+    }
+    close(sp.out_fd);
+    while (waitpid(sp.pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    *ret_status = status;
+    return 0;
 }

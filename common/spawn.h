@@ -26,6 +26,17 @@ struct spawned {
 int spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
                 struct esd_err *err);
 
+/*
+ * Runs argv (PATH lookup as spawn_start) in cwd with the current
+ * environment and collects its standard output (at most max bytes;
+ * stderr goes to /dev/null), waiting at most timeout seconds before
+ * killing its process group. *ret_status gets the wait status. Returns 0,
+ * -ETIMEDOUT, or a negative errno when it could not run. Blocks: for
+ * start-up and command-line paths only.
+ */
+int spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
+                  struct buf *out, int *ret_status, struct esd_err *err);
+
 /* Sends sig to the child's whole process group (ESRCH ignored). */
 void spawn_signal(const struct spawned *s, int sig);
 

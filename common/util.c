@@ -285,6 +285,20 @@ strv_sort(struct strv *s)
 }
 
 void
+strv_split(struct strv *s, const char *str)
+{
+    while (*str) {
+        size_t n;
+
+        str += strspn(str, " \t");
+        n = strcspn(str, " \t");
+        if (n)
+            strv_push_owned(s, xstrndup(str, n));
+        str += n;
+    }
+}
+
+void
 time_iso_format(const struct timespec *ts, char out[40])
 {
     struct tm tm;

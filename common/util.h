@@ -74,6 +74,8 @@ void strv_push(struct strv *s, const char *str);
 void strv_push_owned(struct strv *s, char *str);
 bool strv_contains(const struct strv *s, const char *str);
 void strv_sort(struct strv *s);
+/* Appends the blank-separated words of str (no quoting). */
+void strv_split(struct strv *s, const char *str);
 
 /*
  * Current time as Python's datetime.now(timezone.utc).isoformat():

@@ -43,10 +43,13 @@ const struct opt_def esctl_opts[O__COUNT] = {
     [O_MAX_INFRA] = { "max-infra-failures", K_POSITIVE, "N",
                       "infrastructure failures a shard may see before it fails (default 10)" },
     [O_PROCESSOR] = { "processor", K_STR, "CMD",
-                      "processor command, split on blanks (default dj-process)" },
+                      "processor command, split on blanks (default dj-process); prepare asks it "
+                      "for the Data-Juicer version" },
     [O_ATTEMPT_TIMEOUT] = { "attempt-timeout-secs", K_POSITIVE, "N",
                             "kill an attempt's process group after N seconds" },
     [O_VERBOSE] = { "verbose", K_FLAG, NULL, "copy attempts' output to standard error" },
+    [O_ALLOW_MISMATCH] = { "allow-version-mismatch", K_FLAG, NULL,
+                           "run even if this node's Data-Juicer differs from the job's" },
     [O_JSON] = { "json", K_FLAG, NULL, "print the raw result as JSON" },
     [O_LOCAL] = { "local", K_FLAG, NULL, "run in-process on the job directory, without esd" },
     [O_SOCKET] = { "socket", K_STR, "PATH", "esd's control socket (default /run/esd/esd.sock)" },
@@ -59,7 +62,7 @@ const struct cmd_def esctl_cmds[] = {
       "validate a recipe and a JSONL dataset and split it into a job directory",
       OPT(O_CONFIG) | OPT(O_DATASET_PATH) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS) |
           OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) |
-          OPT(O_DJ_ROOT) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) | LIMITS,
+          OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) | LIMITS,
       OPT(O_CONFIG) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS), false, false, local_prepare },
     { "status", "[--job-dir] DIR [--all] [--lock-timeout-secs N]",
       "show the state of every shard of a job",
@@ -77,7 +80,8 @@ const struct cmd_def esctl_cmds[] = {
       "claim and process shards until the job is terminal (local mode only)",
       OPT(O_JOB_DIR) | OPT(O_NODE) | OPT(O_MAX_SHARDS) | OPT(O_LEASE_SECS) | OPT(O_LOCK_TIMEOUT) |
           OPT(O_MAX_RETRIES) | OPT(O_MAX_INFRA) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) |
-          OPT(O_PROCESSOR) | OPT(O_DJ_ROOT) | OPT(O_ATTEMPT_TIMEOUT) | OPT(O_VERBOSE) | LIMITS,
+          OPT(O_PROCESSOR) | OPT(O_DJ_ROOT) | OPT(O_ATTEMPT_TIMEOUT) | OPT(O_VERBOSE) |
+          OPT(O_ALLOW_MISMATCH) | LIMITS,
       OPT(O_JOB_DIR), true, false, local_worker },
     { "verify", "[--job-dir] DIR [--expect-nodes N]",
       "recheck every shard's result (and the merged output) without writing",

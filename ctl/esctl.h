@@ -48,6 +48,7 @@ enum opt_id {
     O_PROCESSOR,
     O_ATTEMPT_TIMEOUT,
     O_VERBOSE,
+    O_ALLOW_MISMATCH,
     O_JSON,
     O_LOCAL,
     O_SOCKET,

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "djversion.h"
 #include "esctl.h"
 #include "fsutil.h"
 #include "json.h"
@@ -106,6 +107,9 @@ local_prepare(struct call *c)
     struct prepare_opts o;
     struct prepare_result res;
     struct recipe_policy pol = { 0 };
+    struct attempt_opts ao = { 0 };
+    struct strv processor;
+    char *dj_version = NULL;
     struct jsonl_limits lim;
     struct esd_err err;
     int r;
@@ -127,6 +131,14 @@ local_prepare(struct call *c)
     if (c->set[O_RAY_ADDRESS])
         o.ray_address = c->str[O_RAY_ADDRESS];
     o.dj_root = c->str[O_DJ_ROOT];
+    /* The Data-Juicer that this node's workers would run. */
+    strv_init(&processor);
+    if (c->set[O_PROCESSOR])
+        strv_split(&processor, c->str[O_PROCESSOR]);
+    ao.processor = processor.n ? (const char *const *)processor.v : NULL;
+    ao.dj_root = o.dj_root;
+    djversion_detect(&ao, &dj_version, &o.dj_dirty);
+    o.dj_commit = dj_version;
     o.policy = &pol;
     o.limits = &lim;
     o.progress = prepare_progress;
@@ -135,6 +147,8 @@ local_prepare(struct call *c)
     catch_signals();
     r = prepare_run(&o, &res, &err);
     out_progress_end(c);
+    strv_free(&processor);
+    free(dj_version);
     if (r < 0)
         return fail(c, &err);
     if (c->json) {

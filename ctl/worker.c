@@ -23,9 +23,12 @@
 
 #include "attempt.h"
 #include "claim.h"
+#include "djversion.h"
 #include "esctl.h"
 #include "fsutil.h"
+#include "json.h"
 #include "manifest.h"
+#include "sha256.h"
 #include "spawn.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -53,23 +56,6 @@ default_node(void)
     if (host[0] == '.' || !host[0])
         host[0] = 'n';
     return xstrdup(host);
-}
-
-/* Splits a command on blanks (no quoting: paths with spaces need a
- * wrapper script). */
-static void
-split_words(const char *s, struct strv *out)
-{
-    while (*s) {
-        size_t n;
-
-        while (*s == ' ' || *s == '\t')
-            s++;
-        n = strcspn(s, " \t");
-        if (n)
-            strv_push_owned(out, xstrndup(s, n));
-        s += n;
-    }
 }
 
 struct run {
@@ -199,6 +185,7 @@ supervise(struct run *run, const struct claim *cl, double timeout, bool echo)
 
 struct worker_cfg {
     struct attempt_opts aopts;
+    char *dj_version; /* recorded in done records */
     struct jsonl_limits lim;
     double timeout;
     bool echo;
@@ -219,6 +206,7 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
     int r;
 
     out.ray_address = w->aopts.ray_address;
+    out.dj_commit = w->dj_version;
     if ((r = attempt_prepare(c->m, cl, &w->aopts, &cmd, err)) < 0) {
         /* Cannot even build it: an infrastructure failure of this node. */
         out.fc = FC_INFRASTRUCTURE;
@@ -276,6 +264,43 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
     return r;
 }
 
+/*
+ * What the reference's worker checks before it claims (spec §8.1): this
+ * node runs the job's Data-Juicer (unless --allow-version-mismatch), and
+ * the recipe snapshot is the one the manifest hashed.
+ */
+static int
+check_job(const struct call *c, const struct manifest *m, struct worker_cfg *w,
+          struct esd_err *err)
+{
+    const cJSON *dj = cJSON_GetObjectItemCaseSensitive(m->json, "data_juicer");
+    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(m->json, "recipe");
+    const char *snapshot = json_get_str(recipe, "snapshot_path");
+    const char *want = json_get_str(recipe, "sha256");
+    char hex[SHA256_HEX_LEN + 1], *path = NULL;
+    int dirty, r;
+
+    djversion_detect(&w->aopts, &w->dj_version, &dirty);
+    if ((r = djversion_check(json_get_str(dj, "commit"), w->dj_version, err)) < 0) {
+        if (!c->set[O_ALLOW_MISMATCH]) {
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof(err->msg) - n,
+                     "; use --allow-version-mismatch only if this is intentional");
+            return r;
+        }
+        fprintf(stderr, "WARNING: %s\n", err->msg);
+    }
+    if ((r = fs_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &path, err)) < 0)
+        return r;
+    r = sha256_file(path, hex, err);
+    free(path);
+    if (r < 0)
+        return r;
+    if (want && strcmp(want, hex) != 0)
+        return err_set(err, -EINVAL, "Recipe snapshot hash does not match manifest");
+    return 0;
+}
+
 /* Sleeps up to secs, waking early on a stop request. */
 static void
 nap(double secs)
@@ -316,7 +341,7 @@ local_worker(struct call *c)
     co.max_retries = c->set[O_MAX_RETRIES] ? c->num[O_MAX_RETRIES] : -1;
     co.max_infra = c->set[O_MAX_INFRA] ? c->num[O_MAX_INFRA] : 0;
     if (c->set[O_PROCESSOR]) {
-        split_words(c->str[O_PROCESSOR], &processor);
+        strv_split(&processor, c->str[O_PROCESSOR]);
         if (!processor.n) {
             fprintf(stderr, "ERROR: --processor is empty\n");
             rc = EXIT_ERROR;
@@ -331,6 +356,11 @@ local_worker(struct call *c)
     w.echo = c->set[O_VERBOSE];
     poll_secs = c->set[O_POLL_INTERVAL] ? (double)c->num[O_POLL_INTERVAL]
                                         : (double)m.poll_interval_secs;
+    if ((r = check_job(c, &m, &w, &err)) < 0) {
+        fprintf(stderr, "ERROR: %s\n", err.msg);
+        rc = EXIT_ERROR;
+        goto out_manifest;
+    }
     if ((r = claimer_init(&cl, &m, &co, &err)) < 0) {
         fprintf(stderr, "ERROR: %s\n", err.msg);
         rc = EXIT_ERROR;
@@ -409,6 +439,7 @@ local_worker(struct call *c)
 out_manifest:
     manifest_free(&m);
     strv_free(&processor);
+    free(w.dj_version);
     free(node);
     return rc;
 }

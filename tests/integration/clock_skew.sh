@@ -11,7 +11,7 @@
 #       takeover);
 #   (b) a 1-shard job whose lock (lease 30 s) is 2 minutes old: a worker
 #       at -1h takes it over and completes the shard;
-#   (c) two workers at +1h and -1h, lease 2 s, on 10 shards of ~3 s each:
+#   (c) two workers at +1h and -1h, lease 4 s, on 6 shards of ~5 s each:
 #       every shard is done by its first attempt and nothing is taken over.
 #
 # Environment: TOP (repository root; default two levels above this script),
@@ -150,12 +150,13 @@ scenario_b() {
 scenario_c() {
     local job p1 p2 rc
     job="$W/c-$VARIANT"
-    prepare_job "$job" 10 30
-    # 3 rows a shard, 1 s a row: each attempt outlives its 2 s lease.
-    MINI_DJ_SLEEP_MS=1000 worker "$job" ahead +1h --lease-secs 2 >"$W/c1.out" 2>&1 &
+    prepare_job "$job" 6 30
+    # 5 rows a shard, 1 s a row: each attempt outlives its 4 s lease (a
+    # lease long enough that a loaded machine still renews it in time).
+    MINI_DJ_SLEEP_MS=1000 worker "$job" ahead +1h --lease-secs 4 >"$W/c1.out" 2>&1 &
     p1=$!
     BG+=("$p1")
-    MINI_DJ_SLEEP_MS=1000 worker "$job" behind -1h --lease-secs 2 >"$W/c2.out" 2>&1 &
+    MINI_DJ_SLEEP_MS=1000 worker "$job" behind -1h --lease-secs 4 >"$W/c2.out" 2>&1 &
     p2=$!
     BG+=("$p2")
     # a takeover ends the wait at once: it is the failure looked for
@@ -169,7 +170,7 @@ scenario_c() {
         [ "$rc" -eq 0 ] || fail "($VARIANT) both skewed workers exit 0" "exit $rc" \
             "$(cat "$W/c1.out" "$W/c2.out")"
     done
-    ok "($VARIANT) workers at +1h and -1h complete a 10-shard job, both exit 0"
+    ok "($VARIANT) workers at +1h and -1h complete a 6-shard job, both exit 0"
     python3 - "$job" <<'EOF' || fail "($VARIANT) every shard done by attempt 1"
 import json, os, sys
 job = sys.argv[1]
