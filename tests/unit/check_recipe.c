@@ -744,6 +744,100 @@ START_TEST(test_deny_allow)
 }
 END_TEST
 
+/* The built-in exceptions to the name rule, and their place among the lists. */
+START_TEST(test_verdict)
+{
+    static const struct {
+        const char *name;
+        int rc;
+    } cases[] = {
+        /* built-in allow: Mapper subclasses whose names end in "_op" */
+        { "general_fused_op", 0 },
+        { "fused_sequential_batch_op", 0 },
+        /* built-in deny: Pipeline subclasses */
+        { "ray_repartition_pipeline", -EPERM },
+        { "llm_ray_vllm_engine_pipeline", -EPERM },
+        { "vlm_ray_vllm_engine_pipeline", -EPERM },
+        /* exact names only */
+        { "General_Fused_Op", -ENOENT },
+        { "general_fused_op ", -ENOENT },
+        { "ray_repartition_pipelines", -ENOENT },
+        { "other_pipeline", -ENOENT },
+        /* everything else is the name rule */
+        { "clean_links_mapper", 0 },
+        { "text_length_filter", 0 },
+        { "ray_document_deduplicator", -EPERM },
+        { "naive_grouper", -EPERM },
+        { "foo_op", -ENOENT },
+        { "", -ENOENT },
+    };
+    struct strv allow, deny;
+    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 } };
+
+    strv_init(&allow);
+    strv_init(&deny);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ck_assert_msg(recipe_verdict(cases[i].name, NULL) == cases[i].rc, "%s: %d",
+                      cases[i].name, recipe_verdict(cases[i].name, NULL));
+        /* empty caller lists change nothing */
+        ck_assert_int_eq(recipe_verdict(cases[i].name, &pol), cases[i].rc);
+    }
+    ck_assert_int_eq(recipe_verdict(NULL, NULL), -ENOENT);
+    /* recipe_classify stays the pure name rule */
+    ck_assert_int_eq(recipe_classify("general_fused_op"), -ENOENT);
+    ck_assert_int_eq(recipe_classify("ray_repartition_pipeline"), -ENOENT);
+
+    /* the caller's lists come first, deny before allow */
+    strv_push(&deny, "general_fused_op");
+    strv_push(&allow, "ray_repartition_pipeline");
+    strv_push(&allow, "fused_sequential_batch_op");
+    strv_push(&deny, "fused_sequential_batch_op");
+    ck_assert_int_eq(recipe_verdict("general_fused_op", &pol), -EPERM);
+    ck_assert_int_eq(recipe_verdict("ray_repartition_pipeline", &pol), 0);
+    ck_assert_int_eq(recipe_verdict("fused_sequential_batch_op", &pol), -EPERM);
+    ck_assert_int_eq(recipe_verdict("vlm_ray_vllm_engine_pipeline", &pol), -EPERM);
+    strv_free(&allow);
+    strv_free(&deny);
+}
+END_TEST
+
+/* recipe_parse decides through recipe_verdict, with the matching messages. */
+START_TEST(test_builtin_lists)
+{
+    struct strv allow, deny;
+    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 } };
+
+    accept("process:\n- general_fused_op: {batch_size: 2}\n- fused_sequential_batch_op:\n"
+           "- a_mapper:\n");
+    ASSERT_STRV(&rec.ops, "general_fused_op", "fused_sequential_batch_op", "a_mapper");
+    recipe_free(&rec);
+    ck_assert_str_eq(refuse("process:\n- a_mapper:\n- ray_repartition_pipeline: {}\n"),
+                     "Operator 'ray_repartition_pipeline' in r.yaml:3 requires or may require "
+                     "whole-dataset semantics and cannot run per shard");
+    ck_assert_str_eq(refuse("process:\n- Ray_Repartition_Pipeline:\n"),
+                     "Unknown operator 'Ray_Repartition_Pipeline' in r.yaml:2; cannot prove it is "
+                     "shard-safe");
+    /* a built-in allowed operator still may not declare itself global */
+    ck_assert_str_eq(refuse("process:\n- general_fused_op: {is_global_operation: yes}\n"),
+                     "Operator 'general_fused_op' in r.yaml:2 requires or may require "
+                     "whole-dataset semantics and cannot run per shard (is_global_operation is "
+                     "set)");
+
+    strv_init(&allow);
+    strv_init(&deny);
+    strv_push(&deny, "general_fused_op");
+    strv_push(&allow, "ray_repartition_pipeline");
+    ck_assert_str_eq(refuse_pol("process:\n- general_fused_op:\n", &pol),
+                     "Operator 'general_fused_op' in r.yaml:2 is denied by configuration and "
+                     "cannot run per shard");
+    accept_pol("process:\n- ray_repartition_pipeline:\n", &pol);
+    ASSERT_STRV(&rec.ops, "ray_repartition_pipeline");
+    recipe_free(&rec);
+    strv_free(&allow);
+    strv_free(&deny);
+}
+END_TEST
+
 /* ---- per-operator arguments ---- */
 
 START_TEST(test_stats_export_path)
@@ -1187,6 +1281,8 @@ recipe_suite(void)
     tcase_add_test(tc, test_whole_dataset);
     tcase_add_test(tc, test_is_global_operation);
     tcase_add_test(tc, test_deny_allow);
+    tcase_add_test(tc, test_verdict);
+    tcase_add_test(tc, test_builtin_lists);
     tcase_add_test(tc, test_stats_export_path);
     tcase_add_test(tc, test_save_dir);
     tcase_add_test(tc, test_index_key);
