@@ -1588,6 +1588,40 @@ opscan_pair(const struct ynode *k, const struct ynode *v, void *arg)
     return true;
 }
 
+/*
+ * Operators that run other operators given in their arguments: those are
+ * checked as if they stood in the process list themselves (the reference
+ * checks only the outer name, so a deduplicator could hide inside).
+ */
+static const char *const fused_lists[][2] = {
+    { "general_fused_op", "fused_op_list" },
+    { "fused_sequential_batch_op", "op_specs" },
+};
+
+static int check_op(struct ydoc *d, const struct recipe_policy *pol, size_t idx,
+                    const struct ynode *item, struct recipe *r, struct esd_err *err);
+
+static int
+check_fused(struct ydoc *d, const struct recipe_policy *pol, size_t idx, const char *name,
+            const struct ynode *args, struct recipe *r, struct esd_err *err)
+{
+    for (size_t f = 0; f < sizeof(fused_lists) / sizeof(fused_lists[0]); f++) {
+        const struct ynode *list, *k;
+        int rc;
+
+        if (strcmp(name, fused_lists[f][0]) != 0 || !(list = map_get(args, fused_lists[f][1], &k)) ||
+            is_null(list))
+            continue;
+        if (list->kind != K_SEQ)
+            return err_set(err, -EINVAL, "Operator '%s' in %s:%lu: %s must be a list", name,
+                           d->name, k->line, fused_lists[f][1]);
+        for (size_t i = 0; i < list->n; i++)
+            if ((rc = check_op(d, pol, idx, list->kids[i], r, err)) < 0)
+                return rc;
+    }
+    return 0;
+}
+
 static int
 check_op(struct ydoc *d, const struct recipe_policy *pol, size_t idx, const struct ynode *item,
          struct recipe *r, struct esd_err *err)
@@ -1669,7 +1703,8 @@ check_op(struct ydoc *d, const struct recipe_policy *pol, size_t idx, const stru
         }
     }
     strv_push(&r->ops, name);
-    return 0;
+    /* the operators it runs follow it */
+    return args->kind == K_MAP ? check_fused(d, pol, idx, name, args, r, err) : 0;
 }
 
 static int

@@ -838,6 +838,33 @@ START_TEST(test_builtin_lists)
 }
 END_TEST
 
+/* Operators inside a fused operator are checked like listed ones. */
+START_TEST(test_fused_operators_checked_inside)
+{
+    accept("process:\n- general_fused_op:\n    fused_op_list:\n    - a_mapper:\n"
+           "    - b_filter: {index_key: idx}\n- fused_sequential_batch_op:\n"
+           "    op_specs: [{c_mapper: {}}]\n");
+    ASSERT_STRV(&rec.ops, "general_fused_op", "a_mapper", "b_filter",
+                "fused_sequential_batch_op", "c_mapper");
+    ASSERT_STRV(&rec.index_keys, "idx");
+    recipe_free(&rec);
+    ck_assert_str_eq(refuse("process:\n- general_fused_op:\n    fused_op_list:\n"
+                            "    - a_mapper:\n    - document_deduplicator:\n"),
+                     "Operator 'document_deduplicator' in r.yaml:5 requires or may require "
+                     "whole-dataset semantics and cannot run per shard");
+    ck_assert_str_eq(refuse("process:\n- fused_sequential_batch_op:\n    op_specs:\n"
+                            "    - mystery_op:\n"),
+                     "Unknown operator 'mystery_op' in r.yaml:4; cannot prove it is shard-safe");
+    ck_assert_str_eq(refuse("process:\n- general_fused_op:\n    fused_op_list: a_mapper\n"),
+                     "Operator 'general_fused_op' in r.yaml:3: fused_op_list must be a list");
+    /* nested fused operators are checked all the way down */
+    ck_assert_str_eq(refuse("process:\n- general_fused_op:\n    fused_op_list:\n"
+                            "    - general_fused_op:\n        fused_op_list: [{x_selector: }]\n"),
+                     "Operator 'x_selector' in r.yaml:5 requires or may require whole-dataset "
+                     "semantics and cannot run per shard");
+}
+END_TEST
+
 /* ---- per-operator arguments ---- */
 
 START_TEST(test_stats_export_path)
@@ -1283,6 +1310,7 @@ recipe_suite(void)
     tcase_add_test(tc, test_deny_allow);
     tcase_add_test(tc, test_verdict);
     tcase_add_test(tc, test_builtin_lists);
+    tcase_add_test(tc, test_fused_operators_checked_inside);
     tcase_add_test(tc, test_stats_export_path);
     tcase_add_test(tc, test_save_dir);
     tcase_add_test(tc, test_index_key);
