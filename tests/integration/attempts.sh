@@ -92,17 +92,26 @@ expect_attempt() {
 }
 
 # ---- invalid output: class output, the error names file and line ----
+# mini-dj writes the 12 rows as 12 parts <dataset-id>_<task-id>_000000.json
+# and puts the bad line into the first one in string order, as its line 2:
+# part 5, whose task id is the first 32 hex digits of sha256("mini-dj task 5")
+# (see its header).
+TASK5=$(printf 'mini-dj task 5' | sha256sum | cut -c1-32)
 for mode in invalid blank notobject badutf8; do
     newjob "bad-$mode" 1
     work MINI_DJ_BAD="$mode" -- --max-shards 1
     [ "$RC" -eq 2 ] || fail "MINI_DJ_BAD=$mode: the worker exits 2" "exit $RC" "$OUT"
     f=$(attempt_of "$JOB" "$ID0" 1)
-    expect_attempt "MINI_DJ_BAD=$mode" "$f" failed output "/ray-output.jsonl/block_0.jsonl:2"
+    part=$(find "$(dirname "$f")/ray-output.jsonl" -mindepth 1 -maxdepth 1 -printf '%P\n' | sort |
+        head -n 1)
+    [[ $part =~ ^[0-9A-Za-z]{22}_${TASK5}_000000\.json$ ]] ||
+        fail "MINI_DJ_BAD=$mode: part 5 comes first in string order" "$part"
+    expect_attempt "MINI_DJ_BAD=$mode" "$f" failed output "/ray-output.jsonl/$part:2"
     [ ! -e "$(dirname "$f")/processed.jsonl" ] ||
         fail "MINI_DJ_BAD=$mode leaves no processed.jsonl"
     { [ ! -e "$JOB/state/done/$ID0.json" ] && [ "$(count "$JOB/state/locks")" -eq 0 ]; } ||
         fail "MINI_DJ_BAD=$mode: no done record, no lock"
-    ok "MINI_DJ_BAD=$mode: attempt failed (output), error names block_0.jsonl:2, no processed.jsonl, lock released"
+    ok "MINI_DJ_BAD=$mode: attempt failed (output), error names <dataset-id>_<task 5>_000000.json:2, no processed.jsonl, lock released"
 done
 
 # ---- no export ----

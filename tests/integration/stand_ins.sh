@@ -4,8 +4,10 @@
 # for Data-Juicer's process_data.py and fake-ray (tests/tools/fake-ray) for
 # the `ray` CLI; neither is the real thing. A tiny job is prepared with
 # `esctl prepare --local` and mini-dj is run by hand on one of its shards
-# with the flags of spec §8.4: output layout and part-name order, _SUCCESS,
-# the exact bytes the two operators produce, every knob, flag errors and the
+# with the flags of spec §8.4: output layout (Ray's, as real_dj.sh sees it:
+# <dataset-id>_<task-id>_000000.json parts, nothing else) and part-name
+# order, _SUCCESS and .crc files on request, the exact bytes the two
+# operators produce, every knob, flag errors and the
 # Ray reachability check; then fake-ray start/status/stop and its knobs.
 #
 # Environment: TOP (repository root; default two levels above this script),
@@ -47,14 +49,35 @@ mdj() {
 }
 # rows_in FILE...: total number of lines.
 rows_in() { cat "$@" | wc -l; }
-# numeric_parts DIR: the part files of DIR in numeric order of their index.
+# mini-dj's part names, computed here from its documented rule:
+# <dataset-id>_<task-id>_000000.json.
+# task_id I: the first 32 hex digits of sha256("mini-dj task I").
+task_id() { printf 'mini-dj task %d' "$1" | sha256sum | cut -c1-32; }
+# dataset_id JOB_ID: 0-9A-Z-a-z[b mod 62] for the first 22 bytes b of sha256(JOB_ID).
+dataset_id() {
+    python3 -c 'import hashlib, string, sys
+a = string.digits + string.ascii_uppercase + string.ascii_lowercase
+print("".join(a[b % 62] for b in hashlib.sha256(sys.argv[1].encode()).digest()[:22]))' "$1"
+}
+# part_name DIR I: the name of part I of the run into the attempt directory
+# DIR (whose job id dj_args makes job_part_<last component of DIR>).
+part_name() { echo "$(dataset_id "job_part_${1##*/}")_$(task_id "$2")_000000.json"; }
+# numeric_parts DIR: the part files of DIR's export in numeric order of their index.
 numeric_parts() {
-    local i=0
-    while [ -e "$1/block_$i.jsonl" ]; do
-        echo "$1/block_$i.jsonl"
+    local i=0 ds
+    ds=$(dataset_id "job_part_${1##*/}")
+    while [ -e "$1/ray-output.jsonl/${ds}_$(task_id $i)_000000.json" ]; do
+        echo "$1/ray-output.jsonl/${ds}_$(task_id $i)_000000.json"
         i=$((i + 1))
     done
 }
+# name_parts DIR: the part files of DIR's export (names not starting with
+# . or _) in plain string order, as the worker reads them.
+name_parts() { find "$1/ray-output.jsonl" -mindepth 1 -maxdepth 1 -name '[!._]*' | sort; }
+# names DIR: every name in DIR's export, hidden ones too, in string order, on one line.
+names() { (cd "$1/ray-output.jsonl" && find . -mindepth 1 -maxdepth 1 -printf '%P\n' | sort | tr '\n' ' '); }
+# The string order of the 12 default parts, as mini-dj's header gives it.
+ORDER12=(5 11 7 9 1 6 10 8 0 3 4 2)
 
 for t in "$MINI" "$CHECK" "$ESCTL" "$FAKE_RAY"; do
     [ -x "$t" ] || fail "tools exist" "not executable: $t (run make tools)"
@@ -93,7 +116,8 @@ ok "shard 0 starts with the 8 special records, byte for byte"
 # ---- help and flag errors ----
 run "$MINI" --help
 check "mini-dj --help exits 0 and says it is a stand-in" 0 "TEST STAND-IN"
-for knob in EXIT SLEEP_MS HANG CRASH BAD NO_EXPORT SPAWN_CHILD ONLY FAIL_ONCE PARTS EMPTY RECORD; do
+for knob in EXIT SLEEP_MS HANG CRASH BAD NO_EXPORT SPAWN_CHILD ONLY FAIL_ONCE PARTS EMPTY SUCCESS \
+    RECORD; do
     [[ $OUT == *"MINI_DJ_$knob"* ]] || fail "mini-dj --help lists MINI_DJ_$knob" "$OUT"
 done
 ok "mini-dj --help lists every knob"
@@ -131,33 +155,66 @@ check "mini-dj runs on shard 0" 0 "mini-dj: wrote" "mini-dj: kept"
 EXP="$A/ray-output.jsonl"
 [ -d "$EXP" ] || fail "the export path is a directory"
 ok "the export path is a directory"
-[[ -f $EXP/_SUCCESS && ! -s $EXP/_SUCCESS ]] || fail "_SUCCESS exists and is empty"
-ok "_SUCCESS exists and is empty"
 SHARD_ROWS=$(rows_in "$SHARD0")
 M=$((SHARD_ROWS - 4))
 [[ $OUT == *"mini-dj: read $SHARD_ROWS rows from $SHARD0"* ]] || fail "read line" "$OUT"
 [[ $OUT == *"mini-dj: wrote $M rows in 12 parts to $EXP"* ]] || fail "wrote line" "$OUT"
 ok "stdout reports $SHARD_ROWS rows read and $M written in 12 parts"
 [ "$M" -gt 12 ] || fail "shard 0 keeps more than 12 rows" "M=$M"
-want="_SUCCESS block_0.jsonl block_1.jsonl block_10.jsonl block_11.jsonl block_2.jsonl block_3.jsonl block_4.jsonl block_5.jsonl block_6.jsonl block_7.jsonl block_8.jsonl block_9.jsonl"
-got=$(cd "$EXP" && printf '%s ' *)
-[ "$got" = "$want " ] || fail "visible names, in plain string order" "got: $got" "want: $want"
-ok "parts are block_0..block_11, and string order puts block_10 before block_2"
-for i in $(seq 0 11); do
-    [ -f "$EXP/.block_$i.jsonl.crc" ] || fail "hidden .block_$i.jsonl.crc exists"
+# Ray's layout (real_dj.sh): <dataset>_<task>_<block>.json files, nothing else.
+got=$(names "$A")
+[ "$(count "$EXP")" -eq 12 ] || fail "the export holds the 12 parts and nothing else" "$got"
+DSID=$(dataset_id job_part_a1)
+for n in $got; do
+    [[ $n =~ ^[0-9A-Za-z]{22}_[0-9a-f]{32}_000000\.json$ ]] ||
+        fail "every name is <22 alphanumerics>_<32 hex>_000000.json" "$n"
+    [ "${n%%_*}" = "$DSID" ] ||
+        fail "every part has the dataset id derived from --job_id" "want $DSID" "got: $n"
 done
-run "$CHECK" <"$EXP/.block_0.jsonl.crc"
-[ "$OUT" = syntax ] || fail "the hidden .crc files are not JSONL" "$OUT"
-ok "every part has a hidden .crc file that is not JSONL"
-readable=$(find "$EXP" -type f ! -name '.*' ! -name '_*' | wc -l)
-[ "$readable" -eq 12 ] || fail "a reader skipping . and _ names sees the 12 parts" "$readable"
-ok "a reader skipping names that start with . or _ sees exactly the 12 parts"
+ok "the export holds 12 parts named <22 alphanumerics>_<32 hex>_000000.json, no _SUCCESS, no hidden file"
+ok "every part has the dataset id $DSID derived from --job_id"
+want=""
+for i in "${ORDER12[@]}"; do want+="$(part_name "$A" "$i") "; done
+[ "$got" = "$want" ] || fail "the parts in plain string order" "got:  $got" "want: $want"
+ok "part i's task id is sha256(\"mini-dj task i\"); string order is parts ${ORDER12[*]}"
+mdj "$W/rerun/a1"
+check "a second run with the same --job_id" 0 "wrote $M rows in 12 parts"
+[ "$(names "$W/rerun/a1")" = "$got" ] || fail "the same --job_id gives the same names"
+mdj "$W/other"
+other=$(names "$W/other")
+tasks() { sed -E 's/(^| )[0-9A-Za-z]{22}_/\1/g' <<<"$1"; }
+if [ "$other" = "$got" ] || [ "$(tasks "$other")" != "$(tasks "$got")" ]; then
+    fail "another --job_id changes the dataset id only" "$other"
+fi
+ok "the names are deterministic: the same --job_id gives the same names, another one another dataset id"
 q=$((M / 12)) r=$((M % 12))
 for i in $(seq 0 11); do
-    n=$(rows_in "$EXP/block_$i.jsonl")
-    [ "$n" -eq $((q + (i < r ? 1 : 0))) ] || fail "block_$i holds q + (i < r) rows" "$n rows"
+    n=$(rows_in "$EXP/$(part_name "$A" "$i")")
+    [ "$n" -eq $((q + (i < r ? 1 : 0))) ] || fail "part $i holds q + (i < r) rows" "$n rows"
 done
-ok "block_i holds M/12 rows, plus one for i < M%12 (M=$M)"
+ok "part i holds M/12 rows, plus one for i < M%12 (M=$M)"
+
+# MINI_DJ_SUCCESS=1: an empty _SUCCESS and a hidden .crc per part, which
+# readers must skip.
+MINI_DJ_SUCCESS=1 mdj "$W/s1"
+check "MINI_DJ_SUCCESS=1 runs" 0 "wrote $M rows in 12 parts"
+S1="$W/s1/ray-output.jsonl"
+[[ -f $S1/_SUCCESS && ! -s $S1/_SUCCESS ]] || fail "_SUCCESS exists and is empty"
+ok "MINI_DJ_SUCCESS=1: _SUCCESS exists and is empty"
+for i in $(seq 0 11); do
+    [ -f "$S1/.$(part_name "$W/s1" "$i").crc" ] || fail "hidden .<part $i>.crc exists"
+done
+[ "$(count "$S1")" -eq 25 ] || fail "12 parts, 12 .crc files and _SUCCESS" "$(names "$W/s1")"
+run "$CHECK" <"$S1/.$(part_name "$W/s1" 0).crc"
+[ "$OUT" = syntax ] || fail "the hidden .crc files are not JSONL" "$OUT"
+ok "MINI_DJ_SUCCESS=1: every part has a hidden .crc file that is not JSONL"
+readable=$(find "$S1" -type f ! -name '.*' ! -name '_*' | wc -l)
+[ "$readable" -eq 12 ] || fail "a reader skipping . and _ names sees the 12 parts" "$readable"
+ok "a reader skipping names that start with . or _ sees exactly the 12 parts"
+mapfile -t parts < <(numeric_parts "$W/s1")
+mapfile -t parts_a1 < <(numeric_parts "$A")
+cat "${parts[@]}" | cmp -s - <(cat "${parts_a1[@]}") || fail "MINI_DJ_SUCCESS changes no part"
+ok "MINI_DJ_SUCCESS=1 writes the same parts"
 
 # The expected output: shard 0 without the dropped records, the edited
 # records replaced by their exact expected bytes.
@@ -168,7 +225,8 @@ ok "block_i holds M/12 rows, plus one for i < M%12 (M=$M)"
     printf '{"id":7,"text":"say \\"hi\\"\\\\there now"}\n'
     tail -n +9 "$SHARD0"
 } >"$W/expected.jsonl"
-mapfile -t parts < <(numeric_parts "$EXP")
+mapfile -t parts < <(numeric_parts "$A")
+[ "${#parts[@]}" -eq 12 ] || fail "12 parts in numeric order" "${parts[*]}"
 cat "${parts[@]}" | cmp -s - "$W/expected.jsonl" ||
     fail "parts in numeric order are the expected records, byte for byte" \
         "$(cat "${parts[@]}" | diff - "$W/expected.jsonl" | head -20)"
@@ -176,10 +234,13 @@ ok "parts in numeric order hold the expected records, byte for byte"
 ok "whitespace_normalization_mapper: non-ASCII whitespace runs become one space, ends trimmed"
 ok "big integers and every other byte of an edited record are kept"
 ok "text_length_filter drops short, missing and non-string text, keeps exactly 10 code points"
-LC_ALL=C cat "$EXP"/block_*.jsonl | cmp -s - "$W/expected.jsonl" &&
+mapfile -t sparts < <(name_parts "$A")
+cat "${sparts[@]}" | cmp -s - "$W/expected.jsonl" &&
     fail "string order of the parts differs from the input order"
-ok "string order of the parts differs from the input order"
-[ "$(cat "$EXP"/block_*.jsonl | "$CHECK" | sort -u)" = ok ] || fail "every output row is valid"
+cat "${sparts[@]}" | sort | cmp -s - <(sort "$W/expected.jsonl") ||
+    fail "the parts in string order hold the same rows"
+ok "string order of the parts differs from the input order (same rows)"
+[ "$(cat "${sparts[@]}" | "$CHECK" | sort -u)" = ok ] || fail "every output row is valid"
 ok "every output row passes the JSONL validator"
 [[ -d $A/work && -f $A/logs/events.log ]] || fail "work dir and events.log are created"
 [ "$(wc -l <"$A/logs/events.log")" -eq 3 ] || fail "events.log has 3 lines" "$(cat "$A/logs/events.log")"
@@ -198,8 +259,10 @@ check "a recipe with max_len runs" 0 "wrote 4 rows in 1 parts"
     sed -n 3p "$SHARD0"
     sed -n 6,7p "$SHARD0"
 } >"$W/expected2.jsonl"
-cmp -s "$W/a2/ray-output.jsonl/block_0.jsonl" "$W/expected2.jsonl" ||
-    fail "filter then mapper, max_len 17" "$(diff "$W/a2/ray-output.jsonl/block_0.jsonl" "$W/expected2.jsonl")"
+A2="$W/a2/ray-output.jsonl/$(part_name "$W/a2" 0)"
+[ "$(count "$W/a2/ray-output.jsonl")" -eq 1 ] || fail "MINI_DJ_PARTS=1 writes one file"
+cmp -s "$A2" "$W/expected2.jsonl" ||
+    fail "filter then mapper, max_len 17" "$(diff "$A2" "$W/expected2.jsonl")"
 ok "operators run in recipe order (filter on the raw text first); max_len 17 keeps exactly 17 code points"
 
 printf 'process:\n  - whitespace_normalization_mapper:\n  - document_deduplicator:\n' >"$W/dedup.yaml"
@@ -215,13 +278,21 @@ check "invalid YAML exits 2" 2 "" "invalid YAML in $W/broken.yaml"
 # ---- MINI_DJ_PARTS and MINI_DJ_EMPTY ----
 MINI_DJ_PARTS=3 mdj "$W/p3"
 check "MINI_DJ_PARTS=3 writes 3 parts" 0 "in 3 parts"
-cat "$W/p3/ray-output.jsonl"/block_{0,1,2}.jsonl | cmp -s - "$W/expected.jsonl" ||
-    fail "3 parts hold the same rows"
+mapfile -t parts < <(numeric_parts "$W/p3")
+[ "$(count "$W/p3/ray-output.jsonl")" -eq 3 ] || fail "3 files" "$(names "$W/p3")"
+[ "${#parts[@]}" -eq 3 ] || fail "parts 0, 1, 2" "$(names "$W/p3")"
+cat "${parts[@]}" | cmp -s - "$W/expected.jsonl" || fail "3 parts hold the same rows"
 ok "3 parts hold the same rows in the same order"
+mapfile -t sparts < <(name_parts "$W/p3")
+[ "${sparts[*]}" = "${parts[1]} ${parts[0]} ${parts[2]}" ] ||
+    fail "string order of 3 parts is 1, 0, 2" "${sparts[*]}"
+ok "string order of 3 parts is 1, 0, 2 (the 12-part order without 3..11)"
 MINI_DJ_PARTS=100 mdj "$W/p100"
 check "MINI_DJ_PARTS above the row count writes one part per row" 0 "in $M parts"
-[[ -e $W/p100/ray-output.jsonl/block_$((M - 1)).jsonl &&
-    ! -e $W/p100/ray-output.jsonl/block_$M.jsonl ]] || fail "no empty part files"
+[[ -e $W/p100/ray-output.jsonl/$(part_name "$W/p100" $((M - 1))) &&
+    ! -e $W/p100/ray-output.jsonl/$(part_name "$W/p100" "$M") ]] || fail "no empty part files"
+[ "$(count "$W/p100/ray-output.jsonl")" -eq "$M" ] || fail "$M part files" "$(names "$W/p100")"
+[ "$(cat "$W"/p100/ray-output.jsonl/* | wc -l)" -eq "$M" ] || fail "one row per part"
 ok "empty chunks are not written"
 MINI_DJ_PARTS=0 mdj "$W/p0"
 check "MINI_DJ_PARTS=0 exits 2" 2 "" "MINI_DJ_PARTS must be an integer in 1..100000"
@@ -231,9 +302,17 @@ dj_args "$SHARD0" "$W/e1"
 ARGS[1]="$W/none.yaml"
 run "$MINI" "${ARGS[@]}"
 check "a run that keeps no row exits 0" 0 "wrote 0 rows in 0 parts"
-[ "$(ls -A "$W/e1/ray-output.jsonl")" = _SUCCESS ] ||
-    fail "no rows: the export dir holds _SUCCESS only" "$(ls -A "$W/e1/ray-output.jsonl")"
-ok "no rows: the export dir holds _SUCCESS only"
+[ -d "$W/e1/ray-output.jsonl" ] || fail "no rows: the export dir exists"
+[ "$(count "$W/e1/ray-output.jsonl")" -eq 0 ] ||
+    fail "no rows: the export dir is empty" "$(ls -A "$W/e1/ray-output.jsonl")"
+ok "no rows: the export dir exists and is empty (as Ray leaves it)"
+dj_args "$SHARD0" "$W/e3"
+ARGS[1]="$W/none.yaml"
+MINI_DJ_SUCCESS=1 run "$MINI" "${ARGS[@]}"
+check "no rows, MINI_DJ_SUCCESS=1 exits 0" 0 "wrote 0 rows in 0 parts"
+[ "$(names "$W/e3")" = "_SUCCESS " ] ||
+    fail "no rows, MINI_DJ_SUCCESS=1: the export dir holds _SUCCESS only" "$(names "$W/e3")"
+ok "no rows, MINI_DJ_SUCCESS=1: the export dir holds _SUCCESS only"
 dj_args "$SHARD0" "$W/e2"
 ARGS[1]="$W/none.yaml"
 MINI_DJ_EMPTY=nodir run "$MINI" "${ARGS[@]}"
@@ -264,34 +343,59 @@ check "MINI_DJ_SLEEP_MS=20 still succeeds" 0 "wrote $M rows"
     fail "MINI_DJ_SLEEP_MS sleeps per row" "$(((t1 - t0) / 1000000)) ms for $SHARD_ROWS rows"
 ok "MINI_DJ_SLEEP_MS=20 takes at least 20 ms per input row"
 
+# MINI_DJ_BAD: line 2 of the first part in string order (part ${ORDER12[0]})
 declare -A FAULT=([invalid]=syntax [blank]=blank [notobject]=not_object [badutf8]=utf8)
+first=${ORDER12[0]}
 for mode in invalid blank notobject badutf8; do
     MINI_DJ_BAD=$mode mdj "$W/k-bad-$mode"
-    check "MINI_DJ_BAD=$mode exits 0" 0 "" "MINI_DJ_BAD=$mode"
-    got=$("$CHECK" <"$W/k-bad-$mode/ray-output.jsonl/block_0.jsonl" | tr '\n' ' ')
-    want_b0=$((q + (0 < r ? 1 : 0)))
+    bad=$(part_name "$W/k-bad-$mode" "$first")
+    check "MINI_DJ_BAD=$mode exits 0" 0 "" "MINI_DJ_BAD=$mode: wrote a bad line into $bad (line 2)"
+    mapfile -t sparts < <(name_parts "$W/k-bad-$mode")
+    [ "${sparts[0]}" = "$W/k-bad-$mode/ray-output.jsonl/$bad" ] ||
+        fail "MINI_DJ_BAD=$mode: part $first is the first in string order" "${sparts[0]}"
+    got=$("$CHECK" <"${sparts[0]}" | tr '\n' ' ')
     want="ok ${FAULT[$mode]}"
-    for _ in $(seq 2 "$want_b0"); do want="$want ok"; done
-    [ "$got" = "$want " ] || fail "MINI_DJ_BAD=$mode: line 2 of block_0 is bad" "got: $got"
-    [ -f "$W/k-bad-$mode/ray-output.jsonl/_SUCCESS" ] || fail "MINI_DJ_BAD writes _SUCCESS"
-    ok "MINI_DJ_BAD=$mode: line 2 of block_0.jsonl is ${FAULT[$mode]}, the rest is intact"
+    for _ in $(seq 2 $((q + (first < r ? 1 : 0)))); do want="$want ok"; done
+    [ "$got" = "$want " ] || fail "MINI_DJ_BAD=$mode: line 2 of part $first is bad" "got: $got"
+    [ "$(cat "${sparts[@]:1}" | "$CHECK" | sort -u)" = ok ] ||
+        fail "MINI_DJ_BAD=$mode: the other parts are intact"
+    [ "$(cat "${sparts[@]}" | grep -cvxF -f "$W/expected.jsonl")" -eq 1 ] ||
+        fail "MINI_DJ_BAD=$mode: the expected rows and one line more"
+    [ "$(count "$W/k-bad-$mode/ray-output.jsonl")" -eq 12 ] ||
+        fail "MINI_DJ_BAD=$mode: 12 parts, nothing else" "$(names "$W/k-bad-$mode")"
+    ok "MINI_DJ_BAD=$mode: line 2 of part $first (first in string order) is ${FAULT[$mode]}, the rest is intact"
 done
+MINI_DJ_BAD=invalid MINI_DJ_SUCCESS=1 mdj "$W/k-bad-success"
+check "MINI_DJ_BAD with MINI_DJ_SUCCESS=1 exits 0" 0 "" "MINI_DJ_BAD=invalid"
+[ -f "$W/k-bad-success/ray-output.jsonl/_SUCCESS" ] ||
+    fail "MINI_DJ_BAD with MINI_DJ_SUCCESS=1 writes _SUCCESS"
+ok "MINI_DJ_BAD with MINI_DJ_SUCCESS=1 still writes _SUCCESS, as a successful run"
 MINI_DJ_BAD=weird mdj "$W/k-bad-weird"
 check "an unknown MINI_DJ_BAD mode exits 2" 2 "" "MINI_DJ_BAD must be"
 dj_args "$SHARD0" "$W/k-bad-empty"
 ARGS[1]="$W/none.yaml"
 MINI_DJ_BAD=invalid MINI_DJ_EMPTY=nodir run "$MINI" "${ARGS[@]}"
-[ "$("$CHECK" <"$W/k-bad-empty/ray-output.jsonl/block_0.jsonl")" = syntax ] ||
+bad=$(part_name "$W/k-bad-empty" 0)
+check "MINI_DJ_BAD with no rows exits 0" 0 "" "wrote a bad line into $bad (line 1)"
+[ "$(names "$W/k-bad-empty")" = "$bad " ] || fail "MINI_DJ_BAD with no rows writes part 0 only" \
+    "$(names "$W/k-bad-empty")"
+[ "$("$CHECK" <"$W/k-bad-empty/ray-output.jsonl/$bad")" = syntax ] ||
     fail "MINI_DJ_BAD with no rows writes the bad line alone"
-ok "MINI_DJ_BAD with no rows writes block_0.jsonl with the bad line alone"
+ok "MINI_DJ_BAD with no rows writes part 0 with the bad line alone"
 
-MINI_DJ_CRASH=1 mdj "$W/k-crash"
+# MINI_DJ_CRASH (with MINI_DJ_SUCCESS=1, which it must override)
+MINI_DJ_CRASH=1 MINI_DJ_SUCCESS=1 mdj "$W/k-crash"
 check "MINI_DJ_CRASH=1 dies of SIGABRT" 134 "" "MINI_DJ_CRASH: aborting after $(((M + 1) / 2)) of $M rows"
 [ ! -e "$W/k-crash/ray-output.jsonl/_SUCCESS" ] || fail "a crash leaves no _SUCCESS"
-mapfile -t parts < <(numeric_parts "$W/k-crash/ray-output.jsonl")
-cat "${parts[@]}" | cmp -s - <(head -n $(((M + 1) / 2)) "$W/expected.jsonl") ||
-    fail "a crash leaves the first half of the rows" "$(cat "${parts[@]}" | wc -l) rows"
-ok "MINI_DJ_CRASH leaves exactly the first ceil(M/2) rows and no _SUCCESS"
+mapfile -t parts < <(name_parts "$W/k-crash")
+mapfile -t sparts < <(name_parts "$A")
+cat "${parts[@]}" | cmp -s - <(cat "${sparts[@]}" | head -n $(((M + 1) / 2))) ||
+    fail "a crash leaves the first half of the rows in string order" "$(cat "${parts[@]}" | wc -l) rows"
+for k in "${!parts[@]}"; do
+    [ "${parts[k]##*/}" = "$(part_name "$W/k-crash" "${ORDER12[k]}")" ] ||
+        fail "the crash left the first parts in string order" "${parts[*]##*/}"
+done
+ok "MINI_DJ_CRASH leaves the first ceil(M/2) rows in string order (parts ${ORDER12[*]:0:${#parts[@]}}) and no _SUCCESS"
 
 # HANG: runs in the background, dies on SIGTERM.
 dj_args "$SHARD0" "$W/k-hang"

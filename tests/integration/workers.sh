@@ -4,8 +4,13 @@
 # their processor.
 #   (a) 8 workers (lease 3 s) finish a 200-shard job: one done record and
 #       one attempt per shard, no lock left, every node one of the 8, and
-#       the merged output equals an expectation computed independently
-#       (Python applies the two operators to the input records).
+#       the merged output equals an expectation computed independently:
+#       Python applies the two operators to the input records, then orders
+#       each shard's kept rows as the worker must read mini-dj's export, by
+#       the plain string order of the part names (mini-dj's documented
+#       rule: contiguous array_split chunks, part i named after the first
+#       32 hex digits of sha256("mini-dj task i")), which is not the input
+#       order.
 #   (b) the same on a fresh job with slow shards; two workers are killed
 #       with SIGKILL together with their processors' process groups while
 #       each holds a lock (a node that dies loses everything). Their shards
@@ -101,14 +106,16 @@ EOF
 # the mapper changes bytes), some non-ASCII, and every 50th one blank only
 # (dropped by text_length_filter with min_len 1). The expectation applies
 # both operators to the parsed records and serialises them as the input
-# is: compact JSON, raw UTF-8.
+# is: compact JSON, raw UTF-8. kept.txt says which input records are kept
+# (1) and which dropped (0).
 python3 - "$W" <<'EOF'
 import json, re, sys
 w = sys.argv[1]
 def dump(o):
     return json.dumps(o, ensure_ascii=False, separators=(",", ":")) + "\n"
 with open(w + "/data.jsonl", "w", encoding="utf-8") as f, \
-     open(w + "/expected.jsonl", "w", encoding="utf-8") as e:
+     open(w + "/expected.jsonl", "w", encoding="utf-8") as e, \
+     open(w + "/kept.txt", "w") as k:
     for i in range(1000):
         if i % 50 == 7:
             text = " \t \n  "
@@ -120,6 +127,7 @@ with open(w + "/data.jsonl", "w", encoding="utf-8") as f, \
         if len(norm) >= 1:
             rec["text"] = norm
             e.write(dump(rec))
+        k.write("%d\n" % (len(norm) >= 1))
 EOF
 printf 'process:\n  - whitespace_normalization_mapper:\n  - text_length_filter:\n      min_len: 1\n' \
     >"$W/recipe.yaml"
@@ -128,11 +136,48 @@ prepare() {
         --job-dir "$1" --num-shards "$NSHARDS" >"$W/prepare.out" 2>&1 ||
         fail "prepare $1" "$(cat "$W/prepare.out")"
 }
+# expect_merged JOB OUT: the expected merge of JOB into OUT. The shards (in
+# manifest order) must be the input cut in order; each shard's kept rows
+# (expected.jsonl) are cut into mini-dj's 12 contiguous array_split chunks,
+# the empty ones dropped, and the chunks concatenated in the string order of
+# their names, i.e. of sha256("mini-dj task i")[:32] (the dataset id is the
+# same for every part of an attempt).
+expect_merged() {
+    python3 - "$1" "$W" "$2" <<'EOF'
+import hashlib, json, sys
+job, w, dest = sys.argv[1:]
+shards = sorted(json.load(open(job + "/manifest.json"))["shards"], key=lambda s: s["index"])
+data = open(w + "/data.jsonl", "rb").read()
+assert b"".join(open(job + "/" + s["path"], "rb").read() for s in shards) == data, \
+    "the shards are the input cut in order"
+kept = open(w + "/kept.txt").read().split()
+rows = iter(open(w + "/expected.jsonl", "rb").read().splitlines(keepends=True))
+def task(i):
+    return hashlib.sha256(b"mini-dj task %d" % i).hexdigest()[:32]
+P, pos, out = 12, 0, []
+for s in shards:
+    mine = [next(rows) for k in kept[pos:pos + s["rows"]] if k == "1"]
+    pos += s["rows"]
+    q, r = divmod(len(mine), P)
+    chunks = [mine[i * q + min(i, r):(i + 1) * q + min(i + 1, r)] for i in range(P)]
+    chunks = [c for c in chunks if c]
+    for i in sorted(range(len(chunks)), key=task):
+        out += chunks[i]
+assert pos == len(kept) and next(rows, None) is None
+open(dest, "wb").write(b"".join(out))
+EOF
+}
 
 # ---- (a) 8 workers, a clean run ----
 JA="$W/job-a"
 prepare "$JA"
 ok "prepared a $NSHARDS-shard job"
+expect_merged "$JA" "$W/expected-merged.jsonl" || fail "the expected merge of job a"
+cmp -s "$W/expected-merged.jsonl" "$W/expected.jsonl" &&
+    fail "mini-dj's name order differs from the input order within a shard"
+cmp -s <(sort "$W/expected-merged.jsonl") <(sort "$W/expected.jsonl") ||
+    fail "the expected merge holds the expected rows"
+ok "expected merge: the kept rows, each shard's parts in name order (not the input order)"
 start_workers "$JA" a
 wait_for "the 8 workers complete the job" 50 job_complete "$JA"
 reap_workers a w1 w2 w3 w4 w5 w6 w7 w8
@@ -151,7 +196,7 @@ ok "status exits 0"
 "$ESCTL" merge --local "$JA" --output "$W/clean.jsonl" >"$W/merge.out" 2>&1 ||
     fail "merge of job a" "$(cat "$W/merge.out")"
 ok "merge of job a"
-cmp "$W/clean.jsonl" "$W/expected.jsonl" || fail "the merged output equals the expectation"
+cmp "$W/clean.jsonl" "$W/expected-merged.jsonl" || fail "the merged output equals the expectation"
 ok "the merged output equals the independent expectation ($(wc -l <"$W/clean.jsonl") rows)"
 
 # ---- (b) two nodes die while holding a lock ----

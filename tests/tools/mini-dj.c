@@ -35,19 +35,39 @@
  * is kept. Input records are checked as the worker checks them (spec §6.3);
  * an invalid one ends the run with exit 1.
  *
- * Output (Ray style): --export_path becomes a DIRECTORY. With M kept rows
- * and P = MINI_DJ_PARTS (default 12), the rows are cut into P contiguous
- * chunks in input order, numpy.array_split style: chunk i (0-based) holds
- * q + (i < r ? 1 : 0) rows, q = M / P, r = M % P, starting at row
- * i*q + min(i, r). Chunk i goes to "block_<i>.jsonl" (decimal, no padding)
- * and only non-empty chunks are written, so the files are block_0 ..
- * block_<min(M,P)-1>. A reader that sorts by name as plain strings, as the
- * worker does, reads block_0, block_1, block_10, block_11, block_2, ...,
- * block_9, which is NOT the input order once there are more than ten parts.
- * Each part gets a hidden ".block_<i>.jsonl.crc" (not JSONL: a reader must
- * skip it) and the directory gets an empty "_SUCCESS" at the end. Every row
- * ends with "\n". With no rows left the directory holds "_SUCCESS" only, or
- * nothing is created at all with MINI_DJ_EMPTY=nodir.
+ * Output (Ray style, as Data-Juicer 1.6.1 on Ray 2.x writes it; see
+ * tests/integration/real_dj.sh): --export_path becomes a DIRECTORY of
+ * part files. With M kept rows and P = MINI_DJ_PARTS (default 12), the
+ * rows are cut into P contiguous chunks in input order, numpy.array_split
+ * style: chunk i (0-based) holds q + (i < r ? 1 : 0) rows, q = M / P,
+ * r = M % P, starting at row i*q + min(i, r). Only non-empty chunks are
+ * written, so the parts are 0 .. N-1 with N = min(M, P). Part i is named
+ *     <dataset-id>_<task-id>_000000.json
+ * where
+ *   dataset-id  22 characters, the same for every part of a run:
+ *               character k (0..21) is ALNUM[b_k mod 62], where b_k is
+ *               byte k of SHA-256(--job_id as given) and ALNUM the 62
+ *               characters 0-9, A-Z, a-z in that (ASCII) order;
+ *   task-id     the first 32 (lower-case hex) digits of the SHA-256 of the
+ *               ASCII string "mini-dj task <i>", i in decimal without
+ *               padding: it depends on the part index only, not on P, M or
+ *               the job;
+ *   000000      the block number, always 0 (one block per task).
+ * Each part holds its chunk as JSON lines, every row ending in "\n". As the
+ * dataset id is shared, the plain string order of the names is the order
+ * of the task ids, which is NOT the part (= input) order: part 1 sorts
+ * before part 0, and for the default P = 12 the string order is
+ *     parts 5, 11, 7, 9, 1, 6, 10, 8, 0, 3, 4, 2
+ * (for N < 12 parts: this list without the indices >= N, e.g. 1, 0, 3, 4, 2
+ * for N = 5). A reader that orders by name, as the worker and the
+ * reference do, therefore gets a shard's chunks in this order, not in
+ * input order. (Ray's task ids are random; these are fixed so that tests
+ * can name the files and predict the order.) The parts are written
+ * (created) in this string order too.
+ * Nothing else is written: no _SUCCESS and no checksum files (the real
+ * export has none) unless MINI_DJ_SUCCESS=1. With no rows left the
+ * directory is created EMPTY, or nothing is created at all with
+ * MINI_DJ_EMPTY=nodir.
  *
  * Side effects: creates --work_dir and --event_log_dir (with events.log,
  * one line per step) if missing; prints progress lines on stdout and
@@ -61,13 +81,23 @@
  *   MINI_DJ_SLEEP_MS=N     sleep N ms per input row
  *   MINI_DJ_HANG=1         after reading the input print "mini-dj: hanging"
  *                          and sleep until killed (SIGTERM/SIGKILL kill it)
- *   MINI_DJ_CRASH=1        write the first ceil(M/2) rows, no _SUCCESS, then
- *                          abort() (SIGABRT, no core file)
- *   MINI_DJ_BAD=MODE       put one bad line into block_0.jsonl as its line 2
- *                          (line 1 if there are no rows), exit 0. MODE is
- *                          invalid (cut-off JSON), blank (empty line),
- *                          notobject (a JSON array) or badutf8 (a 0xff byte
- *                          inside a string)
+ *   MINI_DJ_CRASH=1        write the parts in string order as usual but stop
+ *                          after ceil(M/2) rows (the part being written
+ *                          holds the rows it got so far), write no _SUCCESS
+ *                          or .crc for it, then abort() (SIGABRT, no core
+ *                          file). Read in string order, what is left is the
+ *                          first ceil(M/2) rows of a full run read in string
+ *                          order.
+ *   MINI_DJ_BAD=MODE       put one bad line into the FIRST part in string
+ *                          order (the written part with the smallest task id,
+ *                          the one a reader opens first: part 5 with the
+ *                          default P = 12 and M >= 12) as its line 2, after
+ *                          its first row; with no rows (M = 0) part 0 is
+ *                          written holding the bad line alone (line 1), even
+ *                          with MINI_DJ_EMPTY=nodir. Exit 0; stderr names the
+ *                          file. MODE is invalid (cut-off JSON), blank (empty
+ *                          line), notobject (a JSON array) or badutf8 (a 0xff
+ *                          byte inside a string)
  *   MINI_DJ_NO_EXPORT=1    process, then exit 0 without creating --export_path
  *   MINI_DJ_SPAWN_CHILD=1  fork a child that sleeps forever in mini-dj's
  *                          process group, keeping its stdout/stderr open, and
@@ -78,7 +108,14 @@
  *                          DIR/<first 16 hex of sha256(path as given)>.once
  *                          (DIR is created if missing)
  *   MINI_DJ_PARTS=N        number of chunks, 1..100000 (default 12)
- *   MINI_DJ_EMPTY=dir|nodir  what to write when no row is left (default dir)
+ *   MINI_DJ_EMPTY=dir|nodir  no row left: an empty directory (dir, the
+ *                          default, as Ray) or no export path at all (nodir)
+ *   MINI_DJ_SUCCESS=1      also write what Spark/Hadoop-style writers add and
+ *                          Ray does not, for tests that readers skip names
+ *                          starting with "." or "_": a hidden ".<part>.crc"
+ *                          after each complete part (not JSONL) and an empty
+ *                          "_SUCCESS" at the end (so an all-filtered run
+ *                          leaves _SUCCESS alone). Default 0: neither
  *   MINI_DJ_RECORD=FILE    append one JSON line per invocation, before the
  *                          flags are checked: {"argv":[...],"cwd":"...",
  *                          "env":{"DJ_PRODUCED_DATA_DIR":..,"HF_HOME":..,
@@ -129,10 +166,13 @@ usage(FILE *f)
         "Ray executor. It is not Data-Juicer and uses no Ray cluster. It knows two operators,\n"
         "whitespace_normalization_mapper (runs of whitespace -> one space, trimmed; real\n"
         "Data-Juicer replaces each character) and text_length_filter (min_len default 10,\n"
-        "max_len default unlimited, in code points), and writes Ray-style output:\n"
-        "EXPORT_PATH/block_<i>.jsonl (contiguous chunks of the kept rows in input order,\n"
-        "chunk i = rows [i*q+min(i,r), +q+(i<r)), q=M/P, r=M%P, empty chunks not written),\n"
-        "a hidden .block_<i>.jsonl.crc per part, and an empty _SUCCESS.\n"
+        "max_len default unlimited, in code points), and writes Ray-style output: part i\n"
+        "(contiguous chunks of the kept rows in input order, chunk i = rows\n"
+        "[i*q+min(i,r), +q+(i<r)), q=M/P, r=M%P, empty chunks not written) goes to\n"
+        "EXPORT_PATH/<dataset-id>_<task-id>_000000.json, dataset-id = 22 alphanumerics\n"
+        "from sha256(job id), task-id = first 32 hex of sha256(\"mini-dj task <i>\"), so\n"
+        "name order is not part order (P=12: 5 11 7 9 1 6 10 8 0 3 4 2). No _SUCCESS, no\n"
+        ".crc files (see MINI_DJ_SUCCESS); no rows left: an empty directory.\n"
         "\n"
         "Every flag takes a value, as --flag VALUE or --flag=VALUE; all ten are required.\n"
         "\n"
@@ -140,16 +180,19 @@ usage(FILE *f)
         "  MINI_DJ_EXIT=N          * exit N right after checking the flags\n"
         "  MINI_DJ_SLEEP_MS=N      * sleep N ms per input row\n"
         "  MINI_DJ_HANG=1          * after reading the input, sleep until killed\n"
-        "  MINI_DJ_CRASH=1         * write half of the rows, then abort()\n"
+        "  MINI_DJ_CRASH=1         * write half of the rows (in name order), then abort()\n"
         "  MINI_DJ_BAD=MODE        * put a bad line (invalid|blank|notobject|badutf8) into\n"
-        "                            block_0.jsonl as line 2 (line 1 without rows), exit 0\n"
+        "                            the first part in name order as line 2 (part 0, line 1\n"
+        "                            without rows), exit 0\n"
         "  MINI_DJ_NO_EXPORT=1     * exit 0 without creating the export path\n"
         "  MINI_DJ_SPAWN_CHILD=1   * fork a child sleeping forever in this process group\n"
         "  MINI_DJ_ONLY=SUBSTR       failure knobs only if --dataset_path contains SUBSTR\n"
         "  MINI_DJ_FAIL_ONCE=DIR     failure knobs only on the first run per dataset\n"
         "                            (marker files in DIR)\n"
         "  MINI_DJ_PARTS=N           number of chunks P (default 12)\n"
-        "  MINI_DJ_EMPTY=dir|nodir   no rows left: _SUCCESS only (dir) or no export path\n"
+        "  MINI_DJ_EMPTY=dir|nodir   no rows left: an empty directory (dir) or no export path\n"
+        "  MINI_DJ_SUCCESS=1         also write an empty _SUCCESS and a hidden .<part>.crc\n"
+        "                            per part (not JSONL)\n"
         "  MINI_DJ_RECORD=FILE       append {argv, cwd, env, pid} as one JSON line\n"
         "\n"
         "exit status: 0 ok, 1 input or I/O error, 2 usage/knob/recipe error,\n"
@@ -258,7 +301,7 @@ struct knobs {
     enum bad_mode bad;
     const char *only, *fail_once, *record;
     long long parts;
-    bool empty_nodir;
+    bool empty_nodir, success;
 };
 
 static int
@@ -315,7 +358,8 @@ knobs_parse(struct knobs *k, struct esd_err *err)
         (r = env_bool("MINI_DJ_HANG", &k->hang, err)) < 0 ||
         (r = env_bool("MINI_DJ_CRASH", &k->crash, err)) < 0 ||
         (r = env_bool("MINI_DJ_NO_EXPORT", &k->no_export, err)) < 0 ||
-        (r = env_bool("MINI_DJ_SPAWN_CHILD", &k->spawn_child, err)) < 0)
+        (r = env_bool("MINI_DJ_SPAWN_CHILD", &k->spawn_child, err)) < 0 ||
+        (r = env_bool("MINI_DJ_SUCCESS", &k->success, err)) < 0)
         return r;
     if ((v = env_str("MINI_DJ_BAD"))) {
         for (size_t i = BAD_INVALID; i <= BAD_BADUTF8 && !k->bad; i++)
@@ -1040,38 +1084,101 @@ crash(size_t written, size_t total)
     abort();
 }
 
+/* ---- part names ---- */
+
+#define DATASET_ID_LEN 22
+#define TASK_ID_LEN 32
+/* <dataset-id>_<task-id>_000000.json */
+#define PART_NAME_LEN (DATASET_ID_LEN + 1 + TASK_ID_LEN + 1 + 6 + 5)
+
+/* The dataset id of a run: ALNUM[b_k mod 62] for the bytes b_k of SHA-256(job_id). */
+static void
+dataset_id(const char *job_id, char out[DATASET_ID_LEN + 1])
+{
+    static const char alnum[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    static const char digits[] = "0123456789abcdef"; /* sha256_buf's lower-case hex */
+    char hex[SHA256_HEX_LEN + 1];
+
+    sha256_buf(job_id, strlen(job_id), hex);
+    for (size_t k = 0; k < DATASET_ID_LEN; k++) {
+        const char *hi = strchr(digits, hex[2 * k]), *lo = strchr(digits, hex[2 * k + 1]);
+
+        out[k] = alnum[((hi - digits) * 16 + (lo - digits)) % 62];
+    }
+    out[DATASET_ID_LEN] = '\0';
+}
+
+struct part {
+    size_t index;
+    char name[PART_NAME_LEN + 1];
+};
+
+/* The name of part i: <dataset-id>_<first 32 hex of SHA-256("mini-dj task <i>")>_000000.json */
+static void
+part_name(const char *dsid, size_t i, struct part *p)
+{
+    char seed[64], hex[SHA256_HEX_LEN + 1];
+
+    snprintf(seed, sizeof(seed), "mini-dj task %zu", i);
+    sha256_buf(seed, strlen(seed), hex);
+    p->index = i;
+    snprintf(p->name, sizeof(p->name), "%s_%.*s_000000.json", dsid, TASK_ID_LEN, hex);
+}
+
+static int
+cmp_part(const void *a, const void *b)
+{
+    return strcmp(((const struct part *)a)->name, ((const struct part *)b)->name);
+}
+
 /*
  * Writes the Ray-style export directory (see the header comment): chunk i
- * of the kept rows goes to block_<i>.jsonl, array_split style. Returns the
- * number of part files in *ret_parts.
+ * of the kept rows, array_split style, goes to part i, and the parts are
+ * written in the string order of their names. Returns the number of part
+ * files in *ret_parts and the name of the part with the bad line (if any)
+ * in bad_name.
  */
 static int
-write_output(const char *dir, const struct rows *rs, const struct knobs *k, size_t *ret_parts,
-             struct esd_err *err)
+write_output(const char *dir, const char *job_id, const struct rows *rs, const struct knobs *k,
+             size_t *ret_parts, char bad_name[PART_NAME_LEN + 1], struct esd_err *err)
 {
     size_t q = rs->n / (size_t)k->parts, rem = rs->n % (size_t)k->parts;
-    size_t limit = (rs->n + 1) / 2, written = 0, parts = 0;
+    size_t limit = (rs->n + 1) / 2, written = 0;
+    /* only non-empty chunks are written; with no rows, MINI_DJ_BAD writes part 0 */
+    size_t nparts = rs->n < (size_t)k->parts ? rs->n : (size_t)k->parts;
+    char dsid[DATASET_ID_LEN + 1];
+    struct part *parts;
     struct buf body, crc, empty;
     int r;
 
+    if (nparts == 0 && k->bad)
+        nparts = 1;
     if ((r = fs_mkdir_p(dir, 0755, err)) < 0)
         return r;
+    dataset_id(job_id, dsid);
+    parts = xcalloc(nparts ? nparts : 1, sizeof(*parts));
+    for (size_t i = 0; i < nparts; i++)
+        part_name(dsid, i, &parts[i]);
+    qsort(parts, nparts, sizeof(*parts), cmp_part);
     buf_init(&body);
     buf_init(&crc);
     buf_init(&empty);
     buf_reserve(&empty, 0);
-    for (size_t i = 0; i < (size_t)k->parts; i++) {
+    for (size_t n = 0; n < nparts; n++) {
+        size_t i = parts[n].index;
         size_t cnt = q + (i < rem), start = i * q + (i < rem ? i : rem);
-        char name[64], crcname[80];
+        const char *name = parts[n].name;
+        bool bad_here = k->bad && n == 0;
+        char *crcname;
 
-        if (cnt == 0 && !(i == 0 && k->bad))
-            break; /* chunks are front-loaded: all later ones are empty too */
         if (k->crash && written == limit)
             crash(written, rs->n);
-        snprintf(name, sizeof(name), "block_%zu.jsonl", i);
         buf_reset(&body);
-        if (cnt == 0)
-            buf_printf(&body, "%s\n", bad_lines[k->bad].line);
+        if (bad_here) {
+            snprintf(bad_name, PART_NAME_LEN + 1, "%s", name);
+            if (cnt == 0)
+                buf_printf(&body, "%s\n", bad_lines[k->bad].line);
+        }
         for (size_t j = start; j < start + cnt; j++) {
             if (k->crash && written == limit) {
                 if ((r = write_file(dir, name, &body, err)) < 0)
@@ -1080,25 +1187,29 @@ write_output(const char *dir, const struct rows *rs, const struct knobs *k, size
             }
             rows_line(rs, j, &body);
             written++;
-            if (i == 0 && j == start && k->bad)
+            if (bad_here && j == start)
                 buf_printf(&body, "%s\n", bad_lines[k->bad].line);
         }
         if ((r = write_file(dir, name, &body, err)) < 0)
             goto out;
-        buf_reset(&crc);
-        buf_printf(&crc, "not JSONL: hidden checksum file of %s (%zu bytes), written by the "
-                         "mini-dj test stand-in; readers must skip it\n", name, body.len);
-        snprintf(crcname, sizeof(crcname), ".%s.crc", name);
-        if ((r = write_file(dir, crcname, &crc, err)) < 0)
-            goto out;
-        parts++;
+        if (k->success) {
+            buf_reset(&crc);
+            buf_printf(&crc, "not JSONL: hidden checksum file of %s (%zu bytes), written by "
+                             "the mini-dj test stand-in; readers must skip it\n", name, body.len);
+            crcname = xasprintf(".%s.crc", name);
+            r = write_file(dir, crcname, &crc, err);
+            free(crcname);
+            if (r < 0)
+                goto out;
+        }
     }
     if (k->crash)
         crash(written, rs->n);
-    if ((r = write_file(dir, "_SUCCESS", &empty, err)) < 0)
+    if (k->success && (r = write_file(dir, "_SUCCESS", &empty, err)) < 0)
         goto out;
-    *ret_parts = parts;
+    *ret_parts = nparts;
 out:
+    free(parts);
     buf_free(&body);
     buf_free(&crc);
     buf_free(&empty);
@@ -1162,6 +1273,7 @@ main(int argc, char **argv)
     char *host = NULL, *port = NULL;
     unsigned long long nread = 0;
     size_t parts = 0;
+    char bad_name[PART_NAME_LEN + 1] = "";
     int rc_exit = 1;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1252,13 +1364,13 @@ main(int argc, char **argv)
         rc_exit = 0;
         goto out;
     }
-    if (write_output(o.export_path, &rs, &k, &parts, &err) < 0) {
+    if (write_output(o.export_path, o.job_id, &rs, &k, &parts, bad_name, &err) < 0) {
         fprintf(stderr, "mini-dj: %s\n", err.msg);
         goto out;
     }
     if (k.bad)
-        fprintf(stderr, "mini-dj: MINI_DJ_BAD=%s: wrote a bad line into block_0.jsonl\n",
-                bad_lines[k.bad].name);
+        fprintf(stderr, "mini-dj: MINI_DJ_BAD=%s: wrote a bad line into %s (line %d)\n",
+                bad_lines[k.bad].name, bad_name, rs.n ? 2 : 1);
     printf("mini-dj: wrote %zu rows in %zu parts to %s\n", rs.n, parts, o.export_path);
     event(o.event_log_dir, "finished: %zu rows in %zu parts", rs.n, parts);
     rc_exit = 0;
