@@ -40,7 +40,7 @@ WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wno-unused-parameter
 OPT ?= -O2 -g
 BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread $(OPT) $(WARN) \
-        -Icommon $(PKG_CFLAGS)
+        -Icommon -Idaemon $(PKG_CFLAGS) $(shell $(PKG_CONFIG) --cflags libsystemd 2>/dev/null)
 ifeq ($(WERROR),1)
 BASE_CFLAGS += -Werror
 endif
@@ -60,6 +60,17 @@ COMMON_SRC := $(sort $(wildcard common/*.c))
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/%.o)
 LIBESD     := $(BUILD)/libesd.a
 
+# The daemon: everything but main.c goes into libesdd.a, which the unit
+# tests link too.
+DAEMON_SRC    := $(sort $(wildcard daemon/*.c))
+DAEMON_OBJ    := $(DAEMON_SRC:%.c=$(BUILD)/%.o)
+DAEMON_LIBOBJ := $(filter-out $(BUILD)/daemon/main.o,$(DAEMON_OBJ))
+LIBESDD       := $(BUILD)/libesdd.a
+ESD           := $(BUILD)/esd
+SD_CFLAGS     := $(shell $(PKG_CONFIG) --cflags libsystemd 2>/dev/null)
+SD_LIBS       := $(shell $(PKG_CONFIG) --libs libsystemd 2>/dev/null || echo -lsystemd)
+DAEMON_LIBS   := $(EV_LIBS) $(SD_LIBS)
+
 CTL_SRC := $(sort $(wildcard ctl/*.c))
 CTL_OBJ := $(CTL_SRC:%.c=$(BUILD)/%.o)
 ESCTL   := $(BUILD)/esctl
@@ -75,8 +86,9 @@ INTEGRATION := $(sort $(wildcard tests/integration/*.sh))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
 .PHONY: all deps tools check unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
-all: deps $(ESCTL)
+all: deps $(ESCTL) $(ESD)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
+	$(Q)ln -sf $(CURDIR)/$(ESD) esd
 
 # Installs missing Debian build dependencies when run as root, otherwise
 # prints the exact apt-get line and fails.
@@ -92,15 +104,24 @@ $(LIBESD): $(COMMON_OBJ)
 	$(if $(Q),@echo "  AR      $@")
 	$(Q)rm -f $@ && ar rcs $@ $^
 
+$(LIBESDD): $(DAEMON_LIBOBJ)
+	$(if $(Q),@echo "  AR      $@")
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(ESD): $(BUILD)/daemon/main.o $(LIBESDD) $(LIBESD)
+	$(if $(Q),@echo "  LD      $@")
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $< $(LIBESDD) $(LIBESD) $(PKG_LIBS) $(DAEMON_LIBS) -lm
+
 $(ESCTL): $(CTL_OBJ) $(LIBESD)
 	$(if $(Q),@echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(CTL_OBJ) $(LIBESD) $(PKG_LIBS) -lm
 
-$(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBESD)
+$(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBESDD) $(LIBESD)
 	@mkdir -p $(dir $@)
 	$(if $(Q),@echo "  CC/LD   $<")
 	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/unit -MMD -MP -MF $@.d -o $@ $< \
-		$(UNIT_HOBJ) $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) $(CHECK_LIBS) -lm
+		$(UNIT_HOBJ) $(ALL_LDFLAGS) $(LIBESDD) $(LIBESD) $(PKG_LIBS) $(DAEMON_LIBS) \
+		$(CHECK_LIBS) -lm
 
 # Test tools written in C (tests/tools/*.c), linked with libesd.
 $(BUILD)/tools/%: tests/tools/%.c $(LIBESD)
@@ -142,7 +163,8 @@ valgrind: deps $(UNIT_BINS)
 integration: all tools
 	$(Q)fail=0; for t in $(INTEGRATION); do \
 		echo "== $$t"; \
-		ESCTL=$(CURDIR)/$(ESCTL) TOP=$(CURDIR) JSONL_CHECK=$(CURDIR)/$(BUILD)/tools/jsonl-check \
+		ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOP=$(CURDIR) \
+			JSONL_CHECK=$(CURDIR)/$(BUILD)/tools/jsonl-check \
 			bash $$t || { echo "FAIL: $$t"; fail=1; }; \
 	done; exit $$fail
 
@@ -171,15 +193,21 @@ bench: all $(BENCH_BINS)
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) CLAIMER=$(CURDIR)/$(BUILD)/bench/claimer bench/claim
 
 install: all
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 \
+		$(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
 	install -m 0755 $(ESCTL) $(DESTDIR)$(BINDIR)/esctl
+	install -m 0755 $(ESD) $(DESTDIR)$(SBINDIR)/esd
 	install -m 0644 man/esctl.1 $(DESTDIR)$(MANDIR)/man1/esctl.1
+	install -m 0644 man/esd.yaml.5 $(DESTDIR)$(MANDIR)/man5/esd.yaml.5
+	install -m 0644 man/esd.8 $(DESTDIR)$(MANDIR)/man8/esd.8
 
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/esctl $(DESTDIR)$(MANDIR)/man1/esctl.1
+	rm -f $(DESTDIR)$(BINDIR)/esctl $(DESTDIR)$(SBINDIR)/esd \
+		$(DESTDIR)$(MANDIR)/man1/esctl.1 $(DESTDIR)$(MANDIR)/man5/esd.yaml.5 \
+		$(DESTDIR)$(MANDIR)/man8/esd.8
 
 clean:
-	rm -rf build esctl
+	rm -rf build esctl esd
 
 distclean: clean
 	rm -rf .venv

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <stdbool.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,10 +16,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* spawn_start, with stderr on the pipe too (merge) or on /dev/null. */
+/* spawn_start, with stderr on the pipe too (merge) or on /dev/null, as
+ * uid/gid unless uid is (uid_t)-1. */
 static int
-start(char *const *argv, char *const *envp, const char *cwd, bool merge, struct spawned *ret,
-      struct esd_err *err)
+start(char *const *argv, char *const *envp, const char *cwd, bool merge, uid_t uid, gid_t gid,
+      struct spawned *ret, struct esd_err *err)
 {
     int out[2], status[2], e = 0, r;
     pid_t pid;
@@ -53,7 +55,11 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge, struct 
         signal(SIGPIPE, SIG_DFL);
         int devnull = open("/dev/null", O_RDWR);
 
-        if (devnull < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
+        /* groups first: setuid gives up the right to change them */
+        if (uid != (uid_t)-1 &&
+            (setgroups(1, &gid) < 0 || setgid(gid) < 0 || setuid(uid) < 0 || setuid(0) == 0)) {
+            e = errno ? errno : EPERM;
+        } else if (devnull < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
             dup2(merge ? out[1] : devnull, STDERR_FILENO) < 0 ||
             dup2(devnull, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {
             e = errno;
@@ -90,7 +96,16 @@ int
 spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
             struct esd_err *err)
 {
-    return start(argv, envp, cwd, true, ret, err);
+    return start(argv, envp, cwd, true, (uid_t)-1, (gid_t)-1, ret, err);
+}
+
+int
+spawn_start_as(char *const *argv, char *const *envp, const char *cwd, uid_t uid, gid_t gid,
+               struct spawned *ret, struct esd_err *err)
+{
+    if (uid == 0)
+        return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
+    return start(argv, envp, cwd, true, uid, gid, ret, err);
 }
 
 void
@@ -126,7 +141,7 @@ spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
     bool eof = false;
     int status = 0, r;
 
-    if ((r = start(argv, environ, cwd, false, &sp, err)) < 0)
+    if ((r = start(argv, environ, cwd, false, (uid_t)-1, (gid_t)-1, &sp, err)) < 0)
         return r;
     while (!eof) {
         struct pollfd p = { .fd = sp.out_fd, .events = POLLIN };

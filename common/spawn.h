@@ -27,6 +27,14 @@ int spawn_start(char *const *argv, char *const *envp, const char *cwd, struct sp
                 struct esd_err *err);
 
 /*
+ * spawn_start as user uid and group gid (supplementary groups dropped),
+ * for a daemon running as root that starts work as a job's owner; uid
+ * (uid_t)-1 keeps the caller's identity. Refuses uid 0.
+ */
+int spawn_start_as(char *const *argv, char *const *envp, const char *cwd, uid_t uid, gid_t gid,
+                   struct spawned *ret, struct esd_err *err);
+
+/*
  * Runs argv (PATH lookup as spawn_start) in cwd with the current
  * environment and collects its standard output (at most max bytes;
  * stderr goes to /dev/null), waiting at most timeout seconds before

@@ -1,0 +1,81 @@
+/*
+ * config: esd's configuration, /etc/esd/esd.yaml, read with libyaml through
+ * one key table (name, type, offset, default, check). Unknown keys and bad
+ * values are errors naming the file and line. SIGHUP parses into a new
+ * struct and the daemon swaps it in only if that succeeded.
+ */
+#ifndef ESD_CONFIG_H
+#define ESD_CONFIG_H
+
+#include <stdbool.h>
+
+#include <cjson/cJSON.h>
+
+#include "util.h"
+
+#define ESD_CONFIG_DEFAULT "/etc/esd/esd.yaml"
+
+enum ray_mode {
+    RAY_PERSISTENT, /* a node-local head kept running by esd */
+    RAY_PER_ATTEMPT, /* --ray_address local: Ray started by every attempt */
+    RAY_OFF,         /* no Ray (tests, processors that do not use it) */
+};
+
+enum log_target {
+    LOG_TARGET_AUTO,    /* journald under systemd, stderr otherwise */
+    LOG_TARGET_JOURNAL,
+    LOG_TARGET_STDERR,
+};
+
+/* Log levels, syslog's numbers. */
+enum { LOG_LVL_ERR = 3, LOG_LVL_WARNING = 4, LOG_LVL_NOTICE = 5, LOG_LVL_INFO = 6,
+       LOG_LVL_DEBUG = 7 };
+
+struct esd_conf {
+    char *path;              /* the file it was read from (NULL: defaults only) */
+    char *node_name;         /* node_name; default the host name made a file name */
+    long slots;              /* slots: attempts run at once; default 1 */
+    long lease_secs;         /* lease_secs: default 60 */
+    long poll_interval_secs; /* poll_interval_secs: idle poll, jittered; default 10 */
+    struct strv processor;   /* processor: command words (a string split on blanks, or
+                                a list); empty: dj-process, or python <root>/tools/
+                                process_data.py with data_juicer.root */
+    char *dj_root;           /* data_juicer.root: a Data-Juicer checkout; NULL */
+    char *dj_python;         /* data_juicer.python: default "python3" */
+    bool allow_version_mismatch; /* data_juicer.allow_version_mismatch: default false */
+    enum ray_mode ray_mode;  /* ray.mode: persistent (default), per-attempt, off */
+    char *ray_command;       /* ray.command: default "ray" */
+    long ray_port;           /* ray.port: default 6380 */
+    char *ray_temp_dir;      /* ray.temp_dir: default <state_dir>/ray */
+    struct strv ray_args;    /* ray.args: extra arguments of `ray start` (list) */
+    char *state_dir;         /* state_dir: default /var/lib/esd */
+    char *socket_path;       /* socket: default /run/esd/esd.sock */
+    char *socket_group;      /* socket_group: default "esd" */
+    char *spool_dir;         /* spool_dir: shared job registrations; NULL */
+    long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
+    long drain_timeout_secs; /* drain_timeout_secs: default 60 */
+    long max_infra_failures; /* max_infra_failures: default 10 */
+    enum log_target log_target; /* log.target: auto (default), journal, stderr */
+    int log_level;           /* log.level: err, warning, notice, info (default), debug */
+};
+
+/* Fills c with the defaults (node_name from the host name). */
+void config_defaults(struct esd_conf *c);
+
+/*
+ * Reads path over the defaults. On error (unreadable file, invalid YAML,
+ * unknown key, wrong type, value out of range) err names the file and
+ * line ("esd.yaml:7: unknown key 'slot'; did you mean 'slots'?") and *ret
+ * is untouched. The caller frees *ret with config_free.
+ */
+int config_load(const char *path, struct esd_conf *ret, struct esd_err *err);
+void config_free(struct esd_conf *c);
+
+/* The effective configuration as a JSON object (esctl config). */
+cJSON *config_json(const struct esd_conf *c);
+
+/* Every key of the table with its type and default, for the man page test
+ * and `esd --help-config`: prints "key<TAB>type<TAB>default" lines. */
+void config_print_keys(void);
+
+#endif
