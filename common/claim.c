@@ -21,7 +21,6 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -114,17 +113,6 @@ claimer_free(struct claimer *c)
     c->clock_fd = -1;
 }
 
-/*
- * futimens(fd, NULL) as a raw system call: the time must be the one the
- * kernel or the file server stamps, never one a userland clock shim (or a
- * libc wrapper) substitutes for "now".
- */
-static int
-touch_now(int fd)
-{
-    return (int)syscall(SYS_utimensat, fd, NULL, NULL, 0);
-}
-
 static double
 ts_secs(const struct timespec *ts)
 {
@@ -138,7 +126,7 @@ claimer_now(struct claimer *c, double *ret_now, struct esd_err *err)
 
     /* UTIME_NOW makes the file server stamp its own time (on NFS a
      * SETATTR to server time); the reply's attributes carry it back. */
-    if (touch_now(c->clock_fd) < 0 || fstat(c->clock_fd, &st) < 0)
+    if (fs_touch_fd(c->clock_fd) < 0 || fstat(c->clock_fd, &st) < 0)
         return err_sys(err, -errno, "Cannot read the server clock in %s/state/clock",
                        c->m->job_dir);
     c->clock_server = ts_secs(&st.st_mtim);
@@ -342,6 +330,15 @@ takeover(struct claimer *c, size_t i, const char *path, double now, struct esd_e
     if (r == 0)
         r = fs_fsync_parent(dest, err);
     free(dest);
+    if (r == 0) {
+        const char *from = json_get_str(j, "node");
+
+        if (!from)
+            from = json_get_str(j, "hostname");
+        snprintf(c->taken_from, sizeof(c->taken_from), "%s", from ? from : "unknown");
+        c->taken_index = i;
+        c->taken_valid = true;
+    }
     cJSON_Delete(j);
     claim_unfence(fd);
     return r < 0 ? r : J_GONE;
@@ -539,6 +536,11 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     if ((r = attempt_record_start(m, &cl, c->hostname, c->node, epoch, claimed_at, err)) < 0)
         goto unlock;
     c->known[i] = K_MINE;
+    if (c->taken_valid && c->taken_index == i) {
+        cl.took_over = true;
+        memcpy(cl.taken_from, c->taken_from, sizeof(cl.taken_from));
+    }
+    c->taken_valid = false;
     *ret = cl;
     memset(&cl, 0, sizeof(cl));
     r = T_CLAIMED;
@@ -702,7 +704,7 @@ claim_heartbeat(const struct claim *cl, struct esd_err *err)
         if (!t || strcmp(t, cl->token) != 0)
             r = err_set(err, -ESTALE, "Lease of %s lost: its lock holds another token",
                         cl->shard_id);
-        else if (touch_now(fd) < 0)
+        else if (fs_touch_fd(fd) < 0)
             r = err_sys(err, -errno, "Cannot renew the lease of %s", cl->shard_id);
         cJSON_Delete(j);
     }

@@ -64,6 +64,9 @@ struct claimer {
     size_t ndone, nfailed;
     bool primed;
     double locks_listed;   /* monotonic time of the last listing of state/locks */
+    bool taken_valid;      /* the pass took a stale lock of shard taken_index over ... */
+    size_t taken_index;
+    char taken_from[128];  /* ... from this node (or host) */
 };
 
 /* One claimed shard, owned by the caller until claim_free. */
@@ -78,6 +81,8 @@ struct claim {
     dev_t lock_dev;
     ino_t lock_ino;
     long long lease_secs;
+    bool took_over;       /* the shard's stale lock was taken over ... */
+    char taken_from[128]; /* ... from this node (or host) */
 };
 
 /* What a pass that claimed nothing saw. */

@@ -111,6 +111,13 @@ int fs_walk(const char *dir, bool (*want)(const char *name), struct fs_entries *
             struct esd_err *err);
 void fs_entries_free(struct fs_entries *e);
 
+/*
+ * Sets the modification time of the open file fd to the file system's
+ * "now" (utimensat(fd, NULL) as a raw system call: on NFS the server
+ * stamps it, and no userland clock shim can substitute another time).
+ */
+int fs_touch_fd(int fd);
+
 /* The final component of path (pointer into path); "" for "/". */
 const char *fs_basename(const char *path);
 /* The directory part of path (allocated); "/" for "/x", "." for "x". */

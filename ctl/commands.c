@@ -63,30 +63,32 @@ const struct cmd_def esctl_cmds[] = {
       OPT(O_CONFIG) | OPT(O_DATASET_PATH) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS) |
           OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) |
           OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) | LIMITS,
-      OPT(O_CONFIG) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS), false, false, local_prepare },
-    { "status", "[--job-dir] DIR [--all] [--lock-timeout-secs N]",
-      "show the state of every shard of a job",
-      OPT(O_JOB_DIR) | OPT(O_ALL) | OPT(O_LOCK_TIMEOUT), OPT(O_JOB_DIR), true, true,
-      local_status },
+      OPT(O_CONFIG) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS), false, false, local_prepare, NULL },
+    { "ping", "", "check that esd answers on its control socket", 0, 0, false, false, NULL,
+      remote_ping },
+    { "status", "[[--job-dir] DIR [--all] [--lock-timeout-secs N]]",
+      "without a job: the daemon's jobs and slots; with one: the state of every shard",
+      OPT(O_JOB_DIR) | OPT(O_ALL) | OPT(O_LOCK_TIMEOUT), 0, true, true, local_status,
+      remote_status },
     { "retry", "[--job-dir] DIR (--all-failed | --shard-id ID ...)",
       "requeue terminally failed shards",
       OPT(O_JOB_DIR) | OPT(O_ALL_FAILED) | OPT(O_SHARD_ID), OPT(O_JOB_DIR), true, false,
-      local_retry },
+      local_retry, NULL },
     { "merge", "[--job-dir] DIR [--output PATH] [--overwrite]",
       "check every shard's result and merge them in the original order",
       OPT(O_JOB_DIR) | OPT(O_OUTPUT) | OPT(O_OVERWRITE) | OPT(O_LOCK_TIMEOUT) | LIMITS,
-      OPT(O_JOB_DIR), true, false, local_merge },
+      OPT(O_JOB_DIR), true, false, local_merge, NULL },
     { "worker", "[--job-dir] DIR [--node NAME] [--max-shards N] [options]",
       "claim and process shards until the job is terminal (local mode only)",
       OPT(O_JOB_DIR) | OPT(O_NODE) | OPT(O_MAX_SHARDS) | OPT(O_LEASE_SECS) | OPT(O_LOCK_TIMEOUT) |
           OPT(O_MAX_RETRIES) | OPT(O_MAX_INFRA) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) |
           OPT(O_PROCESSOR) | OPT(O_DJ_ROOT) | OPT(O_ATTEMPT_TIMEOUT) | OPT(O_VERBOSE) |
           OPT(O_ALLOW_MISMATCH) | LIMITS,
-      OPT(O_JOB_DIR), true, false, local_worker },
+      OPT(O_JOB_DIR), true, false, local_worker, NULL },
     { "verify", "[--job-dir] DIR [--expect-nodes N]",
       "recheck every shard's result (and the merged output) without writing",
       OPT(O_JOB_DIR) | OPT(O_EXPECT_NODES) | OPT(O_LOCK_TIMEOUT) | LIMITS, OPT(O_JOB_DIR), true,
-      true, local_verify },
+      true, local_verify, NULL },
 };
 
 const size_t esctl_ncmds = sizeof(esctl_cmds) / sizeof(esctl_cmds[0]);

@@ -14,9 +14,8 @@
 
 #include "esctl.h"
 #include "json.h"
+#include "proto.h"
 
-#define ESD_SOCKET_DEFAULT "/run/esd/esd.sock"
-#define ESD_VERSION "0.1.0"
 
 static void
 usage(FILE *f)
@@ -158,34 +157,33 @@ parse_args(struct call *c, int argc, char **argv, int i)
     return EXIT_OK;
 }
 
-/* Tries the daemon's socket. The control protocol arrives with the daemon;
- * until then a reachable socket is reported as unusable. */
+/*
+ * Where a command runs: through esd when it has a daemon side (status
+ * without a job directory, ping), in-process with --local or when it only
+ * reads a job directory; a command that changes a job needs --local until
+ * esd offers it.
+ */
 static int
-daemon_reachable(const struct call *c, char *why, size_t whylen)
+dispatch(struct call *c)
 {
-    const char *path = c->set[O_SOCKET] ? c->str[O_SOCKET] : getenv("ESD_SOCKET");
-    struct sockaddr_un sa = { .sun_family = AF_UNIX };
-    int fd, r;
+    const struct cmd_def *cmd = c->cmd;
+    bool daemon_side = cmd->remote && (!cmd->local || !c->set[O_JOB_DIR]);
 
-    if (!path || !*path)
-        path = ESD_SOCKET_DEFAULT;
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        snprintf(why, whylen, "socket path too long: %s", path);
-        return 0;
+    if (c->set[O_LOCAL]) {
+        if (!cmd->local) {
+            out_error("%s has no local mode: it asks esd", cmd->name);
+            return EXIT_ERROR;
+        }
+        return cmd->local(c);
     }
-    strcpy(sa.sun_path, path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(why, whylen, "socket: %s", strerror(errno));
-        return 0;
-    }
-    r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
-    if (r < 0)
-        snprintf(why, whylen, "cannot reach esd at %s: %s", path, strerror(errno));
-    else
-        snprintf(why, whylen, "esd at %s does not speak this esctl's protocol", path);
-    close(fd);
-    return 0;
+    if (daemon_side)
+        return cmd->remote(c);
+    if (cmd->reads_only)
+        return cmd->local(c);
+    out_error("%s: this esctl runs it only in-process: pass --local to work on the job "
+              "directory directly",
+              cmd->name);
+    return EXIT_UNREACHABLE;
 }
 
 int
@@ -241,21 +239,8 @@ main(int argc, char **argv)
         c.tty_out = isatty(STDOUT_FILENO);
         c.tty_err = isatty(STDERR_FILENO);
         c.color = c.tty_out && !getenv("NO_COLOR");
-        if (!c.set[O_LOCAL]) {
-            char why[512];
-
-            daemon_reachable(&c, why, sizeof(why));
-            if (!c.cmd->reads_only) {
-                out_error("%s: %s; pass --local to run it in-process on the job directory",
-                          c.cmd->name, why);
-                r = EXIT_UNREACHABLE;
-                goto out;
-            }
-            fprintf(stderr, "esctl: %s; reading the job directory directly\n", why);
-        }
-        r = c.cmd->local(&c);
+        r = dispatch(&c);
     }
-out:
     for (int o = 0; o < O__COUNT; o++)
         strv_free(&c.multi[o]);
     return r;

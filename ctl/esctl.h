@@ -82,7 +82,8 @@ struct cmd_def {
     uint64_t required;   /* options it needs */
     bool positional_job; /* a lone positional argument is --job-dir */
     bool reads_only;     /* falls back to local mode when esd is unreachable */
-    int (*local)(struct call *c);
+    int (*local)(struct call *c);  /* in-process; NULL: through the daemon only */
+    int (*remote)(struct call *c); /* through esd; NULL: local mode only */
 };
 
 /* Parsed arguments of one invocation. */
@@ -112,6 +113,24 @@ int local_worker(struct call *c);
 /* --max-line-bytes and --max-depth over the defaults. */
 struct jsonl_limits;
 void limits_from(const struct call *c, struct jsonl_limits *lim);
+
+/* The daemon's control socket (ctl/client.c). */
+#define ESD_SOCKET_DEFAULT "/run/esd/esd.sock"
+struct cJSON;
+const char *client_socket_path(const struct call *c);
+/*
+ * Sends cmd (args taken over, may be NULL) and waits at most timeout
+ * seconds for its reply (*ret_reply, the whole reply object: the caller
+ * checks "ok"); event gets every progress line before it. Returns 0, or a
+ * negative errno when esd cannot be reached or talked to (err says why).
+ */
+int client_call(const struct call *c, const char *cmd, struct cJSON *args, double timeout,
+                void (*event)(void *ctx, const struct cJSON *ev), void *ctx,
+                struct cJSON **ret_reply, struct esd_err *err);
+
+/* Daemon commands (ctl/remote.c). */
+int remote_ping(struct call *c);
+int remote_status(struct call *c);
 
 /* Output helpers (ctl/output.c). */
 void out_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

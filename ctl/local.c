@@ -198,6 +198,10 @@ local_status(struct call *c)
     uint64_t rows_done = 0;
     int r;
 
+    if (!c->set[O_JOB_DIR]) {
+        out_error("status --local needs a job directory (without one, status asks esd)");
+        return EXIT_ERROR;
+    }
     if ((r = load_job(c, &m, &err)) < 0)
         return fail(c, &err);
     if ((r = status_compute(&m, c->set[O_LOCK_TIMEOUT] ? c->num[O_LOCK_TIMEOUT] : 0, true, &st,

@@ -74,8 +74,15 @@ void config_free(struct esd_conf *c);
 /* The effective configuration as a JSON object (esctl config). */
 cJSON *config_json(const struct esd_conf *c);
 
-/* Every key of the table with its type and default, for the man page test
- * and `esd --help-config`: prints "key<TAB>type<TAB>default" lines. */
+/* Every key of the table with its type, default and help, for
+ * `esd --help-config`: prints "key<TAB>type<TAB>default<TAB>help" lines on
+ * stdout, in table order. */
 void config_print_keys(void);
+
+/* The key table for tests (the man page and sample must name every key):
+ * how many keys, and the dotted name of key i ("ray.mode"; NULL past the
+ * end). Static strings. */
+size_t config_nkeys(void);
+const char *config_key_name(size_t i);
 
 #endif

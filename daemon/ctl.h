@@ -31,4 +31,8 @@ void ctl_set_status(cJSON *(*fn)(void));
  * came from socket activation). */
 void ctl_fini(void);
 
+/* Test only: closes connections idle for secs instead of PROTO_IDLE_SECS
+ * (applies to connections accepted later). */
+void ctl_test_set_idle(double secs);
+
 #endif

@@ -112,8 +112,11 @@ check "status of a fresh job exits 1" 1 \
     "Job job: executor=ray ray_address=local total=3 pending=3 running=0 stale=0 done=0 failed=0"
 
 run "$ESCTL" status "$JOB"
-check "status without --local falls back to local mode with a notice" 1 \
-    "pending=3" "reading the job directory directly"
+check "status of a job directory reads it without --local" 1 "pending=3"
+run "$ESCTL" status
+check "status without a job asks esd, which is not running here" 3 "" "cannot reach esd at"
+run "$ESCTL" ping
+check "ping without esd exits 3" 3 "" "cannot reach esd at"
 
 "$FAKE" --job-dir "$JOB" --shard-id "$S0" --fail "$S1" --hostname node-a ||
     fail "fake-finish one done, one failed" "exit $?"
@@ -224,8 +227,7 @@ json_ok "verify --json error parses"
 ok "verify --json error says ok false"
 
 run "$ESCTL" verify "$JOB"
-check "verify without --local falls back to local mode" 0 "PASS" \
-    "reading the job directory directly"
+check "verify reads the job directory without --local" 0 "PASS"
 
 run "$ESCTL" --json verify --local "$JOB"
 check "verify --json" 0

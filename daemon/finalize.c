@@ -1,0 +1,323 @@
+/*
+ * finalize: the merge election, the merging child and the waiters' poll.
+ */
+#include "finalize.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "json.h"
+#include "log.h"
+#include "merge.h"
+
+struct fin {
+    struct job *job;
+    char *dir;    /* <job>/state/esd */
+    char *lock;   /* finalize.lock */
+    char *result; /* finalize.json */
+    bool winner;
+    pid_t pid;
+    ev_child child_w;
+    ev_timer beat_w; /* winner: renews the lock */
+    ev_timer poll_w; /* waiter: looks for the result */
+    struct log_ctx ctx;
+};
+
+static struct {
+    struct ev_loop *loop;
+    const struct esd_conf *conf;
+    void (*done)(struct job *j);
+    size_t running;
+} F;
+
+void
+finalize_init(struct ev_loop *loop, const struct esd_conf *c)
+{
+    F.loop = loop;
+    F.conf = c;
+}
+
+void
+finalize_reconfigure(const struct esd_conf *c)
+{
+    F.conf = c;
+}
+
+void
+finalize_set_done(void (*done)(struct job *j))
+{
+    F.done = done;
+}
+
+size_t
+finalize_running(void)
+{
+    return F.running;
+}
+
+static void
+fin_free(struct fin *f)
+{
+    if (ev_is_active(&f->child_w))
+        ev_child_stop(F.loop, &f->child_w);
+    ev_timer_stop(F.loop, &f->beat_w);
+    ev_timer_stop(F.loop, &f->poll_w);
+    if (f->pid > 0) {
+        kill(f->pid, SIGKILL);
+        F.running--;
+    }
+    f->job->finalize = NULL;
+    free(f->dir);
+    free(f->lock);
+    free(f->result);
+    free(f);
+}
+
+/* Applies finalize.json if it is there: true when the job ended. */
+static bool
+fin_apply(struct fin *f)
+{
+    struct job *j = f->job;
+    cJSON *o = NULL;
+    const char *status, *error, *node;
+    long long rows = 0;
+    struct stat st;
+
+    if (stat(f->result, &st) < 0 || json_load_object(f->result, 1 << 20, &o, NULL) < 0)
+        return false;
+    status = json_get_str(o, "status");
+    error = json_get_str(o, "error");
+    node = json_get_str(o, "node");
+    json_get_int(o, "rows", &rows);
+    if (status && !strcmp(status, "complete")) {
+        log_notice(&f->ctx, "merged %lld rows into %s (by node %s)", rows,
+                   json_get_str(o, "output_path") ? json_get_str(o, "output_path") : j->output,
+                   node ? node : "?");
+        jobs_set_state(j, JOB_COMPLETE, NULL);
+    } else {
+        char *why = xasprintf("the merge failed on node %s: %s", node ? node : "?",
+                              error ? error : "no reason recorded");
+        jobs_set_state(j, JOB_FAILED, why);
+        free(why);
+    }
+    cJSON_Delete(o);
+    fin_free(f);
+    if (F.done)
+        F.done(j);
+    return true;
+}
+
+/* The merging child: as the job's owner when started as root. */
+static void __attribute__((noreturn))
+fin_merge_child(struct fin *f)
+{
+    struct job *j = f->job;
+    struct merge_opts o = { 0 };
+    struct merge_result res = { 0 };
+    struct esd_err err;
+    cJSON *rec = cJSON_CreateObject();
+    char now[40];
+    int r = 0;
+
+    if (geteuid() == 0 && (setgroups(1, &j->gid) < 0 || setgid(j->gid) < 0 ||
+                           setuid(j->uid) < 0)) {
+        r = err_sys(&err, -errno, "cannot become uid %u to merge", (unsigned)j->uid);
+    } else {
+        o.output = j->output;
+        o.overwrite = true;
+        r = merge_run(&j->m, &o, &res, &err);
+    }
+    time_iso_now(now, NULL);
+    json_add_str(rec, "status", r == 0 ? "complete" : "failed");
+    json_add_str(rec, "job_id", j->m.job_id);
+    json_add_str(rec, "output_path", j->output);
+    json_add_str(rec, "node", F.conf->node_name);
+    json_add_str(rec, "finished_at", now);
+    if (r == 0) {
+        json_add_int(rec, "rows", (long long)res.rows);
+        json_add_str(rec, "sha256", res.sha256);
+        json_add_int(rec, "num_shards", (long long)res.nshards);
+    } else {
+        json_add_str(rec, "error", err.msg);
+    }
+    r = json_write_atomic(f->result, rec, JSON_PRETTY, &err);
+    _exit(r < 0 ? 2 : 0);
+}
+
+static void
+fin_child_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct fin *f = w->data;
+
+    (void)revents;
+    ev_child_stop(loop, w);
+    ev_timer_stop(loop, &f->beat_w);
+    f->pid = 0;
+    F.running--;
+    unlink(f->lock);
+    if (fin_apply(f))
+        return;
+    /* no result: say why and let the job be looked at again later */
+    log_err(&f->ctx, "the merging process ended (status %d) without a result; retrying later",
+            w->rstatus);
+    {
+        struct job *j = f->job;
+
+        fin_free(f);
+        jobs_set_state(j, JOB_ACTIVE, NULL);
+    }
+}
+
+static void
+fin_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct fin *f = w->data;
+    int fd = open(f->lock, O_RDWR | O_CLOEXEC);
+
+    (void)loop;
+    (void)revents;
+    if (fd >= 0) {
+        fs_touch_fd(fd);
+        close(fd);
+    }
+}
+
+static void fin_elect(struct fin *f);
+
+/* A waiter: the result, or a lock whose lease ran out. */
+static void
+fin_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct fin *f = w->data;
+    struct esd_err err;
+    struct stat st;
+    double now;
+
+    (void)loop;
+    (void)revents;
+    if (fin_apply(f))
+        return;
+    if (stat(f->lock, &st) < 0) {
+        fin_elect(f); /* released without a result: elect again */
+        return;
+    }
+    if (claimer_now(&f->job->claimer, &now, &err) == 0 &&
+        now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9) >
+            (double)F.conf->lease_secs * 2) {
+        char hex[33], *aside;
+
+        rand_hex32(hex);
+        aside = xasprintf("%s.stale.%s", f->lock, hex);
+        if (rename(f->lock, aside) == 0)
+            log_warning(&f->ctx, "the merging node stopped renewing %s: electing again", f->lock);
+        free(aside);
+        fin_elect(f);
+    }
+}
+
+static void
+fin_elect(struct fin *f)
+{
+    struct job *j = f->job;
+    struct esd_err err;
+    cJSON *o = cJSON_CreateObject();
+    struct buf b;
+    char now[40];
+    pid_t pid;
+    int r;
+
+    ev_timer_stop(F.loop, &f->poll_w);
+    time_iso_now(now, NULL);
+    json_add_str(o, "node", F.conf->node_name);
+    json_add_int(o, "pid", (long long)getpid());
+    json_add_str(o, "phase", "finalize");
+    json_add_str(o, "created_at", now);
+    json_add_int(o, "lease_secs", F.conf->lease_secs);
+    buf_init(&b);
+    json_dump(o, JSON_LINE, &b);
+    cJSON_Delete(o);
+    r = fs_create_excl(f->lock, b.p, b.len, 0644, NULL, &err);
+    buf_free(&b);
+    if (r == -EEXIST) {
+        f->winner = false;
+        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs,
+                     (double)F.conf->poll_interval_secs);
+        ev_timer_start(F.loop, &f->poll_w);
+        log_info(&f->ctx, "every shard is done; another node merges");
+        return;
+    }
+    if (r < 0) {
+        log_err(&f->ctx, "%s; retrying", err.msg);
+        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs,
+                     (double)F.conf->poll_interval_secs);
+        ev_timer_start(F.loop, &f->poll_w);
+        return;
+    }
+    f->winner = true;
+    log_notice(&f->ctx, "every shard is done; merging into %s", j->output);
+    pid = fork();
+    if (pid < 0) {
+        log_err(&f->ctx, "cannot fork to merge: %s; retrying", strerror(errno));
+        unlink(f->lock);
+        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);
+        ev_timer_start(F.loop, &f->poll_w);
+        return;
+    }
+    if (pid == 0)
+        fin_merge_child(f);
+    f->pid = pid;
+    F.running++;
+    ev_child_init(&f->child_w, fin_child_cb, pid, 0);
+    f->child_w.data = f;
+    ev_child_start(F.loop, &f->child_w);
+    ev_timer_set(&f->beat_w, (double)F.conf->lease_secs / 4.0, (double)F.conf->lease_secs / 4.0);
+    ev_timer_start(F.loop, &f->beat_w);
+}
+
+void
+finalize_start(struct job *j)
+{
+    struct fin *f;
+    struct esd_err err;
+
+    if (j->finalize || j->state == JOB_COMPLETE || j->state == JOB_FAILED)
+        return;
+    f = xcalloc(1, sizeof(*f));
+    f->job = j;
+    f->dir = xasprintf("%s/state/esd", j->job_dir);
+    f->lock = fs_join(f->dir, "finalize.lock");
+    f->result = fs_join(f->dir, "finalize.json");
+    f->ctx.job = j->m.job_id;
+    ev_init(&f->beat_w, fin_beat_cb);
+    f->beat_w.data = f;
+    ev_init(&f->poll_w, fin_poll_cb);
+    f->poll_w.data = f;
+    j->finalize = f;
+    jobs_set_state(j, JOB_FINALIZING, NULL);
+    if (fin_apply(f))
+        return;
+    if (fs_mkdir_p(f->dir, 0755, &err) < 0) {
+        log_err(&f->ctx, "%s; retrying", err.msg);
+        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);
+        ev_timer_start(F.loop, &f->poll_w);
+        return;
+    }
+    fin_elect(f);
+}
+
+void
+finalize_fini(void)
+{
+    for (struct job *j = jobs_first(); j; j = j->next)
+        if (j->finalize)
+            fin_free(j->finalize);
+}

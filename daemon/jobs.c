@@ -1,0 +1,426 @@
+/*
+ * jobs: the registry of jobs this node works, on disk and in memory.
+ */
+#include "jobs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "attempt.h"
+#include "djversion.h"
+#include "fsutil.h"
+#include "json.h"
+#include "log.h"
+#include "sha256.h"
+
+const char *const job_state_name[] = {
+    [JOB_ACTIVE] = "active",       [JOB_DRAINING] = "draining", [JOB_FINALIZING] = "finalizing",
+    [JOB_COMPLETE] = "complete",   [JOB_FAILED] = "failed",     [JOB_CANCELLED] = "cancelled",
+};
+
+static struct {
+    const struct esd_conf *conf;
+    struct job *head;
+    size_t n;
+    char *jobs_dir;     /* <state_dir>/jobs */
+    char *dj_version;   /* what this node's processor runs */
+} J;
+
+static int
+state_parse(const char *s)
+{
+    for (int i = JOB_ACTIVE; i <= JOB_CANCELLED; i++)
+        if (s && !strcmp(s, job_state_name[i]))
+            return i;
+    return -1;
+}
+
+static void
+job_key(const char *job_dir, char key[17])
+{
+    char hex[SHA256_HEX_LEN + 1];
+
+    sha256_buf(job_dir, strlen(job_dir), hex);
+    memcpy(key, hex, 16);
+    key[16] = '\0';
+}
+
+static struct job *
+find(const char *key)
+{
+    for (struct job *j = J.head; j; j = j->next)
+        if (!strcmp(j->key, key))
+            return j;
+    return NULL;
+}
+
+/* Writes the job's registry file (atomically). */
+static void
+persist(struct job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    struct esd_err err;
+    char now[40];
+
+    time_iso_now(now, NULL);
+    json_add_str(o, "job_dir", j->job_dir);
+    json_add_str(o, "output", j->output);
+    json_add_str(o, "state", job_state_name[j->state]);
+    if (j->error)
+        json_add_str(o, "error", j->error);
+    json_add_str(o, "updated_at", now);
+    if (json_write_atomic(j->reg_path, o, JSON_PRETTY, &err) < 0)
+        log_warning(&(struct log_ctx){ .job = j->key }, "%s; the state is kept in memory",
+                    err.msg);
+    cJSON_Delete(o);
+}
+
+static void
+job_free(struct job *j)
+{
+    if (j->loaded) {
+        claimer_free(&j->claimer);
+        manifest_free(&j->m);
+    }
+    free(j->job_dir);
+    free(j->output);
+    free(j->reg_path);
+    free(j->error);
+    free(j->load_error);
+    free(j);
+}
+
+/* Adds a job from a registration object (or finds it); NULL if the
+ * registration is unusable. *ret_new tells whether it was added. */
+static struct job *
+add(const cJSON *o, const char *from, bool *ret_new)
+{
+    const char *dir = json_get_str(o, "job_dir"), *out = json_get_str(o, "output");
+    const char *st = json_get_str(o, "state");
+    char key[17], *resolved = NULL;
+    struct esd_err err;
+    struct job *j;
+
+    if (!dir || dir[0] != '/') {
+        log_warning(NULL, "%s: job_dir must be an absolute path, ignoring", from);
+        return NULL;
+    }
+    if (fs_realpath_lax(dir, &resolved, &err) < 0) {
+        log_warning(NULL, "%s: %s, ignoring", from, err.msg);
+        return NULL;
+    }
+    job_key(resolved, key);
+    *ret_new = false;
+    if ((j = find(key))) {
+        free(resolved);
+        return j;
+    }
+    *ret_new = true;
+    j = xcalloc(1, sizeof(*j));
+    memcpy(j->key, key, sizeof(key));
+    j->job_dir = resolved;
+    j->output = out && out[0] == '/' ? xstrdup(out) : fs_join(resolved, "merged.jsonl");
+    j->reg_path = xasprintf("%s/%s.json", J.jobs_dir, key);
+    j->state = st && state_parse(st) >= 0 ? (enum job_state)state_parse(st) : JOB_ACTIVE;
+    if (json_get_str(o, "error"))
+        j->error = xstrdup(json_get_str(o, "error"));
+    /* draining and finalizing are this process's business, not a restart's */
+    if (j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
+        j->state = JOB_ACTIVE;
+    j->next = J.head;
+    J.head = j;
+    J.n++;
+    log_info(&(struct log_ctx){ .job = j->key }, "job %s registered (%s), %s", j->job_dir, from,
+             job_state_name[j->state]);
+    return j;
+}
+
+/* Reads every *.json registration of dir. */
+static void
+scan(const char *dir, bool spool)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+
+    if (!d) {
+        if (errno != ENOENT)
+            log_warning(NULL, "cannot read %s: %s", dir, strerror(errno));
+        return;
+    }
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        struct esd_err err;
+        struct job *j;
+        cJSON *o = NULL;
+        char *path;
+
+        if (e->d_name[0] == '.' || n < 6 || strcmp(e->d_name + n - 5, ".json"))
+            continue;
+        path = fs_join(dir, e->d_name);
+        if (json_load_object(path, 1 << 20, &o, &err) < 0) {
+            log_warning(NULL, "%s, ignoring", err.msg);
+        } else {
+            /* a spool registration carries no state of this node */
+            if (spool)
+                cJSON_DeleteItemFromObjectCaseSensitive(o, "state");
+            bool added = false;
+
+            if ((j = add(o, path, &added))) {
+                j->seen = true;
+                /* adopted from the spool: this node's own record from now on */
+                if (spool && added)
+                    persist(j);
+            }
+        }
+        cJSON_Delete(o);
+        free(path);
+    }
+    closedir(d);
+}
+
+void
+jobs_rescan(void)
+{
+    scan(J.jobs_dir, false);
+    if (J.conf->spool_dir)
+        scan(J.conf->spool_dir, true);
+}
+
+int
+jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
+{
+    struct attempt_opts ao = { 0 };
+    int dirty, r;
+
+    (void)loop;
+    J.conf = c;
+    J.jobs_dir = fs_join(c->state_dir, "jobs");
+    if ((r = fs_mkdir_p(J.jobs_dir, 0755, err)) < 0)
+        return r;
+    ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
+    ao.dj_root = c->dj_root;
+    ao.python = c->dj_python;
+    djversion_detect(&ao, &J.dj_version, &dirty);
+    log_info(NULL, "Data-Juicer version here: %s", J.dj_version);
+    jobs_rescan();
+    return 0;
+}
+
+void
+jobs_reconfigure(const struct esd_conf *c)
+{
+    struct attempt_opts ao = { 0 };
+    int dirty;
+
+    J.conf = c;
+    ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
+    ao.dj_root = c->dj_root;
+    ao.python = c->dj_python;
+    free(J.dj_version);
+    djversion_detect(&ao, &J.dj_version, &dirty);
+    /* the claimers keep their node name and lease until the job reloads */
+    jobs_rescan();
+}
+
+void
+jobs_fini(void)
+{
+    while (J.head) {
+        struct job *j = J.head;
+
+        J.head = j->next;
+        job_free(j);
+    }
+    free(J.jobs_dir);
+    free(J.dj_version);
+    memset(&J, 0, sizeof(J));
+}
+
+struct job *
+jobs_first(void)
+{
+    return J.head;
+}
+
+size_t
+jobs_count(void)
+{
+    return J.n;
+}
+
+/* Why this node cannot work j, or NULL. */
+static char *
+refusal(struct job *j)
+{
+    const cJSON *dj = cJSON_GetObjectItemCaseSensitive(j->m.json, "data_juicer");
+    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(j->m.json, "recipe");
+    const char *want = json_get_str(recipe, "sha256");
+    const char *snap = json_get_str(recipe, "snapshot_path");
+    char hex[SHA256_HEX_LEN + 1], *path = NULL;
+    struct esd_err err;
+    struct stat st;
+
+    if (stat(j->job_dir, &st) < 0)
+        return xasprintf("cannot stat %s: %s", j->job_dir, strerror(errno));
+    j->uid = st.st_uid;
+    j->gid = st.st_gid;
+    if (geteuid() == 0 && st.st_uid == 0)
+        return xasprintf("%s is owned by root, and esd never runs attempts as root; give the "
+                         "job directory to the user its attempts should run as",
+                         j->job_dir);
+    if (djversion_check(json_get_str(dj, "commit"), J.dj_version, &err) < 0 &&
+        !J.conf->allow_version_mismatch)
+        return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
+                         "intentional)",
+                         err.msg);
+    if (fs_join_inside(j->job_dir, snap ? snap : "recipe.yaml", &path, &err) < 0)
+        return xstrdup(err.msg);
+    if (sha256_file(path, hex, &err) < 0) {
+        free(path);
+        return xstrdup(err.msg);
+    }
+    free(path);
+    if (want && strcmp(want, hex))
+        return xstrdup("the recipe snapshot's hash does not match the manifest");
+    return NULL;
+}
+
+bool
+jobs_load(struct job *j)
+{
+    const struct esd_conf *c = J.conf;
+    struct claim_opts o = { 0 };
+    struct esd_err err;
+    char *why = NULL;
+
+    if (j->loaded)
+        return true;
+    if (manifest_load(j->job_dir, &j->m, &err) < 0) {
+        why = xstrdup(err.msg);
+    } else if ((why = refusal(j))) {
+        manifest_free(&j->m);
+    } else {
+        o.node = c->node_name;
+        o.lease_secs = c->lease_secs;
+        o.max_infra = c->max_infra_failures;
+        o.max_retries = -1;
+        if (claimer_init(&j->claimer, &j->m, &o, &err) < 0) {
+            why = xstrdup(err.msg);
+            manifest_free(&j->m);
+        }
+    }
+    if (why) {
+        /* said once per reason, not at every rescan */
+        if (!j->load_error || strcmp(j->load_error, why))
+            log_warning(&(struct log_ctx){ .job = j->key }, "cannot work job %s: %s", j->job_dir,
+                        why);
+        free(j->load_error);
+        j->load_error = why;
+        return false;
+    }
+    free(j->load_error);
+    j->load_error = NULL;
+    j->loaded = true;
+    log_info(&(struct log_ctx){ .job = j->m.job_id }, "working job %s: %zu shards", j->job_dir,
+             j->m.nshards);
+    return true;
+}
+
+void
+jobs_set_state(struct job *j, enum job_state state, const char *error)
+{
+    if (j->state == state && (!error || (j->error && !strcmp(error, j->error))))
+        return;
+    j->state = state;
+    free(j->error);
+    j->error = error ? xstrdup(error) : NULL;
+    persist(j);
+    if (error)
+        log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key }, "job %s: %s: %s",
+                   j->job_dir, job_state_name[state], error);
+    else
+        log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key }, "job %s: %s",
+                   j->job_dir, job_state_name[state]);
+}
+
+struct job *
+jobs_register(const char *job_dir, const char *output, bool spool, struct esd_err *err)
+{
+    cJSON *o = cJSON_CreateObject();
+    struct job *j;
+    char key[17], *path;
+    bool added;
+    int r;
+
+    json_add_str(o, "job_dir", job_dir);
+    if (output)
+        json_add_str(o, "output", output);
+    job_key(job_dir, key);
+    if (spool) {
+        if (!J.conf->spool_dir) {
+            cJSON_Delete(o);
+            err_set(err, -EINVAL, "no spool_dir is configured");
+            return NULL;
+        }
+        path = xasprintf("%s/%s.json", J.conf->spool_dir, key);
+        r = json_write_atomic(path, o, JSON_PRETTY, err);
+        free(path);
+        if (r < 0) {
+            cJSON_Delete(o);
+            return NULL;
+        }
+    }
+    j = add(o, spool ? "spool" : "submit", &added);
+    cJSON_Delete(o);
+    if (!j) {
+        err_set(err, -EINVAL, "cannot register %s", job_dir);
+        return NULL;
+    }
+    if (added)
+        persist(j);
+    return j;
+}
+
+void
+jobs_progress(const struct job *j, size_t *done, size_t *total)
+{
+    *total = j->loaded ? j->m.nshards : 0;
+    *done = j->loaded ? j->claimer.ndone : 0;
+}
+
+cJSON *
+jobs_status_json(void)
+{
+    cJSON *a = cJSON_CreateArray();
+
+    for (struct job *j = J.head; j; j = j->next) {
+        cJSON *o = cJSON_CreateObject();
+        size_t done, total;
+
+        jobs_progress(j, &done, &total);
+        json_add_str(o, "key", j->key);
+        json_add_str(o, "job_dir", j->job_dir);
+        if (j->loaded)
+            json_add_str(o, "job_id", j->m.job_id);
+        json_add_str(o, "output", j->output);
+        json_add_str(o, "state", job_state_name[j->state]);
+        json_add_int(o, "shards", (long long)total);
+        json_add_int(o, "done", (long long)done);
+        json_add_int(o, "failed", j->loaded ? (long long)j->claimer.nfailed : 0);
+        json_add_int(o, "running_here", (long long)j->running);
+        json_add_int(o, "done_here", (long long)j->done_here);
+        json_add_int(o, "failed_here", (long long)j->failed_here);
+        json_add_int(o, "rows_here", (long long)j->rows_here);
+        if (j->error)
+            json_add_str(o, "error", j->error);
+        if (j->load_error)
+            json_add_str(o, "load_error", j->load_error);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}

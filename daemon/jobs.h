@@ -1,0 +1,92 @@
+/*
+ * jobs: the job registry. A job given to this node is a small JSON file
+ * under <state_dir>/jobs/<key>.json ({"job_dir", "output", "state",
+ * "error", "submitted_at"}), so it survives restarts; with spool_dir set,
+ * every file <spool_dir>/<key>.json (registered there by any node) is
+ * adopted by every node. The key is the first 16 hex digits of the
+ * SHA-256 of the resolved job directory, the same on every node. Both
+ * places are read again every few seconds while jobs are active and every
+ * minute when idle (NFS sends no change notifications).
+ *
+ * A job is active (claims are made), draining (this node takes no more of
+ * its shards), finalizing (every shard is done; one node merges), complete,
+ * failed (a shard failed terminally, or the merge failed) or cancelled.
+ */
+#ifndef ESD_JOBS_H
+#define ESD_JOBS_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include <cjson/cJSON.h>
+#include <ev.h>
+
+#include "claim.h"
+#include "config.h"
+#include "manifest.h"
+#include "util.h"
+
+enum job_state { JOB_ACTIVE, JOB_DRAINING, JOB_FINALIZING, JOB_COMPLETE, JOB_FAILED, JOB_CANCELLED };
+
+/* "active", "draining", "finalizing", "complete", "failed", "cancelled". */
+extern const char *const job_state_name[];
+
+struct job {
+    struct job *next;
+    char key[17];
+    char *job_dir;   /* resolved */
+    char *output;    /* merged output; default <job_dir>/merged.jsonl */
+    char *reg_path;  /* <state_dir>/jobs/<key>.json */
+    enum job_state state;
+    char *error;     /* why it failed */
+    bool loaded;     /* manifest and claimer ready */
+    char *load_error; /* the last reason it could not be loaded (retried) */
+    struct manifest m;
+    struct claimer claimer;
+    uid_t uid;       /* owner of the job directory */
+    gid_t gid;
+    double next_claim;     /* monotonic time of the next claim pass */
+    struct claim_idle idle; /* what the last empty pass saw */
+    bool idle_valid;
+    size_t running;  /* attempts of this job running here */
+    unsigned long done_here, failed_here; /* outcomes on this node */
+    unsigned long long rows_here;
+    void *finalize;  /* finalize.c's state while finalizing */
+    bool seen;       /* rescan bookkeeping */
+};
+
+/* Reads the registry (and the spool). Start-up errors only. */
+int jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err);
+/* Applies a reloaded configuration (spool_dir, state_dir stay as they were). */
+void jobs_reconfigure(const struct esd_conf *c);
+void jobs_fini(void);
+
+/* Reads the registry and the spool again; new jobs are added active. */
+void jobs_rescan(void);
+
+struct job *jobs_first(void);
+size_t jobs_count(void);
+
+/* Loads the manifest and sets up the claimer if not done yet. Returns
+ * true when the job can be worked; a failure is logged once and retried
+ * at the next rescan. */
+bool jobs_load(struct job *j);
+
+/* Records a new state (and error), persists it, logs it once. */
+void jobs_set_state(struct job *j, enum job_state state, const char *error);
+
+/*
+ * Registers job_dir (resolved) with output (NULL: the default) on this
+ * node, or in the spool when spool is true. Used by the control socket
+ * and by tests through files. Returns the job or NULL with err set.
+ */
+struct job *jobs_register(const char *job_dir, const char *output, bool spool,
+                          struct esd_err *err);
+
+/* The status of every job, for the control socket. */
+cJSON *jobs_status_json(void);
+
+/* Done/total shards known here, for STATUS= lines. */
+void jobs_progress(const struct job *j, size_t *done, size_t *total);
+
+#endif

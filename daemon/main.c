@@ -1,0 +1,243 @@
+/*
+ * esd: the elastic-sharding daemon. main only parses the command line and
+ * wires the modules: init in dependency order, the loop, fini in reverse.
+ * Signals: SIGTERM and SIGINT drain and stop, SIGHUP reloads the
+ * configuration (a bad file keeps the old one), SIGPIPE is ignored.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "config.h"
+#include "ctl.h"
+#include "finalize.h"
+#include "jobs.h"
+#include "json.h"
+#include "log.h"
+#include "notify.h"
+#include "proto.h"
+#include "ray.h"
+#include "runner.h"
+#include "sched.h"
+
+static struct {
+    struct ev_loop *loop;
+    struct esd_conf *conf; /* replaced whole on reload: modules keep pointers */
+    const char *path;
+    bool path_given;
+    ev_signal term_w, int_w, hup_w;
+    bool stopping;
+    int exit_code;
+} M;
+
+static void
+usage(FILE *f)
+{
+    fprintf(f, "usage: esd [-f] [-c FILE] [--check-config] [--help-config] [--version]\n"
+               "  -f, --foreground     log to stderr instead of the journal\n"
+               "  -c, --config FILE    configuration (default %s)\n"
+               "  --check-config       validate the configuration and exit\n"
+               "  --help-config        list every configuration key and its default\n"
+               "  --version            print the version\n"
+               "See esd(8) and esd.yaml(5).\n",
+               ESD_CONFIG_DEFAULT);
+}
+
+/* The configuration at path; the defaults if the default file is absent. */
+static int
+load_config(struct esd_conf *c, struct esd_err *err)
+{
+    struct stat st;
+
+    if (!M.path_given && stat(M.path, &st) < 0 && errno == ENOENT) {
+        config_defaults(c);
+        return 0;
+    }
+    return config_load(M.path, c, err);
+}
+
+static void
+ray_stopped(void)
+{
+    ev_break(M.loop, EVBREAK_ALL);
+}
+
+static void
+drained(void)
+{
+    log_notice(NULL, "drained: nothing runs any more; stopping the Ray head");
+    ray_stop(ray_stopped);
+}
+
+static void
+main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    if (M.stopping) {
+        log_notice(NULL, "signal %d while draining: stopping attempts now", w->signum);
+        runner_stop_all();
+        return;
+    }
+    M.stopping = true;
+    notify_stopping();
+    log_notice(NULL, "signal %d: draining", w->signum);
+    sched_drain(drained);
+}
+
+static void
+main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    struct esd_conf *next = xcalloc(1, sizeof(*next)), *old = M.conf;
+    struct esd_err err;
+
+    (void)loop;
+    (void)w;
+    (void)revents;
+    notify_reloading();
+    if (load_config(next, &err) < 0) {
+        log_err(NULL, "reload: %s; keeping the current configuration", err.msg);
+        free(next);
+        notify_ready();
+        return;
+    }
+    if (strcmp(next->state_dir, old->state_dir) || strcmp(next->socket_path, old->socket_path) ||
+        strcmp(next->node_name, old->node_name))
+        log_warning(NULL, "reload: state_dir, socket and node_name take effect at the next "
+                          "restart");
+    free(next->state_dir);
+    next->state_dir = xstrdup(old->state_dir);
+    free(next->socket_path);
+    next->socket_path = xstrdup(old->socket_path);
+    free(next->node_name);
+    next->node_name = xstrdup(old->node_name);
+    /* every module moves to the new struct (comparing with the old one
+     * first where it must), then the old one goes */
+    ray_reconfigure(next);
+    runner_reconfigure(next);
+    finalize_reconfigure(next);
+    jobs_reconfigure(next);
+    sched_reconfigure(next);
+    log_set_level(next->log_level);
+    M.conf = next;
+    config_free(old);
+    free(old);
+    log_notice(NULL, "reloaded %s", M.path);
+    notify_ready();
+}
+
+int
+main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        { "foreground", no_argument, NULL, 'f' },   { "config", required_argument, NULL, 'c' },
+        { "check-config", no_argument, NULL, 'C' }, { "help-config", no_argument, NULL, 'K' },
+        { "version", no_argument, NULL, 'V' },      { "help", no_argument, NULL, 'h' },
+        { "test-hang-watchdog", no_argument, NULL, 'W' },
+        { NULL, 0, NULL, 0 },
+    };
+    bool foreground = false, check = false, hang_watchdog = false;
+    struct esd_err err;
+    int opt;
+
+    json_init();
+    M.path = ESD_CONFIG_DEFAULT;
+    while ((opt = getopt_long(argc, argv, "fc:h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'f':
+            foreground = true;
+            break;
+        case 'c':
+            M.path = optarg;
+            M.path_given = true;
+            break;
+        case 'C':
+            check = true;
+            break;
+        case 'K':
+            config_print_keys();
+            return 0;
+        case 'V':
+            printf("esd %s\n", ESD_VERSION);
+            return 0;
+        case 'W':
+            hang_watchdog = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    /* Start-up errors end the program with a clear message. */
+    M.conf = xcalloc(1, sizeof(*M.conf));
+    if (load_config(M.conf, &err) < 0) {
+        fprintf(stderr, "esd: %s\n", err.msg);
+        return 1;
+    }
+    if (check) {
+        printf("%s: ok\n", M.path_given || access(M.path, F_OK) == 0 ? M.path : "defaults");
+        config_free(M.conf);
+        free(M.conf);
+        return 0;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    log_init(M.conf->log_target, M.conf->log_level, foreground, M.conf->node_name);
+    M.loop = ev_default_loop(EVFLAG_AUTO);
+    if (!M.loop) {
+        fprintf(stderr, "esd: cannot initialise the event loop\n");
+        return 1;
+    }
+    ev_signal_init(&M.term_w, main_stop_cb, SIGTERM);
+    ev_signal_start(M.loop, &M.term_w);
+    ev_signal_init(&M.int_w, main_stop_cb, SIGINT);
+    ev_signal_start(M.loop, &M.int_w);
+    ev_signal_init(&M.hup_w, main_reload_cb, SIGHUP);
+    ev_signal_start(M.loop, &M.hup_w);
+
+    notify_init(M.loop);
+    if (hang_watchdog)
+        notify_test_stop_watchdog();
+    if (ctl_init(M.loop, M.conf, notify_listen_fd(), &err) < 0 ||
+        ray_init(M.loop, M.conf, &err) < 0 || jobs_init(M.loop, M.conf, &err) < 0) {
+        log_err(NULL, "%s", err.msg);
+        fprintf(stderr, "esd: %s\n", err.msg);
+        return 1;
+    }
+    runner_init(M.loop, M.conf);
+    finalize_init(M.loop, M.conf);
+    sched_init(M.loop, M.conf);
+    ctl_set_status(sched_status_json);
+    log_notice(NULL, "esd %s started: node %s, %ld slot(s), ray %s, state in %s, socket %s",
+               ESD_VERSION, M.conf->node_name, M.conf->slots, ray_state_name(), M.conf->state_dir,
+               M.conf->socket_path);
+    notify_ready();
+
+    ev_run(M.loop, 0);
+
+    log_notice(NULL, "stopped");
+    sched_fini();
+    finalize_fini();
+    runner_fini();
+    jobs_fini();
+    ray_fini();
+    ctl_fini();
+    notify_fini();
+    config_free(M.conf);
+    free(M.conf);
+    ev_loop_destroy(M.loop);
+    return M.exit_code;
+}

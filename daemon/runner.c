@@ -1,0 +1,620 @@
+/*
+ * runner: attempts as libev objects. Each struct run embeds its watchers:
+ * the processor's exit (ev_child), its output (ev_io), the lease renewal,
+ * the attempt timeout and the kill grace (ev_timer), and, once the
+ * processor is gone, the finishing child's exit and report.
+ */
+#include "runner.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "json.h"
+#include "log.h"
+#include "ray.h"
+#include "spawn.h"
+
+#define KILL_GRACE 10.0
+#define LOG_LINE_MAX 8192
+
+extern char **environ;
+
+struct run {
+    struct run *next;
+    struct job *job;
+    struct claim cl;
+    struct log_ctx ctx;
+    struct attempt_cmd cmd;
+    struct spawned child;
+    int log_fd;
+    ev_child child_w;
+    ev_io out_w;
+    ev_timer beat_w;
+    ev_timer timeout_w;
+    ev_timer grace_w;
+    struct buf line;
+    double started;
+    unsigned long ray_gen;
+    char ray_addr[128];
+    bool running, exited, out_eof, killing;
+    int status;
+    bool lease_lost, timed_out, stopped, start_failed;
+    char error[ESD_ERR_MAX];
+    /* finishing */
+    pid_t fin_pid;
+    ev_child fin_child_w;
+    ev_io fin_w;
+    struct buf fin_out;
+    bool fin_exited, fin_eof;
+    int fin_status;
+};
+
+static struct {
+    struct ev_loop *loop;
+    const struct esd_conf *conf;
+    struct run *head;
+    size_t n;
+    void (*done)(struct job *j, const struct attempt_final *fin);
+} R;
+
+static void run_finish(struct run *r);
+
+void
+runner_init(struct ev_loop *loop, const struct esd_conf *c)
+{
+    R.loop = loop;
+    R.conf = c;
+}
+
+void
+runner_reconfigure(const struct esd_conf *c)
+{
+    /* attempts in flight keep the settings they started with */
+    R.conf = c;
+}
+
+void
+runner_set_done(void (*done)(struct job *j, const struct attempt_final *fin))
+{
+    R.done = done;
+}
+
+size_t
+runner_count(void)
+{
+    return R.n;
+}
+
+static void
+run_free(struct run *r)
+{
+    struct run **p;
+
+    for (p = &R.head; *p && *p != r; p = &(*p)->next)
+        ;
+    if (*p)
+        *p = r->next;
+    R.n--;
+    if (r->log_fd >= 0)
+        close(r->log_fd);
+    attempt_cmd_free(&r->cmd);
+    claim_free(&r->cl);
+    buf_free(&r->line);
+    buf_free(&r->fin_out);
+    free(r);
+}
+
+/* ---- the processor ---- */
+
+static void
+run_kill(struct run *r)
+{
+    if (!r->running || r->exited || r->killing)
+        return;
+    r->killing = true;
+    spawn_signal(&r->child, SIGTERM);
+    ev_timer_start(R.loop, &r->grace_w);
+}
+
+static void
+run_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct run *r = w->data;
+
+    (void)loop;
+    (void)revents;
+    log_warning(&r->ctx, "processor still running %.0f s after SIGTERM: SIGKILL", KILL_GRACE);
+    spawn_signal(&r->child, SIGKILL);
+}
+
+/* Logs complete lines of the processor's output. */
+static void
+run_lines(struct run *r, bool flush)
+{
+    size_t start = 0;
+
+    for (size_t i = 0; i < r->line.len; i++)
+        if (r->line.p[i] == '\n') {
+            log_info(&r->ctx, "%.*s", (int)(i - start > LOG_LINE_MAX ? LOG_LINE_MAX : i - start),
+                     r->line.p + start);
+            start = i + 1;
+        }
+    if (flush && start < r->line.len) {
+        log_info(&r->ctx, "%.*s", (int)(r->line.len - start), r->line.p + start);
+        start = r->line.len;
+    }
+    /* a line longer than the limit is logged in pieces */
+    if (!flush && r->line.len - start > LOG_LINE_MAX) {
+        log_info(&r->ctx, "%.*s", LOG_LINE_MAX, r->line.p + start);
+        start += LOG_LINE_MAX;
+    }
+    memmove(r->line.p, r->line.p + start, r->line.len - start);
+    r->line.len -= start;
+}
+
+static void
+run_out_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct run *r = w->data;
+    char chunk[65536];
+    ssize_t n;
+
+    (void)revents;
+    n = read(r->child.out_fd, chunk, sizeof(chunk));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n > 0) {
+        if (r->log_fd >= 0 && fs_write_all(r->log_fd, chunk, (size_t)n) < 0) {
+            log_warning(&r->ctx, "cannot write %s: %s; the output still goes to the log",
+                        r->cmd.log_path, strerror(errno));
+            close(r->log_fd);
+            r->log_fd = -1;
+        }
+        buf_append(&r->line, chunk, (size_t)n);
+        run_lines(r, false);
+        return;
+    }
+    run_lines(r, true);
+    ev_io_stop(loop, w);
+    close(r->child.out_fd);
+    r->child.out_fd = -1;
+    r->out_eof = true;
+    if (r->exited)
+        run_finish(r);
+}
+
+static void
+run_child_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct run *r = w->data;
+
+    (void)revents;
+    ev_child_stop(loop, w);
+    r->exited = true;
+    r->status = w->rstatus;
+    ev_timer_stop(loop, &r->beat_w);
+    ev_timer_stop(loop, &r->timeout_w);
+    ev_timer_stop(loop, &r->grace_w);
+    /* what is left of the group must not keep the output pipe open */
+    spawn_signal(&r->child, SIGKILL);
+    if (r->out_eof)
+        run_finish(r);
+}
+
+static void
+run_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct run *r = w->data;
+    struct esd_err err;
+    int rc;
+
+    (void)loop;
+    (void)revents;
+    rc = claim_heartbeat(&r->cl, &err);
+    if (rc == -ESTALE) {
+        r->lease_lost = true;
+        snprintf(r->error, sizeof(r->error), "%s", err.msg);
+        log_warning(&r->ctx, "%s: stopping the attempt", err.msg);
+        ev_timer_stop(loop, w);
+        run_kill(r);
+    } else if (rc < 0) {
+        log_warning(&r->ctx, "%s; retrying at the next renewal", err.msg);
+    }
+}
+
+static void
+run_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct run *r = w->data;
+
+    (void)loop;
+    (void)revents;
+    r->timed_out = true;
+    log_warning(&r->ctx, "attempt timed out after %ld s: stopping it",
+                (long)R.conf->attempt_timeout_secs);
+    run_kill(r);
+}
+
+/* nftw has no context argument: the owner being given the attempt. */
+static uid_t chown_uid;
+static gid_t chown_gid;
+
+static int
+chown_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    /* lchown: never follow a link out of the attempt */
+    return lchown(path, chown_uid, chown_gid) < 0 ? -1 : 0;
+}
+
+/* Started as root: the attempt directory goes to the job's owner, who runs
+ * the processor in it. */
+static int
+give_attempt_dir(struct run *r, struct esd_err *err)
+{
+    chown_uid = r->job->uid;
+    chown_gid = r->job->gid;
+    if (nftw(r->cl.attempt_dir, chown_one, 16, FTW_PHYS) < 0)
+        return err_sys(err, -errno, "Cannot give %s to uid %u", r->cl.attempt_dir,
+                       (unsigned)chown_uid);
+    return 0;
+}
+
+/* The attempt's environment: esd's, plus what the Ray head needs. */
+static struct strv
+attempt_env(void)
+{
+    struct strv env;
+
+    strv_init(&env);
+    for (char **e = environ; e && *e; e++)
+        strv_push(&env, *e);
+    ray_env(&env);
+    return env;
+}
+
+void
+runner_start(struct job *j, struct claim *cl)
+{
+    const struct esd_conf *c = R.conf;
+    struct run *r = xcalloc(1, sizeof(*r));
+    struct attempt_opts ao = { 0 };
+    struct esd_err err;
+    struct strv env;
+    const char *addr = ray_address();
+    bool as_owner = geteuid() == 0;
+
+    r->job = j;
+    r->cl = *cl;
+    memset(cl, 0, sizeof(*cl));
+    r->ctx.job = j->m.job_id;
+    r->ctx.shard = r->cl.shard_id;
+    r->ctx.attempt = r->cl.attempt_number;
+    r->log_fd = -1;
+    r->child.out_fd = -1;
+    r->started = time_mono();
+    r->ray_gen = ray_generation();
+    snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : j->m.ray_address);
+    buf_init(&r->line);
+    buf_init(&r->fin_out);
+    r->next = R.head;
+    R.head = r;
+    R.n++;
+    j->running++;
+    ev_timer_init(&r->grace_w, run_grace_cb, KILL_GRACE, 0);
+    r->grace_w.data = r;
+    ev_timer_init(&r->beat_w, run_beat_cb, (double)r->cl.lease_secs / 4.0,
+                  (double)r->cl.lease_secs / 4.0);
+    r->beat_w.data = r;
+    ev_timer_init(&r->timeout_w, run_timeout_cb, (double)c->attempt_timeout_secs, 0);
+    r->timeout_w.data = r;
+
+    ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
+    ao.dj_root = c->dj_root;
+    ao.python = c->dj_python;
+    ao.ray_address = r->ray_addr;
+    env = attempt_env();
+    ao.env = env.v;
+    if (attempt_prepare(&j->m, &r->cl, &ao, &r->cmd, &err) < 0 ||
+        (as_owner && give_attempt_dir(r, &err) < 0)) {
+        strv_free(&env);
+        goto start_failed;
+    }
+    r->log_fd = open(r->cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (r->log_fd < 0) {
+        err_sys(&err, -errno, "Cannot create %s", r->cmd.log_path);
+        strv_free(&env);
+        goto start_failed;
+    }
+    if ((as_owner ? spawn_start_as(r->cmd.argv, r->cmd.envp, r->cmd.cwd, j->uid, j->gid,
+                                   &r->child, &err)
+                  : spawn_start(r->cmd.argv, r->cmd.envp, r->cmd.cwd, &r->child, &err)) < 0) {
+        dprintf(r->log_fd, "\nUnable to start Data-Juicer: %s\n", err.msg);
+        strv_free(&env);
+        goto start_failed;
+    }
+    strv_free(&env);
+    r->running = true;
+    fcntl(r->child.out_fd, F_SETFL, fcntl(r->child.out_fd, F_GETFL) | O_NONBLOCK);
+    ev_io_init(&r->out_w, run_out_cb, r->child.out_fd, EV_READ);
+    r->out_w.data = r;
+    ev_io_start(R.loop, &r->out_w);
+    ev_child_init(&r->child_w, run_child_cb, r->child.pid, 0);
+    r->child_w.data = r;
+    ev_child_start(R.loop, &r->child_w);
+    ev_timer_start(R.loop, &r->beat_w);
+    if (c->attempt_timeout_secs > 0)
+        ev_timer_start(R.loop, &r->timeout_w);
+    log_info(&r->ctx, "started %s (pid %d) on Ray %s", r->cmd.argv[0], (int)r->child.pid,
+             r->ray_addr);
+    return;
+
+start_failed:
+    r->start_failed = true;
+    snprintf(r->error, sizeof(r->error), "%s", err.msg);
+    log_warning(&r->ctx, "cannot start the attempt: %s", err.msg);
+    r->exited = r->out_eof = true;
+    run_finish(r);
+}
+
+/* ---- finishing: validation and publication in a child ---- */
+
+/* The outcome as the runner saw it; *need_result when the output must be
+ * validated first. */
+static void
+run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen,
+            bool *need_result)
+{
+    char how[64];
+    int code = -1;
+
+    memset(out, 0, sizeof(*out));
+    *need_result = false;
+    out->duration = time_mono() - r->started;
+    out->ray_address = r->ray_addr;
+    out->dj_commit = NULL;
+    if (r->running)
+        spawn_describe(r->status, how, &code);
+    out->return_code = r->running ? code : -1;
+    if (r->stopped) {
+        out->released = true;
+        out->error = "esd stopped the attempt (drain or shutdown)";
+    } else if (r->start_failed || r->lease_lost) {
+        out->fc = FC_INFRASTRUCTURE;
+        out->error = r->error;
+    } else if (code != 0 && R.conf->ray_mode == RAY_PERSISTENT && ray_generation() != r->ray_gen) {
+        out->fc = FC_INFRASTRUCTURE;
+        snprintf(msg, msglen, "the Ray head went down during the attempt (Data-Juicer %s %s)",
+                 code < 0 ? "was" : "returned", how);
+        out->error = msg;
+    } else if (r->timed_out) {
+        out->fc = FC_PROCESSOR;
+        snprintf(msg, msglen, "Data-Juicer timed out after %ld s and was killed",
+                 (long)R.conf->attempt_timeout_secs);
+        out->error = msg;
+    } else if (code != 0) {
+        out->fc = FC_PROCESSOR;
+        snprintf(msg, msglen, "Data-Juicer %s %s", code < 0 ? "was" : "returned", how);
+        out->error = msg;
+    } else {
+        *need_result = true;
+    }
+}
+
+/* In the finishing child: validate, publish, report one JSON line. */
+static void __attribute__((noreturn))
+finish_child(struct run *r, int fd)
+{
+    struct attempt_outcome out;
+    struct attempt_result res = { 0 };
+    struct attempt_final fin = { 0 };
+    struct esd_err err, merr;
+    char msg[ESD_ERR_MAX + 128];
+    bool need_result, have_result = false;
+    cJSON *rep = cJSON_CreateObject();
+    struct buf b;
+    int rc;
+
+    run_outcome(r, &out, msg, sizeof(msg), &need_result);
+    if (need_result) {
+        if (attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr) < 0) {
+            out.fc = FC_OUTPUT;
+            out.error = merr.msg;
+        } else {
+            have_result = true;
+        }
+    }
+    rc = attempt_finish(&r->job->claimer, &r->cl, &out, have_result ? &res : NULL, &fin, &err);
+    json_add_bool(rep, "ok", rc == 0);
+    if (rc < 0)
+        json_add_str(rep, "finish_error", err.msg);
+    json_add_str(rep, "status", rc == 0 ? fin.status : "");
+    json_add_bool(rep, "shard_done", fin.shard_done);
+    json_add_bool(rep, "shard_failed", fin.shard_failed);
+    json_add_int(rep, "rows", have_result ? (long long)res.rows : 0);
+    json_add_float(rep, "duration", out.duration);
+    if (out.error)
+        json_add_str(rep, "error", out.error);
+    if (attempt_class_name(out.fc))
+        json_add_str(rep, "class", attempt_class_name(out.fc));
+    buf_init(&b);
+    json_dump(rep, JSON_COMPACT, &b);
+    buf_putc(&b, '\n');
+    (void)fs_write_all(fd, b.p, b.len);
+    _exit(0);
+}
+
+static void
+run_report(struct run *r)
+{
+    struct job *j = r->job;
+    struct attempt_final fin = { 0 };
+    cJSON *rep = NULL;
+    const char *status = "", *error, *cls;
+    bool ok = false, done = false, failed = false;
+    double duration = time_mono() - r->started, dv;
+    long long rows = 0;
+
+    if (WIFEXITED(r->fin_status) && WEXITSTATUS(r->fin_status) == 0 &&
+        json_parse_object(r->fin_out.p ? r->fin_out.p : "", r->fin_out.len, "report", &rep,
+                          NULL) == 0 &&
+        json_get_bool(rep, "ok", &ok) && ok) {
+        status = json_get_str(rep, "status");
+        json_get_bool(rep, "shard_done", &done);
+        json_get_bool(rep, "shard_failed", &failed);
+        json_get_int(rep, "rows", &rows);
+        if (json_get_num(rep, "duration", &dv) == 0)
+            duration = dv;
+        error = json_get_str(rep, "error");
+        cls = json_get_str(rep, "class");
+        if (!strcmp(status, "done")) {
+            log_info(&r->ctx, "done: %lld rows in %.1f s", rows, duration);
+            j->done_here++;
+            j->rows_here += (unsigned long long)rows;
+        } else if (!strcmp(status, "failed")) {
+            log_warning(&r->ctx, "failed (%s)%s: %s", cls ? cls : "?",
+                        failed ? ", no retries left: the shard failed" : "", error ? error : "");
+            j->failed_here++;
+        } else if (!strcmp(status, "released")) {
+            log_info(&r->ctx, "released: %s", error ? error : "stopped");
+        } else {
+            log_warning(&r->ctx, "%s: %s", status, error ? error : "");
+        }
+        snprintf(fin.status, sizeof(fin.status), "%s", status);
+    } else {
+        const char *why = rep ? json_get_str(rep, "finish_error") : NULL;
+
+        log_err(&r->ctx, "could not finish the attempt: %s; its lock stays until its lease ends",
+                why ? why : "the finishing process failed");
+        done = failed = false;
+        snprintf(fin.status, sizeof(fin.status), "error");
+    }
+    fin.shard_done = done;
+    fin.shard_failed = failed;
+    claimer_forget(&j->claimer, &r->cl, done, failed);
+    cJSON_Delete(rep);
+    j->running--;
+    run_free(r);
+    if (R.done)
+        R.done(j, &fin);
+}
+
+static void
+run_fin_io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct run *r = w->data;
+    char chunk[4096];
+    ssize_t n = read(w->fd, chunk, sizeof(chunk));
+
+    (void)revents;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n > 0 && r->fin_out.len < (1u << 20)) {
+        buf_append(&r->fin_out, chunk, (size_t)n);
+        return;
+    }
+    if (n > 0)
+        return;
+    ev_io_stop(loop, w);
+    close(w->fd);
+    r->fin_eof = true;
+    if (r->fin_exited)
+        run_report(r);
+}
+
+static void
+run_fin_child_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct run *r = w->data;
+
+    (void)revents;
+    ev_child_stop(loop, w);
+    r->fin_exited = true;
+    r->fin_status = w->rstatus;
+    if (r->fin_eof)
+        run_report(r);
+}
+
+static void
+run_finish(struct run *r)
+{
+    int fds[2];
+    pid_t pid;
+
+    if (r->log_fd >= 0) {
+        close(r->log_fd);
+        r->log_fd = -1;
+    }
+    if (pipe2(fds, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+        /* cannot even fork: the lock stays and turns stale; say so */
+        log_err(&r->ctx, "cannot start the finishing process: %s", strerror(errno));
+        r->fin_status = 1;
+        r->fin_exited = r->fin_eof = true;
+        run_report(r);
+        return;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        finish_child(r, fds[1]);
+    }
+    close(fds[1]);
+    r->fin_pid = pid;
+    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    ev_io_init(&r->fin_w, run_fin_io_cb, fds[0], EV_READ);
+    r->fin_w.data = r;
+    ev_io_start(R.loop, &r->fin_w);
+    ev_child_init(&r->fin_child_w, run_fin_child_cb, pid, 0);
+    r->fin_child_w.data = r;
+    ev_child_start(R.loop, &r->fin_child_w);
+}
+
+/* ---- the lot ---- */
+
+void
+runner_stop_all(void)
+{
+    for (struct run *r = R.head; r; r = r->next)
+        if (r->running && !r->exited) {
+            r->stopped = true;
+            run_kill(r);
+        }
+}
+
+cJSON *
+runner_status_json(void)
+{
+    cJSON *a = cJSON_CreateArray();
+
+    for (struct run *r = R.head; r; r = r->next) {
+        cJSON *o = cJSON_CreateObject();
+
+        json_add_str(o, "job_id", r->job->m.job_id);
+        json_add_str(o, "job_dir", r->job->job_dir);
+        json_add_str(o, "shard_id", r->cl.shard_id);
+        json_add_int(o, "attempt", r->cl.attempt_number);
+        if (r->running)
+            json_add_int(o, "pid", (long long)r->child.pid);
+        json_add_float(o, "running_secs", time_mono() - r->started);
+        json_add_str(o, "phase", r->exited ? "finishing" : r->killing ? "stopping" : "running");
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
+void
+runner_fini(void)
+{
+    /* only called once every attempt has ended */
+    while (R.head)
+        run_free(R.head);
+}

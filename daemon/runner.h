@@ -1,0 +1,49 @@
+/*
+ * runner: one attempt in flight, start to end, driven by libev. The
+ * processor runs in its own process group (as the job directory's owner
+ * when esd runs as root, never as root); every line it prints goes to the
+ * attempt's process.log and to the log with ESD_JOB, ESD_SHARD,
+ * ESD_ATTEMPT and ESD_NODE; the lease is renewed every lease/4; the
+ * attempt timeout, a lost lease or a stop kill the whole group (SIGTERM,
+ * SIGKILL after a grace). Validation and publication of the result (heavy:
+ * whole files) run in a child process that reports one JSON line; the
+ * outcome is logged once and handed to the scheduler.
+ */
+#ifndef ESD_RUNNER_H
+#define ESD_RUNNER_H
+
+#include <stdbool.h>
+
+#include <cjson/cJSON.h>
+#include <ev.h>
+
+#include "attempt.h"
+#include "claim.h"
+#include "config.h"
+#include "jobs.h"
+
+void runner_init(struct ev_loop *loop, const struct esd_conf *c);
+void runner_reconfigure(const struct esd_conf *c);
+void runner_fini(void);
+
+/* Called once for every attempt that ended (the slot is free again). */
+void runner_set_done(void (*done)(struct job *j, const struct attempt_final *fin));
+
+/*
+ * Starts an attempt of claim cl (taken over by the runner, which frees it)
+ * of job j. On failure to start, the attempt is ended as an infrastructure
+ * failure (or released) and the done callback still runs, later.
+ */
+void runner_start(struct job *j, struct claim *cl);
+
+/* Stops every attempt (SIGTERM, then SIGKILL); they end "released",
+ * their claims given back without counting a failure. */
+void runner_stop_all(void);
+
+/* Attempts in flight (running or finishing). */
+size_t runner_count(void);
+
+/* The attempts in flight, for the control socket. */
+cJSON *runner_status_json(void);
+
+#endif

@@ -1,0 +1,374 @@
+/*
+ * sched: slots, the round robin over jobs, the poll and rescan timers, the
+ * end of jobs and the drain.
+ */
+#include "sched.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "finalize.h"
+#include "jobs.h"
+#include "json.h"
+#include "log.h"
+#include "notify.h"
+#include "proto.h"
+#include "ray.h"
+#include "runner.h"
+
+/* Rescans of the registry when no job is active. */
+#define IDLE_RESCAN 60.0
+
+static struct {
+    struct ev_loop *loop;
+    const struct esd_conf *conf;
+    ev_timer kick_w;   /* "fill now", coalesced */
+    ev_timer poll_w;   /* the next claim pass */
+    ev_timer rescan_w; /* the registry */
+    ev_timer drain_w;  /* drain_timeout_secs */
+    struct job *rr;    /* the job that got the last claim */
+    bool draining;
+    void (*drained)(void);
+    double started;
+    unsigned long claims;
+} S;
+
+/* ±20 %, so that a fleet does not poll in step. */
+static double
+jitter(double secs)
+{
+    return secs * (0.8 + 0.4 * ((double)random() / (double)RAND_MAX));
+}
+
+static void status_line(void);
+
+static bool
+active_jobs(void)
+{
+    for (struct job *j = jobs_first(); j; j = j->next)
+        if (j->state == JOB_ACTIVE || j->state == JOB_FINALIZING)
+            return true;
+    return false;
+}
+
+/* The error of the first terminally failed shard of j. */
+static char *
+failed_reason(struct job *j)
+{
+    for (size_t i = 0; i < j->m.nshards; i++) {
+        char *path = manifest_state_path(&j->m, "failed", j->m.shards[i].id, ".json");
+        cJSON *o = NULL;
+        struct stat st;
+
+        if (stat(path, &st) == 0 && json_load_object(path, 1 << 20, &o, NULL) == 0) {
+            const char *e = json_get_str(o, "last_error");
+            char *why = xasprintf("shard %s failed: %s", j->m.shards[i].id,
+                                  e ? e : json_get_str(o, "reason") ? json_get_str(o, "reason")
+                                                                    : "no error recorded");
+            cJSON_Delete(o);
+            free(path);
+            return why;
+        }
+        free(path);
+    }
+    return xstrdup("a shard failed");
+}
+
+/* The next job after S.rr that may be asked for a claim now. */
+static struct job *
+next_job(double now)
+{
+    struct job *start = S.rr && S.rr->next ? S.rr->next : jobs_first(), *j = start;
+
+    if (!j)
+        return NULL;
+    do {
+        if (j->state == JOB_ACTIVE && j->next_claim <= now) {
+            if (jobs_load(j))
+                return j;
+            /* not workable here (logged once): look again at the next poll */
+            j->next_claim = now + jitter((double)S.conf->poll_interval_secs);
+        }
+        j = j->next ? j->next : jobs_first();
+    } while (j != start);
+    return NULL;
+}
+
+/* One job's answer to a pass that claimed nothing. */
+static void
+job_idle(struct job *j, double now)
+{
+    double wait = (double)S.conf->poll_interval_secs;
+
+    if (j->idle.complete) {
+        finalize_start(j);
+        return;
+    }
+    if (j->idle.terminal) {
+        char *why = failed_reason(j);
+
+        jobs_set_state(j, JOB_FAILED, why);
+        free(why);
+        return;
+    }
+    /* wake when a lock seen fresh could have run out, if that is sooner */
+    if (j->idle.next_secs >= 0 && j->idle.next_secs + 0.05 < wait)
+        wait = j->idle.next_secs + 0.05;
+    j->next_claim = now + jitter(wait);
+}
+
+static void
+fill(void)
+{
+    double now = time_mono(), next = INFINITY;
+
+    while (!S.draining && ray_ready() && runner_count() < (size_t)S.conf->slots) {
+        struct job *j = next_job(now);
+        struct claim cl;
+        struct esd_err err;
+        int r;
+
+        if (!j)
+            break;
+        r = claim_acquire(&j->claimer, &cl, &j->idle, &err);
+        if (r < 0) {
+            log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%s; trying again later",
+                        err.msg);
+            j->next_claim = now + jitter((double)S.conf->poll_interval_secs);
+            continue;
+        }
+        if (r == 0) {
+            j->idle_valid = true;
+            job_idle(j, now);
+            continue;
+        }
+        S.rr = j;
+        S.claims++;
+        if (cl.took_over)
+            log_notice(&(struct log_ctx){ .job = j->m.job_id, .shard = cl.shard_id,
+                                          .attempt = cl.attempt_number },
+                       "claimed (attempt %lld), taken over from node %s whose lease ran out",
+                       cl.attempt_number, cl.taken_from);
+        else
+            log_info(&(struct log_ctx){ .job = j->m.job_id, .shard = cl.shard_id,
+                                        .attempt = cl.attempt_number },
+                     "claimed (attempt %lld)", cl.attempt_number);
+        runner_start(j, &cl);
+    }
+    /* sleep until the earliest job may have something */
+    for (struct job *j = jobs_first(); j; j = j->next)
+        if (j->state == JOB_ACTIVE && j->next_claim < next)
+            next = j->next_claim;
+    ev_timer_stop(S.loop, &S.poll_w);
+    if (!S.draining && isfinite(next)) {
+        ev_timer_set(&S.poll_w, next > now ? next - now : 0.05, 0);
+        ev_timer_start(S.loop, &S.poll_w);
+    }
+    status_line();
+}
+
+static void
+sched_kick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)w;
+    (void)revents;
+    fill();
+}
+
+void
+sched_kick(void)
+{
+    if (!ev_is_active(&S.kick_w)) {
+        ev_timer_set(&S.kick_w, 0, 0);
+        ev_timer_start(S.loop, &S.kick_w);
+    }
+}
+
+static void
+sched_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)w;
+    (void)revents;
+    fill();
+}
+
+static void
+sched_rescan_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)revents;
+    jobs_rescan();
+    w->repeat = active_jobs() ? (double)S.conf->poll_interval_secs : IDLE_RESCAN;
+    ev_timer_again(loop, w);
+    sched_kick();
+}
+
+static void
+check_drained(void)
+{
+    if (S.draining && S.drained && runner_count() == 0 && finalize_running() == 0) {
+        void (*cb)(void) = S.drained;
+
+        ev_timer_stop(S.loop, &S.drain_w);
+        S.drained = NULL;
+        cb();
+    }
+}
+
+static void
+attempt_done(struct job *j, const struct attempt_final *fin)
+{
+    (void)fin;
+    /* a slot is free: claim again at once (this job first if it has more) */
+    j->next_claim = 0;
+    status_line();
+    check_drained();
+    sched_kick();
+}
+
+static void
+job_finalized(struct job *j)
+{
+    (void)j;
+    status_line();
+    check_drained();
+    sched_kick();
+}
+
+static void
+ray_changed(void)
+{
+    if (ray_ready())
+        log_info(NULL, "claims resume: the Ray head is %s", ray_state_name());
+    else
+        log_warning(NULL, "no new claims while the Ray head is %s", ray_state_name());
+    sched_kick();
+}
+
+static void
+sched_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)w;
+    (void)revents;
+    log_notice(NULL, "drain timeout: stopping %zu attempt(s) and releasing their claims",
+               runner_count());
+    runner_stop_all();
+}
+
+void
+sched_drain(void (*drained)(void))
+{
+    S.draining = true;
+    S.drained = drained;
+    ev_timer_stop(S.loop, &S.poll_w);
+    log_notice(NULL, "draining: no new claims; %zu attempt(s) running", runner_count());
+    if (runner_count()) {
+        if (S.conf->drain_timeout_secs > 0) {
+            ev_timer_set(&S.drain_w, (double)S.conf->drain_timeout_secs, 0);
+            ev_timer_start(S.loop, &S.drain_w);
+        } else {
+            runner_stop_all();
+        }
+    }
+    status_line();
+    check_drained();
+}
+
+void
+sched_init(struct ev_loop *loop, const struct esd_conf *c)
+{
+    S.loop = loop;
+    S.conf = c;
+    S.started = time_mono();
+    srandom((unsigned)getpid() ^ (unsigned)time(NULL));
+    ev_timer_init(&S.kick_w, sched_kick_cb, 0, 0);
+    ev_timer_init(&S.poll_w, sched_poll_cb, 0, 0);
+    ev_timer_init(&S.drain_w, sched_drain_cb, 0, 0);
+    ev_init(&S.rescan_w, sched_rescan_cb);
+    S.rescan_w.repeat = active_jobs() ? (double)c->poll_interval_secs : IDLE_RESCAN;
+    ev_timer_again(loop, &S.rescan_w);
+    runner_set_done(attempt_done);
+    finalize_set_done(job_finalized);
+    ray_set_listener(ray_changed);
+    sched_kick();
+}
+
+void
+sched_reconfigure(const struct esd_conf *c)
+{
+    S.conf = c;
+    S.rescan_w.repeat = active_jobs() ? (double)c->poll_interval_secs : IDLE_RESCAN;
+    ev_timer_again(S.loop, &S.rescan_w);
+    sched_kick();
+}
+
+void
+sched_fini(void)
+{
+    ev_timer_stop(S.loop, &S.kick_w);
+    ev_timer_stop(S.loop, &S.poll_w);
+    ev_timer_stop(S.loop, &S.rescan_w);
+    ev_timer_stop(S.loop, &S.drain_w);
+}
+
+/* systemd's STATUS=: "1/2 slots busy; job a 340/1024 done; ray up". */
+static void
+status_line(void)
+{
+    struct buf b;
+    size_t shown = 0;
+
+    buf_init(&b);
+    buf_printf(&b, "%s%zu/%ld slots busy", S.draining ? "draining; " : "", runner_count(),
+               S.conf->slots);
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        size_t done, total;
+
+        if (j->state != JOB_ACTIVE && j->state != JOB_FINALIZING)
+            continue;
+        if (shown++ == 3) {
+            buf_puts(&b, ", ...");
+            break;
+        }
+        jobs_progress(j, &done, &total);
+        buf_printf(&b, "%s job %s %zu/%zu done%s", shown == 1 ? ";" : ",",
+                   j->loaded ? j->m.job_id : j->key, done, total,
+                   j->state == JOB_FINALIZING ? " (merging)" : "");
+    }
+    if (!shown)
+        buf_puts(&b, "; no active job");
+    buf_printf(&b, "; ray %s", ray_state_name());
+    notify_status("%s", b.p);
+    buf_free(&b);
+}
+
+cJSON *
+sched_status_json(void)
+{
+    cJSON *o = cJSON_CreateObject(), *ray = cJSON_AddObjectToObject(o, "ray");
+    const char *addr = ray_address();
+
+    json_add_str(o, "version", ESD_VERSION);
+    json_add_str(o, "node", S.conf->node_name);
+    json_add_int(o, "pid", (long long)getpid());
+    json_add_str(o, "state", S.draining ? "draining" : "running");
+    json_add_float(o, "uptime_secs", time_mono() - S.started);
+    json_add_int(o, "slots", S.conf->slots);
+    json_add_int(o, "busy", (long long)runner_count());
+    json_add_int(o, "claims", (long long)S.claims);
+    json_add_str(ray, "state", ray_state_name());
+    if (addr)
+        json_add_str(ray, "address", addr);
+    json_add_int(ray, "restarts", (long long)ray_restarts());
+    cJSON_AddItemToObject(o, "jobs", jobs_status_json());
+    cJSON_AddItemToObject(o, "attempts", runner_status_json());
+    return o;
+}

@@ -1,0 +1,37 @@
+/*
+ * sched: the scheduler. It fills free slots by claiming across the active
+ * jobs in turn (round robin, so every job gets its share), claims again as
+ * soon as a slot frees, and otherwise sleeps until the earliest moment
+ * something may become claimable: a lock's lease could run out, or the
+ * poll interval (jittered by ±20 % so a fleet does not poll in step) has
+ * passed. No claims are made while the Ray head is down or while draining.
+ * It also notices the end of a job (every shard done: finalize; a shard
+ * failed terminally: the job fails, naming the shard and its error) and
+ * keeps systemd's STATUS= line current.
+ */
+#ifndef ESD_SCHED_H
+#define ESD_SCHED_H
+
+#include <cjson/cJSON.h>
+#include <ev.h>
+
+#include "config.h"
+
+void sched_init(struct ev_loop *loop, const struct esd_conf *c);
+void sched_reconfigure(const struct esd_conf *c);
+void sched_fini(void);
+
+/* Claim now if slots are free (coalesced: runs once from the loop). */
+void sched_kick(void);
+
+/*
+ * SIGTERM: no new claims; running attempts may finish within
+ * drain_timeout_secs, then they are stopped and their claims released
+ * without counting a failure; drained is called once nothing runs.
+ */
+void sched_drain(void (*drained)(void));
+
+/* The daemon's status for the control socket (caller owns it). */
+cJSON *sched_status_json(void);
+
+#endif
