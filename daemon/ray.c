@@ -1,0 +1,924 @@
+/*
+ * ray: the Ray supervisor (see ray.h). One static object holds the settings
+ * in effect, the head (its process group, output pipe, child watcher and
+ * kill timer), the health probe (a non-blocking TCP connect to the GCS
+ * port) and the restart timer. A head's life ends when its whole process
+ * group is gone, not when the `ray` process exits: `ray start --block`
+ * leaves raylet and GCS behind otherwise, and a new head could not bind the
+ * port. Only then does the supervisor restart it, apply a reloaded
+ * configuration or report a stop as done.
+ */
+#include "ray.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+#include "log.h"
+#include "spawn.h"
+
+#define RAY_HOST "127.0.0.1"
+#define START_POLL_SECS 0.5     /* health probes while starting */
+#define START_TIMEOUT_SECS 120. /* a head that never answers is killed */
+#define UP_POLL_SECS 30.        /* health probes while up */
+#define PROBE_TIMEOUT_SECS 2.
+#define PROBE_MAX_FAILURES 3    /* consecutive failed probes while up: dead */
+#define BACKOFF_MIN_SECS 1.
+#define BACKOFF_MAX_SECS 60.
+#define BACKOFF_RESET_SECS 300. /* up this long: the next loss starts at 1 s */
+#define KILL_AFTER_SECS 10.     /* SIGTERM, then SIGKILL */
+#define GONE_POLL_SECS 0.1      /* leftovers of a group that has lost its head */
+#define GIVE_UP_AFTER_KILL_SECS 5. /* members unkillable (D state): stop waiting */
+#define OUTPUT_LINE_MAX 4096
+
+enum ray_state { ST_OFF, ST_LOCAL, ST_STARTING, ST_UP, ST_DOWN, ST_STOPPING };
+
+static const char *const state_names[] = {
+    [ST_OFF] = "off",  [ST_LOCAL] = "local", [ST_STARTING] = "starting",
+    [ST_UP] = "up",    [ST_DOWN] = "down",   [ST_STOPPING] = "stopping",
+};
+
+/* The ray.* keys of the configuration (owned copies). */
+struct ray_settings {
+    enum ray_mode mode;
+    char *command;
+    long port;
+    char *temp_dir;
+    struct strv args;
+};
+
+/* One head, from spawn until its process group is empty. */
+struct ray_head {
+    struct spawned sp; /* sp.pid 0: none */
+    bool exited;       /* the `ray` process itself was reaped */
+    bool terminating;  /* SIGTERM sent to the group */
+    double killed_at;  /* when SIGKILL was sent (0: not yet) */
+    double started_at;
+    double up_since;
+    ev_child exit_w;
+    ev_io out_w; /* sp.out_fd until EOF; -1 after */
+    struct buf line;
+    ev_timer kill_w;
+    ev_timer gone_w;
+};
+
+/* The health check: one connect at a time. */
+struct ray_probe {
+    int fd; /* -1: none in flight */
+    int failures;
+    ev_timer tick_w; /* START_POLL_SECS or UP_POLL_SECS */
+    ev_io conn_w;
+    ev_timer timeout_w;
+};
+
+struct ray {
+    struct ev_loop *loop; /* NULL: not initialised */
+    struct ray_settings set;
+    struct ray_settings next; /* a reloaded configuration waiting for the head to go */
+    bool has_next;
+    char *token_path; /* <temp_dir>/auth_token (persistent) */
+    char *address;    /* 127.0.0.1:<port> (persistent) */
+    enum ray_state state;
+    unsigned long generation;
+    unsigned restarts;
+    double backoff; /* the next delay */
+    double delay;   /* the delay chosen at the last loss */
+    void (*listener)(void);
+    bool stopping; /* ray_stop was called: no restarts, no reconfiguration */
+    void (*stop_done)(void);
+    struct ray_head head;
+    struct ray_probe probe;
+    ev_timer restart_w;
+};
+
+static struct ray ray;
+
+static void head_spawn(struct ray *r);
+static void head_check_gone(struct ray *r);
+
+/* --- settings --- */
+
+static void
+settings_copy(struct ray_settings *s, const struct esd_conf *c)
+{
+    memset(s, 0, sizeof(*s));
+    s->mode = c->ray_mode;
+    s->command = xstrdup(c->ray_command && *c->ray_command ? c->ray_command : "ray");
+    s->port = c->ray_port;
+    s->temp_dir = c->ray_temp_dir ? xstrdup(c->ray_temp_dir) : NULL;
+    strv_init(&s->args);
+    for (size_t i = 0; i < c->ray_args.n; i++)
+        strv_push(&s->args, c->ray_args.v[i]);
+}
+
+static void
+settings_free(struct ray_settings *s)
+{
+    free(s->command);
+    free(s->temp_dir);
+    strv_free(&s->args);
+    memset(s, 0, sizeof(*s));
+}
+
+static bool
+str_eq(const char *a, const char *b)
+{
+    return a == b || (a && b && !strcmp(a, b));
+}
+
+static bool
+settings_equal(const struct ray_settings *s, const struct esd_conf *c)
+{
+    if (s->mode != c->ray_mode || s->port != c->ray_port ||
+        !str_eq(s->command, c->ray_command && *c->ray_command ? c->ray_command : "ray") ||
+        !str_eq(s->temp_dir, c->ray_temp_dir) || s->args.n != c->ray_args.n)
+        return false;
+    for (size_t i = 0; i < s->args.n; i++)
+        if (strcmp(s->args.v[i], c->ray_args.v[i]))
+            return false;
+    return true;
+}
+
+/* Derived paths of the settings in effect. */
+static void
+settings_apply_paths(struct ray *r)
+{
+    free(r->token_path);
+    free(r->address);
+    r->token_path = NULL;
+    r->address = NULL;
+    if (r->set.mode != RAY_PERSISTENT)
+        return;
+    r->address = xasprintf(RAY_HOST ":%ld", r->set.port);
+    if (r->set.temp_dir)
+        r->token_path = fs_join(r->set.temp_dir, "auth_token");
+}
+
+/*
+ * Creates the temp dir (0700) and the token file (0600, 64 hex characters)
+ * unless they exist; an existing token is kept (attempts may hold it) and
+ * only made private if it was not.
+ */
+static int
+prepare_temp_dir(struct ray *r, struct esd_err *err)
+{
+    char token[66];
+    struct stat st;
+    int fd, rc;
+
+    if (!r->set.temp_dir || !*r->set.temp_dir)
+        return err_set(err, -EINVAL, "ray.temp_dir is not set");
+    if ((rc = fs_mkdir_p(r->set.temp_dir, 0700, err)) < 0)
+        return rc;
+    fd = open(r->token_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd >= 0) {
+        rc = 0;
+        if (fstat(fd, &st) < 0)
+            rc = err_sys(err, -errno, "cannot stat the Ray token %s", r->token_path);
+        else if (!S_ISREG(st.st_mode))
+            rc = err_set(err, -EINVAL, "the Ray token %s is not a regular file", r->token_path);
+        else if ((st.st_mode & 077) && fchmod(fd, 0600) < 0)
+            rc = err_sys(err, -errno, "cannot make the Ray token %s private", r->token_path);
+        close(fd);
+        return rc;
+    }
+    if (errno != ENOENT)
+        return err_sys(err, -errno, "cannot open the Ray token %s", r->token_path);
+    rand_hex32(token);
+    rand_hex32(token + 32);
+    token[64] = '\n';
+    token[65] = '\0';
+    rc = fs_create_excl(r->token_path, token, 65, 0600, NULL, err);
+    return rc == -EEXIST ? 0 : rc;
+}
+
+/* --- state --- */
+
+static bool
+state_ready(enum ray_state s)
+{
+    return s == ST_UP || s == ST_LOCAL || s == ST_OFF;
+}
+
+/* Enters st; a loss (the head of a generation went away) bumps the
+ * generation. The listener hears of every readiness change and every loss,
+ * last, so that it may call back into this module. */
+static void
+set_state(struct ray *r, enum ray_state st, bool loss)
+{
+    bool was = state_ready(r->state);
+
+    r->state = st;
+    if (loss)
+        r->generation++;
+    if ((loss || was != state_ready(st)) && r->listener)
+        r->listener();
+}
+
+/* The delay before the next restart: 1 s doubling to 60 s. */
+static double
+take_backoff(struct ray *r)
+{
+    double d = r->backoff < BACKOFF_MIN_SECS ? BACKOFF_MIN_SECS : r->backoff;
+
+    r->backoff = d * 2 > BACKOFF_MAX_SECS ? BACKOFF_MAX_SECS : d * 2;
+    return d;
+}
+
+static void
+restart_schedule(struct ray *r, double delay)
+{
+    ev_timer_stop(r->loop, &r->restart_w);
+    ev_timer_set(&r->restart_w, delay, 0.);
+    ev_timer_start(r->loop, &r->restart_w);
+}
+
+static void
+ray_restart_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct ray *r = w->data;
+
+    r->restarts++;
+    log_info(NULL, "restarting the ray head (restart %u)", r->restarts);
+    head_spawn(r);
+}
+
+/* --- health probe --- */
+
+static void
+probe_cancel(struct ray_probe *p, struct ev_loop *loop)
+{
+    ev_io_stop(loop, &p->conn_w);
+    ev_timer_stop(loop, &p->timeout_w);
+    if (p->fd >= 0)
+        close(p->fd);
+    p->fd = -1;
+}
+
+static void
+health_stop(struct ray *r)
+{
+    ev_timer_stop(r->loop, &r->probe.tick_w);
+    probe_cancel(&r->probe, r->loop);
+}
+
+static void
+health_every(struct ray *r, double secs)
+{
+    r->probe.tick_w.repeat = secs;
+    ev_timer_again(r->loop, &r->probe.tick_w);
+}
+
+/* The head is lost (exited, never answered, stopped answering): down, a new
+ * generation, a restart after the backoff once its group is gone. */
+static void
+head_lost(struct ray *r, const char *why)
+{
+    if (r->state == ST_UP && ev_now(r->loop) - r->head.up_since >= BACKOFF_RESET_SECS)
+        r->backoff = BACKOFF_MIN_SECS;
+    r->delay = take_backoff(r);
+    health_stop(r);
+    log_warning(NULL, "ray head on %s %s; restarting in %.0f s", r->address, why, r->delay);
+    set_state(r, ST_DOWN, true);
+}
+
+static void head_terminate(struct ray *r);
+
+/* 0: something accepted a connection on the port; a negative errno if not. */
+static void
+probe_done(struct ray *r, int result)
+{
+    probe_cancel(&r->probe, r->loop);
+    if (r->state == ST_STARTING) {
+        if (result == 0) {
+            r->head.up_since = ev_now(r->loop);
+            r->probe.failures = 0;
+            health_every(r, UP_POLL_SECS);
+            log_notice(NULL, "ray head up on %s", r->address);
+            set_state(r, ST_UP, false);
+        } else if (ev_now(r->loop) - r->head.started_at >= START_TIMEOUT_SECS) {
+            head_lost(r, "did not accept connections within 120 s");
+            head_terminate(r);
+        }
+    } else if (r->state == ST_UP) {
+        if (result == 0) {
+            r->probe.failures = 0;
+            return;
+        }
+        r->probe.failures++;
+        log_warning(NULL, "ray head on %s did not answer the health check: %s (%d of %d)",
+                    r->address, strerror(-result), r->probe.failures, PROBE_MAX_FAILURES);
+        if (r->probe.failures >= PROBE_MAX_FAILURES) {
+            head_lost(r, "stopped answering");
+            head_terminate(r);
+        }
+    }
+}
+
+static void
+probe_conn_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct ray *r = w->data;
+    int e = 0;
+    socklen_t len = sizeof(e);
+
+    if (getsockopt(r->probe.fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0)
+        e = errno;
+    probe_done(r, -e);
+}
+
+static void
+probe_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    probe_done(w->data, -ETIMEDOUT);
+}
+
+/* A non-blocking connect to 127.0.0.1:<port>. */
+static void
+probe_start(struct ray *r)
+{
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)r->set.port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    if (fd < 0) {
+        probe_done(r, -errno);
+        return;
+    }
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        close(fd);
+        probe_done(r, 0);
+        return;
+    }
+    if (errno != EINPROGRESS) {
+        int e = errno;
+
+        close(fd);
+        probe_done(r, -e);
+        return;
+    }
+    r->probe.fd = fd;
+    ev_io_set(&r->probe.conn_w, fd, EV_WRITE);
+    ev_io_start(r->loop, &r->probe.conn_w);
+    ev_timer_set(&r->probe.timeout_w, PROBE_TIMEOUT_SECS, 0.);
+    ev_timer_start(r->loop, &r->probe.timeout_w);
+}
+
+static void
+probe_tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct ray *r = w->data;
+
+    if (r->probe.fd < 0)
+        probe_start(r);
+}
+
+/* --- the head's output --- */
+
+/* Logs the complete lines of h->line (and the rest if last, or if it grew
+ * too long to be a line) and keeps the incomplete one. */
+static void
+output_lines(struct ray_head *h, bool last)
+{
+    size_t start = 0;
+    char *nl;
+
+    if (!h->line.len)
+        return;
+    while ((nl = memchr(h->line.p + start, '\n', h->line.len - start))) {
+        size_t n = (size_t)(nl - (h->line.p + start));
+
+        log_debug(NULL, "ray: %.*s", (int)n, h->line.p + start);
+        start += n + 1;
+    }
+    if (h->line.len - start && (last || h->line.len - start >= OUTPUT_LINE_MAX)) {
+        log_debug(NULL, "ray: %s", h->line.p + start);
+        start = h->line.len;
+    }
+    if (start) {
+        memmove(h->line.p, h->line.p + start, h->line.len - start);
+        h->line.len -= start;
+        h->line.p[h->line.len] = '\0';
+    }
+}
+
+static void
+output_close(struct ray_head *h, struct ev_loop *loop)
+{
+    ev_io_stop(loop, &h->out_w);
+    if (h->sp.out_fd >= 0)
+        close(h->sp.out_fd);
+    h->sp.out_fd = -1;
+    output_lines(h, true);
+    buf_free(&h->line);
+}
+
+/* Reads one chunk; false at EOF (or an error), when the pipe is closed. */
+static bool
+output_read(struct ray_head *h, struct ev_loop *loop)
+{
+    char chunk[4096];
+    ssize_t n = read(h->sp.out_fd, chunk, sizeof(chunk));
+
+    if (n > 0) {
+        buf_append(&h->line, chunk, (size_t)n);
+        output_lines(h, false);
+        return true;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return errno == EINTR;
+    if (n < 0)
+        log_warning(NULL, "cannot read the ray head's output: %s, ignoring the rest",
+                    strerror(errno));
+    output_close(h, loop);
+    return false;
+}
+
+static void
+head_output_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct ray *r = w->data;
+
+    output_read(&r->head, loop);
+}
+
+/* --- the head's process group --- */
+
+/*
+ * True while a process of group pgid is alive. Zombies do not count: in a
+ * container whose init does not reap, the group's orphans stay zombies.
+ */
+static bool
+group_alive(pid_t pgid)
+{
+    struct dirent *de;
+    bool alive = false;
+    DIR *d;
+
+    if (kill(-pgid, 0) < 0 && errno == ESRCH)
+        return false;
+    if (!(d = opendir("/proc")))
+        return true;
+    while (!alive && (de = readdir(d))) {
+        char path[sizeof(de->d_name) + 16], stat[512], *p, state;
+        int fd, ppid, pgrp;
+        ssize_t n;
+
+        if (!isdigit((unsigned char)de->d_name[0]))
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", de->d_name);
+        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+            continue;
+        n = read(fd, stat, sizeof(stat) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        stat[n] = '\0';
+        /* "pid (comm) state ppid pgrp ...": comm may hold anything */
+        if ((p = strrchr(stat, ')')) && sscanf(p + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 &&
+            pgrp == pgid && state != 'Z' && state != 'X')
+            alive = true;
+    }
+    closedir(d);
+    return alive;
+}
+
+static void
+head_signal(struct ray_head *h, int sig)
+{
+    spawn_signal(&h->sp, sig);
+}
+
+/* SIGTERM to the whole group, SIGKILL after KILL_AFTER_SECS. */
+static void
+head_terminate(struct ray *r)
+{
+    struct ray_head *h = &r->head;
+
+    if (!h->sp.pid || h->terminating)
+        return;
+    h->terminating = true;
+    head_signal(h, SIGTERM);
+    ev_timer_set(&h->kill_w, KILL_AFTER_SECS, 0.);
+    ev_timer_start(r->loop, &h->kill_w);
+}
+
+static void
+head_kill_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct ray *r = w->data;
+
+    log_warning(NULL, "ray head (process group %d) still running %.0f s after SIGTERM, "
+                "sending SIGKILL", (int)r->head.sp.pid, KILL_AFTER_SECS);
+    head_signal(&r->head, SIGKILL);
+    r->head.killed_at = ev_now(loop);
+    /* looks again until the group is gone, or gives up on it */
+    ev_timer_start(loop, &r->head.gone_w);
+    head_check_gone(r);
+}
+
+static void
+head_gone_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    head_check_gone(w->data);
+}
+
+static void ray_start_mode(struct ray *r);
+
+/* What comes after a head: a stop reported, a new configuration applied,
+ * or a restart after the backoff. */
+static void
+head_after(struct ray *r)
+{
+    if (r->stopping) {
+        void (*done)(void) = r->stop_done;
+
+        r->stop_done = NULL;
+        set_state(r, ST_DOWN, false);
+        if (done)
+            done();
+        return;
+    }
+    if (r->has_next) {
+        settings_free(&r->set);
+        r->set = r->next;
+        memset(&r->next, 0, sizeof(r->next));
+        r->has_next = false;
+        settings_apply_paths(r);
+        r->backoff = BACKOFF_MIN_SECS;
+        ray_start_mode(r);
+        return;
+    }
+    if (r->state == ST_DOWN)
+        restart_schedule(r, r->delay);
+}
+
+/* The group is empty: the pipe is drained and closed (every writer in the
+ * group is dead), the watchers stopped. */
+static void
+head_finish(struct ray *r)
+{
+    struct ray_head *h = &r->head;
+
+    ev_child_stop(r->loop, &h->exit_w);
+    ev_timer_stop(r->loop, &h->kill_w);
+    ev_timer_stop(r->loop, &h->gone_w);
+    while (h->sp.out_fd >= 0 && output_read(h, r->loop))
+        ;
+    if (h->sp.out_fd >= 0)
+        output_close(h, r->loop);
+    buf_free(&h->line);
+    h->sp.pid = 0;
+    h->exited = h->terminating = false;
+    h->killed_at = 0;
+    head_after(r);
+}
+
+/* Once the `ray` process has exited: finishes the head if nothing of its
+ * group is alive, otherwise terminates the leftovers and looks again. */
+static void
+head_check_gone(struct ray *r)
+{
+    struct ray_head *h = &r->head;
+    bool give_up = h->killed_at && ev_now(r->loop) - h->killed_at >= GIVE_UP_AFTER_KILL_SECS;
+
+    if (!h->sp.pid || (!h->exited && !give_up))
+        return;
+    if (!h->exited || group_alive(h->sp.pid)) {
+        if (!give_up) {
+            head_terminate(r);
+            if (!ev_is_active(&h->gone_w))
+                ev_timer_start(r->loop, &h->gone_w);
+            return;
+        }
+        log_warning(NULL, "ray head's process group %d still has members %.0f s after SIGKILL, "
+                    "ignoring them", (int)h->sp.pid, GIVE_UP_AFTER_KILL_SECS);
+    }
+    head_finish(r);
+}
+
+static void
+head_exit_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct ray *r = w->data;
+    char how[64], why[96];
+    int code;
+
+    ev_child_stop(loop, w);
+    r->head.exited = true;
+    spawn_describe(w->rstatus, how, &code);
+    if (r->state == ST_STARTING || r->state == ST_UP) {
+        snprintf(why, sizeof(why), "exited (%s)", how);
+        head_lost(r, why);
+    } else {
+        log_info(NULL, "ray head (pid %d) exited (%s)", (int)w->rpid, how);
+    }
+    head_check_gone(r);
+}
+
+/* esd's environment with the head's own variables in place of any
+ * inherited ones. */
+static void
+head_environment(struct ray *r, struct strv *env)
+{
+    extern char **environ;
+    static const char *const ours[] = { "RAY_AUTH_MODE=", "RAY_AUTH_TOKEN_PATH=",
+                                        "RAY_USAGE_STATS_ENABLED=" };
+
+    for (char **e = environ; e && *e; e++) {
+        bool skip = false;
+
+        for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+            skip = skip || !strncmp(*e, ours[i], strlen(ours[i]));
+        if (!skip)
+            strv_push(env, *e);
+    }
+    strv_push(env, "RAY_AUTH_MODE=token");
+    strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN_PATH=%s", r->token_path));
+    strv_push(env, "RAY_USAGE_STATS_ENABLED=0");
+}
+
+/* Starts a head; a failure is logged and retried after the backoff. */
+static void
+head_spawn(struct ray *r)
+{
+    struct ray_head *h = &r->head;
+    struct strv argv, env;
+    struct esd_err err;
+    char port[24];
+    int rc;
+    const char *fixed[] = { r->set.command, "start", "--head", "--block", "--port", port,
+                            "--temp-dir", r->set.temp_dir, "--node-ip-address", RAY_HOST,
+                            "--include-dashboard=false", "--disable-usage-stats" };
+
+    snprintf(port, sizeof(port), "%ld", r->set.port);
+    strv_init(&argv);
+    strv_init(&env);
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        strv_push(&argv, fixed[i]);
+    for (size_t i = 0; i < r->set.args.n; i++)
+        strv_push(&argv, r->set.args.v[i]);
+    if ((rc = prepare_temp_dir(r, &err)) == 0) {
+        head_environment(r, &env);
+        rc = spawn_start(argv.v, env.v, NULL, &h->sp, &err);
+    }
+    strv_free(&argv);
+    strv_free(&env);
+    if (rc < 0) {
+        r->delay = take_backoff(r);
+        log_warning(NULL, "cannot start the ray head: %s; retrying in %.0f s", err.msg, r->delay);
+        set_state(r, ST_DOWN, false);
+        restart_schedule(r, r->delay);
+        return;
+    }
+    if (fcntl(h->sp.out_fd, F_SETFL, fcntl(h->sp.out_fd, F_GETFL) | O_NONBLOCK) < 0)
+        log_warning(NULL, "cannot make the ray head's output non-blocking: %s, ignoring",
+                    strerror(errno));
+    h->exited = h->terminating = false;
+    h->killed_at = 0;
+    h->started_at = ev_now(r->loop);
+    buf_init(&h->line);
+    ev_child_set(&h->exit_w, h->sp.pid, 0);
+    ev_child_start(r->loop, &h->exit_w);
+    ev_io_set(&h->out_w, h->sp.out_fd, EV_READ);
+    ev_io_start(r->loop, &h->out_w);
+    r->generation++;
+    r->probe.failures = 0;
+    health_every(r, START_POLL_SECS);
+    log_info(NULL, "starting the ray head on %s (pid %d, temp dir %s)", r->address,
+             (int)h->sp.pid, r->set.temp_dir);
+    set_state(r, ST_STARTING, false);
+}
+
+/* Enters the mode of the settings in effect (no head exists). */
+static void
+ray_start_mode(struct ray *r)
+{
+    switch (r->set.mode) {
+    case RAY_PERSISTENT:
+        head_spawn(r);
+        break;
+    case RAY_PER_ATTEMPT:
+        set_state(r, ST_LOCAL, false);
+        break;
+    case RAY_OFF:
+        set_state(r, ST_OFF, false);
+        break;
+    }
+}
+
+/* Ends the current head (if any) with SIGTERM to its group; head_after
+ * decides what comes next once it is gone. */
+static void
+ray_leave(struct ray *r)
+{
+    bool loss = r->state == ST_STARTING || r->state == ST_UP;
+
+    ev_timer_stop(r->loop, &r->restart_w);
+    health_stop(r);
+    if (!r->head.sp.pid) {
+        head_after(r);
+        return;
+    }
+    log_info(NULL, "stopping the ray head (process group %d)", (int)r->head.sp.pid);
+    set_state(r, ST_STOPPING, loss);
+    head_terminate(r);
+    head_check_gone(r);
+}
+
+/* --- public --- */
+
+int
+ray_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
+{
+    struct ray *r = &ray;
+    int rc;
+
+    r->loop = loop;
+    settings_copy(&r->set, c);
+    settings_apply_paths(r);
+    r->backoff = BACKOFF_MIN_SECS;
+    r->head.sp.pid = 0;
+    r->head.sp.out_fd = -1;
+    r->probe.fd = -1;
+    ev_child_init(&r->head.exit_w, head_exit_cb, 0, 0);
+    ev_io_init(&r->head.out_w, head_output_cb, -1, EV_READ);
+    ev_timer_init(&r->head.kill_w, head_kill_cb, KILL_AFTER_SECS, 0.);
+    ev_timer_init(&r->head.gone_w, head_gone_cb, GONE_POLL_SECS, GONE_POLL_SECS);
+    ev_timer_init(&r->probe.tick_w, probe_tick_cb, 0., START_POLL_SECS);
+    ev_io_init(&r->probe.conn_w, probe_conn_cb, -1, EV_WRITE);
+    ev_timer_init(&r->probe.timeout_w, probe_timeout_cb, PROBE_TIMEOUT_SECS, 0.);
+    ev_timer_init(&r->restart_w, ray_restart_cb, 0., 0.);
+    r->head.exit_w.data = r->head.out_w.data = r;
+    r->head.kill_w.data = r->head.gone_w.data = r;
+    r->probe.tick_w.data = r->probe.conn_w.data = r->probe.timeout_w.data = r;
+    r->restart_w.data = r;
+    /* the first state is no change for the listener */
+    r->state = r->set.mode == RAY_PER_ATTEMPT ? ST_LOCAL : r->set.mode == RAY_OFF ? ST_OFF
+                                                                                 : ST_DOWN;
+    if (r->set.mode == RAY_PERSISTENT && (rc = prepare_temp_dir(r, err)) < 0)
+        return rc;
+    ray_start_mode(r);
+    return 0;
+}
+
+void
+ray_reconfigure(const struct esd_conf *c)
+{
+    struct ray *r = &ray;
+
+    if (!r->loop || settings_equal(r->has_next ? &r->next : &r->set, c))
+        return;
+    if (r->stopping) {
+        log_info(NULL, "ray settings changed after the stop, ignoring them");
+        return;
+    }
+    settings_free(&r->next);
+    settings_copy(&r->next, c);
+    r->has_next = true;
+    if (r->state == ST_STOPPING)
+        return; /* the head on its way out; head_after applies next */
+    log_info(NULL, "ray settings changed, %s",
+             r->set.mode == RAY_PERSISTENT ? "restarting the head" : "applying them");
+    ray_leave(r);
+}
+
+void
+ray_set_listener(void (*changed)(void))
+{
+    ray.listener = changed;
+}
+
+bool
+ray_ready(void)
+{
+    return ray.loop && state_ready(ray.state);
+}
+
+const char *
+ray_address(void)
+{
+    switch (ray.set.mode) {
+    case RAY_PERSISTENT:
+        return ray.address;
+    case RAY_PER_ATTEMPT:
+        return "local";
+    case RAY_OFF:
+        break;
+    }
+    return NULL;
+}
+
+unsigned long
+ray_generation(void)
+{
+    return ray.generation;
+}
+
+/* Drops the entries of env that set name (with its '='). */
+static void
+env_unset(struct strv *env, const char *name_eq)
+{
+    size_t j = 0, len = strlen(name_eq);
+
+    for (size_t i = 0; i < env->n; i++) {
+        if (!strncmp(env->v[i], name_eq, len))
+            free(env->v[i]);
+        else
+            env->v[j++] = env->v[i];
+    }
+    env->n = j;
+    if (env->v)
+        env->v[j] = NULL;
+}
+
+void
+ray_env(struct strv *env)
+{
+    if (!ray.loop || ray.set.mode != RAY_PERSISTENT || !ray.token_path)
+        return;
+    env_unset(env, "RAY_AUTH_MODE=");
+    env_unset(env, "RAY_AUTH_TOKEN_PATH=");
+    strv_push(env, "RAY_AUTH_MODE=token");
+    strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN_PATH=%s", ray.token_path));
+}
+
+const char *
+ray_state_name(void)
+{
+    return state_names[ray.loop ? ray.state : ST_OFF];
+}
+
+unsigned
+ray_restarts(void)
+{
+    return ray.restarts;
+}
+
+void
+ray_stop(void (*done)(void))
+{
+    struct ray *r = &ray;
+
+    if (!r->loop) {
+        if (done)
+            done();
+        return;
+    }
+    settings_free(&r->next);
+    r->has_next = false;
+    r->stopping = true;
+    if (!r->head.sp.pid) {
+        /* no head: local, off, or waiting to restart one */
+        ev_timer_stop(r->loop, &r->restart_w);
+        health_stop(r);
+        if (r->state != ST_LOCAL && r->state != ST_OFF)
+            set_state(r, ST_DOWN, false);
+        if (done)
+            done();
+        return;
+    }
+    r->stop_done = done;
+    ray_leave(r);
+}
+
+void
+ray_fini(void)
+{
+    struct ray *r = &ray;
+    void (*listener)(void) = r->listener;
+
+    if (!r->loop)
+        return;
+    if (r->head.sp.pid) {
+        if (!r->head.exited)
+            log_warning(NULL, "ray head (process group %d) still running at exit, killing it",
+                        (int)r->head.sp.pid);
+        head_signal(&r->head, SIGKILL);
+    }
+    ev_child_stop(r->loop, &r->head.exit_w);
+    ev_timer_stop(r->loop, &r->head.kill_w);
+    ev_timer_stop(r->loop, &r->head.gone_w);
+    ev_io_stop(r->loop, &r->head.out_w);
+    if (r->head.sp.out_fd >= 0)
+        close(r->head.sp.out_fd);
+    buf_free(&r->head.line);
+    health_stop(r);
+    ev_timer_stop(r->loop, &r->restart_w);
+    settings_free(&r->set);
+    settings_free(&r->next);
+    free(r->token_path);
+    free(r->address);
+    memset(r, 0, sizeof(*r));
+    r->listener = listener;
+}
