@@ -52,8 +52,8 @@ remote_ping(struct call *c)
     long long pid = 0;
     int rc;
 
-    rc = reply_or_error(c, client_call(c, "ping", NULL, 10, NULL, NULL, &reply, &err), &err, reply,
-                        &res);
+    rc = client_call(c, "ping", NULL, 10, NULL, NULL, &reply, &err);
+    rc = reply_or_error(c, rc, &err, reply, &res);
     if (rc == EXIT_OK) {
         if (c->json) {
             print_json_obj(res);
@@ -77,8 +77,8 @@ remote_status(struct call *c)
     long long pid = 0, slots = 0, busy = 0;
     int rc;
 
-    rc = reply_or_error(c, client_call(c, "status", NULL, 30, NULL, NULL, &reply, &err), &err,
-                        reply, &res);
+    rc = client_call(c, "status", NULL, 30, NULL, NULL, &reply, &err);
+    rc = reply_or_error(c, rc, &err, reply, &res);
     if (rc != EXIT_OK || c->json) {
         if (rc == EXIT_OK)
             print_json_obj(res);

@@ -27,6 +27,10 @@ struct fin {
     bool winner;
     pid_t pid;
     ev_child child_w;
+    ev_io out_w;      /* winner: the merging child's record */
+    struct buf out;
+    bool exited, eof;
+    int status;
     ev_timer beat_w; /* winner: renews the lock */
     ev_timer poll_w; /* waiter: looks for the result */
     struct log_ctx ctx;
@@ -69,6 +73,11 @@ fin_free(struct fin *f)
 {
     if (ev_is_active(&f->child_w))
         ev_child_stop(F.loop, &f->child_w);
+    if (ev_is_active(&f->out_w)) {
+        ev_io_stop(F.loop, &f->out_w);
+        close(f->out_w.fd);
+    }
+    buf_free(&f->out);
     ev_timer_stop(F.loop, &f->beat_w);
     ev_timer_stop(F.loop, &f->poll_w);
     if (f->pid > 0) {
@@ -116,9 +125,10 @@ fin_apply(struct fin *f)
     return true;
 }
 
-/* The merging child: as the job's owner when started as root. */
+/* The merging child: as the job's owner when started as root. It reports
+ * its record on fd; the parent records it in finalize.json. */
 static void __attribute__((noreturn))
-fin_merge_child(struct fin *f)
+fin_merge_child(struct fin *f, int fd)
 {
     struct job *j = f->job;
     struct merge_opts o = { 0 };
@@ -149,8 +159,66 @@ fin_merge_child(struct fin *f)
     } else {
         json_add_str(rec, "error", err.msg);
     }
-    r = json_write_atomic(f->result, rec, JSON_PRETTY, &err);
+    {
+        struct buf b;
+
+        buf_init(&b);
+        json_dump(rec, JSON_COMPACT, &b);
+        r = fs_write_all(fd, b.p, b.len);
+    }
     _exit(r < 0 ? 2 : 0);
+}
+
+/* The merge is over (the child exited and its record was read): record it
+ * for every node, then apply it here. */
+static void
+fin_merged(struct fin *f)
+{
+    struct esd_err err;
+    cJSON *rec = NULL;
+
+    ev_timer_stop(F.loop, &f->beat_w);
+    if (f->out.len &&
+        json_parse_object(f->out.p, f->out.len, "the merge record", &rec, &err) == 0 &&
+        json_write_atomic(f->result, rec, JSON_PRETTY, &err) == 0) {
+        cJSON_Delete(rec);
+        unlink(f->lock);
+        fin_apply(f);
+        return;
+    }
+    cJSON_Delete(rec);
+    /* no record: say why, leave the lock to turn stale, look again later */
+    log_err(&f->ctx, "the merging process ended (status %d) without a result%s%s; retrying",
+            f->status, f->out.len ? ": " : "", f->out.len ? err.msg : "");
+    unlink(f->lock);
+    {
+        struct job *j = f->job;
+
+        fin_free(f);
+        jobs_set_state(j, JOB_ACTIVE, NULL);
+    }
+}
+
+static void
+fin_out_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct fin *f = w->data;
+    char chunk[4096];
+    ssize_t n = read(w->fd, chunk, sizeof(chunk));
+
+    (void)revents;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n > 0) {
+        if (f->out.len < (1u << 20))
+            buf_append(&f->out, chunk, (size_t)n);
+        return;
+    }
+    ev_io_stop(loop, w);
+    close(w->fd);
+    f->eof = true;
+    if (f->exited)
+        fin_merged(f);
 }
 
 static void
@@ -160,21 +228,12 @@ fin_child_cb(struct ev_loop *loop, ev_child *w, int revents)
 
     (void)revents;
     ev_child_stop(loop, w);
-    ev_timer_stop(loop, &f->beat_w);
     f->pid = 0;
     F.running--;
-    unlink(f->lock);
-    if (fin_apply(f))
-        return;
-    /* no result: say why and let the job be looked at again later */
-    log_err(&f->ctx, "the merging process ended (status %d) without a result; retrying later",
-            w->rstatus);
-    {
-        struct job *j = f->job;
-
-        fin_free(f);
-        jobs_set_state(j, JOB_ACTIVE, NULL);
-    }
+    f->exited = true;
+    f->status = w->rstatus;
+    if (f->eof)
+        fin_merged(f);
 }
 
 static void
@@ -233,7 +292,7 @@ fin_elect(struct fin *f)
     struct buf b;
     char now[40];
     pid_t pid;
-    int r;
+    int r, fds[2];
 
     ev_timer_stop(F.loop, &f->poll_w);
     time_iso_now(now, NULL);
@@ -264,16 +323,22 @@ fin_elect(struct fin *f)
     }
     f->winner = true;
     log_notice(&f->ctx, "every shard is done; merging into %s", j->output);
-    pid = fork();
-    if (pid < 0) {
-        log_err(&f->ctx, "cannot fork to merge: %s; retrying", strerror(errno));
+    if (pipe2(fds, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+        log_err(&f->ctx, "cannot start the merge: %s; retrying", strerror(errno));
         unlink(f->lock);
         ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);
         ev_timer_start(F.loop, &f->poll_w);
         return;
     }
-    if (pid == 0)
-        fin_merge_child(f);
+    if (pid == 0) {
+        close(fds[0]);
+        fin_merge_child(f, fds[1]);
+    }
+    close(fds[1]);
+    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    ev_io_init(&f->out_w, fin_out_cb, fds[0], EV_READ);
+    f->out_w.data = f;
+    ev_io_start(F.loop, &f->out_w);
     f->pid = pid;
     F.running++;
     ev_child_init(&f->child_w, fin_child_cb, pid, 0);
@@ -297,6 +362,7 @@ finalize_start(struct job *j)
     f->lock = fs_join(f->dir, "finalize.lock");
     f->result = fs_join(f->dir, "finalize.json");
     f->ctx.job = j->m.job_id;
+    buf_init(&f->out);
     ev_init(&f->beat_w, fin_beat_cb);
     f->beat_w.data = f;
     ev_init(&f->poll_w, fin_poll_cb);
