@@ -596,6 +596,9 @@ head_check_gone(struct ray *r)
         return;
     if (!h->exited || group_alive(h->sp.pid)) {
         if (!give_up) {
+            if (!h->terminating)
+                log_info(NULL, "ray head's process group %d outlived it, stopping the rest",
+                         (int)h->sp.pid);
             head_terminate(r);
             if (!ev_is_active(&h->gone_w))
                 ev_timer_start(r->loop, &h->gone_w);
