@@ -114,9 +114,9 @@ static const struct key keys[] = {
       .help = "shards this node works at once" },
     { .name = "lease_secs", .type = KT_INT, .off = F(lease_secs), .def = "60", .min = 2,
       .max = DAY, .help = "a claim's lease: heartbeat every lease_secs/4, taken over when older" },
-    { .name = "poll_interval_secs", .type = KT_INT, .off = F(poll_interval_secs), .def = "10",
+    { .name = "poll_interval_secs", .type = KT_INT, .off = F(poll_interval_secs), .def = "20",
       .min = 1, .max = 3600,
-      .help = "how often an idle node looks for claimable shards (jittered)" },
+      .help = "how often an idle node looks for claimable shards and new jobs (jittered)" },
     { .name = "processor", .type = KT_WORDS, .off = F(processor),
       .help = "command that processes a shard (string split on blanks, or list); empty: "
               "dj-process, or data_juicer.python <root>/tools/process_data.py" },

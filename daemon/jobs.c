@@ -29,6 +29,12 @@ static struct {
     size_t n;
     char *jobs_dir;     /* <state_dir>/jobs */
     char *dj_version;   /* what this node's processor runs */
+    struct ev_loop *loop;
+    /* the registry and the spool directories, watched (inotify where the
+     * kernel can, which NFS cannot: the rescan timer covers that) */
+    ev_stat reg_w, spool_w;
+    char *spool_dir;    /* as the watcher was started */
+    void (*changed)(void);
 } J;
 
 static int
@@ -191,17 +197,41 @@ jobs_rescan(void)
         scan(J.conf->spool_dir, true);
 }
 
+static void
+dir_changed_cb(struct ev_loop *loop, ev_stat *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    log_debug(NULL, "%s changed: reading the registrations again", w->path);
+    jobs_rescan();
+    if (J.changed)
+        J.changed();
+}
+
+void
+jobs_set_changed(void (*changed)(void))
+{
+    J.changed = changed;
+}
+
 int
 jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
 {
     struct attempt_opts ao = { 0 };
     int dirty, r;
 
-    (void)loop;
+    J.loop = loop;
     J.conf = c;
     J.jobs_dir = fs_join(c->state_dir, "jobs");
     if ((r = fs_mkdir_p(J.jobs_dir, 0755, err)) < 0)
         return r;
+    ev_stat_init(&J.reg_w, dir_changed_cb, J.jobs_dir, (double)c->poll_interval_secs);
+    ev_stat_start(loop, &J.reg_w);
+    if (c->spool_dir) {
+        J.spool_dir = xstrdup(c->spool_dir);
+        ev_stat_init(&J.spool_w, dir_changed_cb, J.spool_dir, (double)c->poll_interval_secs);
+        ev_stat_start(loop, &J.spool_w);
+    }
     ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
@@ -236,7 +266,12 @@ jobs_fini(void)
         J.head = j->next;
         job_free(j);
     }
+    if (J.loop) {
+        ev_stat_stop(J.loop, &J.reg_w);
+        ev_stat_stop(J.loop, &J.spool_w);
+    }
     free(J.jobs_dir);
+    free(J.spool_dir);
     free(J.dj_version);
     memset(&J, 0, sizeof(J));
 }

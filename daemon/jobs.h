@@ -5,8 +5,9 @@
  * every file <spool_dir>/<key>.json (registered there by any node) is
  * adopted by every node. The key is the first 16 hex digits of the
  * SHA-256 of the resolved job directory, the same on every node. Both
- * places are read again every few seconds while jobs are active and every
- * minute when idle (NFS sends no change notifications).
+ * places are read again at once when the kernel reports a change (inotify,
+ * which sees this node's writes only) and every poll_interval_secs (which
+ * sees other nodes' writes on NFS too).
  *
  * A job is active (claims are made), draining (this node takes no more of
  * its shards), finalizing (every shard is done; one node merges), complete,
@@ -60,6 +61,10 @@ int jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *er
 /* Applies a reloaded configuration (spool_dir, state_dir stay as they were). */
 void jobs_reconfigure(const struct esd_conf *c);
 void jobs_fini(void);
+
+/* changed is called after a change of the registry or spool directory
+ * was seen (and the registrations read again). */
+void jobs_set_changed(void (*changed)(void));
 
 /* Reads the registry and the spool again; new jobs are added active. */
 void jobs_rescan(void);

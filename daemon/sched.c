@@ -23,7 +23,6 @@
 #include "runner.h"
 
 /* Rescans of the registry when no job is active. */
-#define IDLE_RESCAN 60.0
 
 static struct {
     struct ev_loop *loop;
@@ -47,15 +46,6 @@ jitter(double secs)
 }
 
 static void status_line(void);
-
-static bool
-active_jobs(void)
-{
-    for (struct job *j = jobs_first(); j; j = j->next)
-        if (j->state == JOB_ACTIVE || j->state == JOB_FINALIZING)
-            return true;
-    return false;
-}
 
 /* The error of the first terminally failed shard of j. */
 static char *
@@ -205,7 +195,7 @@ sched_rescan_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)revents;
     jobs_rescan();
-    w->repeat = active_jobs() ? (double)S.conf->poll_interval_secs : IDLE_RESCAN;
+    w->repeat = jitter((double)S.conf->poll_interval_secs);
     ev_timer_again(loop, w);
     sched_kick();
 }
@@ -293,8 +283,9 @@ sched_init(struct ev_loop *loop, const struct esd_conf *c)
     ev_timer_init(&S.poll_w, sched_poll_cb, 0, 0);
     ev_timer_init(&S.drain_w, sched_drain_cb, 0, 0);
     ev_init(&S.rescan_w, sched_rescan_cb);
-    S.rescan_w.repeat = active_jobs() ? (double)c->poll_interval_secs : IDLE_RESCAN;
+    S.rescan_w.repeat = jitter((double)c->poll_interval_secs);
     ev_timer_again(loop, &S.rescan_w);
+    jobs_set_changed(sched_kick);
     runner_set_done(attempt_done);
     finalize_set_done(job_finalized);
     ray_set_listener(ray_changed);
@@ -305,7 +296,7 @@ void
 sched_reconfigure(const struct esd_conf *c)
 {
     S.conf = c;
-    S.rescan_w.repeat = active_jobs() ? (double)c->poll_interval_secs : IDLE_RESCAN;
+    S.rescan_w.repeat = jitter((double)c->poll_interval_secs);
     ev_timer_again(S.loop, &S.rescan_w);
     sched_kick();
 }

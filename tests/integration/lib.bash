@@ -46,6 +46,42 @@
 #   run CMD...                 runs CMD; exit status in RC, stdout and stderr
 #                              in OUT and ERR (and $W/stdout, $W/stderr).
 #   check WHAT RC [OUT] [ERR]  the last run's RC, and texts in OUT and ERR.
+# The mini-dj text job (mini-dj applies the two operators of recipe.yaml):
+#   text_dataset [N]           $W/data.jsonl: N (default 1000) short records
+#                              whose text has runs of blanks, tabs and
+#                              newlines, some non-ASCII, every 50th blank
+#                              only; $W/expected.jsonl: the kept records
+#                              after both operators, computed in Python;
+#                              $W/kept.txt: 1 or 0 per input record;
+#                              $W/recipe.yaml: whitespace_normalization_mapper
+#                              and text_length_filter (min_len 1).
+#   prepare_job JOB SHARDS     esctl prepare --local of that job into JOB.
+#   expect_merged JOB OUT      the merge of JOB as mini-dj's export order
+#                              makes it, computed independently, into OUT
+#                              (the job's shards in manifest order must be
+#                              the input cut in order).
+# Daemons (esd -f, one per simulated node, all in W):
+#   daemon_conf NAME [KEY=VALUE...]
+#                              writes $W/NAME/esd.yaml: node_name NAME,
+#                              slots 1, lease_secs 3, poll_interval_secs 1,
+#                              processor $MINI, ray.mode off, state_dir
+#                              $W/NAME/state, socket $W/NAME/esd.sock,
+#                              spool_dir $W/spool, log.target stderr,
+#                              log.level debug. KEY=VALUE (ray.mode=... for
+#                              a section's key) replaces a default or adds
+#                              a key; VALUE is written as YAML, unquoted.
+#   start_daemon NAME [ENV=VALUE...]
+#                              starts esd on that file (pid in DPID[NAME] and
+#                              BG, output appended to $W/NAME/log) and waits
+#                              until it answers ping.
+#   stop_daemon NAME [SIGNAL]  SIGTERM (or SIGNAL) and waits until it exits;
+#                              its exit status in DRC.
+#   dsock NAME                 the daemon's socket.
+#   dstatus NAME               its status (JSON) in $W/NAME/status.json.
+#   give_job JOB               makes JOB the job of an unprivileged user when
+#                              run as root (esd refuses to run attempts as
+#                              root): chown -R nobody, and W traversable.
+#   spool_job JOB [OUTPUT]     registers JOB in $W/spool (atomically).
 
 # ---- tool lookup ----
 TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -87,6 +123,7 @@ descendants() {
     done
 }
 cleanup() {
+    [ -z "${KEEP:-}" ] || { echo "# kept $W"; W=/nonexistent; }
     local p k
     for p in "${BG[@]}"; do
         for k in $(descendants "$p"); do
@@ -145,6 +182,138 @@ group_gone() {
     done
 }
 group_vanished() { ! kill -0 -- "-$1" 2>/dev/null; }
+
+# ---- the mini-dj text job ----
+# The expectation applies both operators to the parsed records and
+# serialises them as the input is: compact JSON, raw UTF-8.
+text_dataset() {
+    python3 - "$W" "${1:-1000}" <<'EOF'
+import json, re, sys
+w, n = sys.argv[1], int(sys.argv[2])
+def dump(o):
+    return json.dumps(o, ensure_ascii=False, separators=(",", ":")) + "\n"
+with open(w + "/data.jsonl", "w", encoding="utf-8") as f, \
+     open(w + "/expected.jsonl", "w", encoding="utf-8") as e, \
+     open(w + "/kept.txt", "w") as k:
+    for i in range(n):
+        if i % 50 == 7:
+            text = " \t \n  "
+        else:
+            text = "  record\t%d  has   extra\n whitespace  caf\u00e9 %s " % (i, "x" * (i % 13))
+        rec = {"id": i, "text": text, "meta": {"n": i * 7, "tag": "t%d" % (i % 5)}}
+        f.write(dump(rec))
+        norm = re.sub(r"[ \t\n\r\f\v]+", " ", text).strip()
+        if len(norm) >= 1:
+            rec["text"] = norm
+            e.write(dump(rec))
+        k.write("%d\n" % (len(norm) >= 1))
+EOF
+    printf 'process:\n  - whitespace_normalization_mapper:\n  - text_length_filter:\n      min_len: 1\n' \
+        >"$W/recipe.yaml"
+}
+prepare_job() {
+    "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+        --job-dir "$1" --num-shards "$2" >"$W/prepare.out" 2>&1 ||
+        fail "prepare $1" "$(cat "$W/prepare.out")"
+}
+# expect_merged JOB OUT: the expected merge of JOB into OUT. The shards (in
+# manifest order) must be the input cut in order; each shard's kept rows
+# (expected.jsonl) are cut into mini-dj's 12 contiguous array_split chunks,
+# the empty ones dropped, and the chunks concatenated in the string order of
+# their names, i.e. of sha256("mini-dj task i")[:32] (the dataset id is the
+# same for every part of an attempt).
+expect_merged() {
+    python3 - "$1" "$W" "$2" <<'EOF'
+import hashlib, json, sys
+job, w, dest = sys.argv[1:]
+shards = sorted(json.load(open(job + "/manifest.json"))["shards"], key=lambda s: s["index"])
+data = open(w + "/data.jsonl", "rb").read()
+assert b"".join(open(job + "/" + s["path"], "rb").read() for s in shards) == data, \
+    "the shards are the input cut in order"
+kept = open(w + "/kept.txt").read().split()
+rows = iter(open(w + "/expected.jsonl", "rb").read().splitlines(keepends=True))
+def task(i):
+    return hashlib.sha256(b"mini-dj task %d" % i).hexdigest()[:32]
+P, pos, out = 12, 0, []
+for s in shards:
+    mine = [next(rows) for k in kept[pos:pos + s["rows"]] if k == "1"]
+    pos += s["rows"]
+    q, r = divmod(len(mine), P)
+    chunks = [mine[i * q + min(i, r):(i + 1) * q + min(i + 1, r)] for i in range(P)]
+    chunks = [c for c in chunks if c]
+    for i in sorted(range(len(chunks)), key=task):
+        out += chunks[i]
+assert pos == len(kept) and next(rows, None) is None
+open(dest, "wb").write(b"".join(out))
+EOF
+}
+
+# ---- daemons ----
+ESD=${ESD:-$TOP/esd}
+case $ESD in /*) ;; *) ESD=$(pwd)/$ESD ;; esac
+declare -A DPID=()
+DRC=0
+daemon_conf() {
+    local name=$1 kv k sec
+    local -A v=([node_name]=$name [slots]=1 [lease_secs]=3 [poll_interval_secs]=1
+        [processor]=$MINI [ray.mode]=off [state_dir]=$W/$name/state
+        [socket]=$W/$name/esd.sock [spool_dir]=$W/spool [log.target]=stderr
+        [log.level]=debug)
+    shift
+    for kv in "$@"; do v[${kv%%=*}]=${kv#*=}; done
+    mkdir -p "$W/$name" "$W/spool"
+    {
+        for k in $(printf '%s\n' "${!v[@]}" | grep -v '\.' | sort); do
+            echo "$k: ${v[$k]}"
+        done
+        for sec in $(printf '%s\n' "${!v[@]}" | grep '\.' | cut -d. -f1 | sort -u); do
+            echo "$sec:"
+            for k in $(printf '%s\n' "${!v[@]}" | grep "^$sec\." | sort); do
+                echo "  ${k#*.}: ${v[$k]}"
+            done
+        done
+    } >"$W/$name/esd.yaml"
+}
+dsock() { echo "$W/$1/esd.sock"; }
+daemon_up() {
+    alive "${DPID[$1]}" || fail "esd $1 starts" "it exited" "$(tail -n 20 "$W/$1/log")"
+    "$ESCTL" --socket "$(dsock "$1")" ping >/dev/null 2>&1
+}
+start_daemon() {
+    local name=$1
+    shift
+    env "$@" "$ESD" -f -c "$W/$name/esd.yaml" >>"$W/$name/log" 2>&1 &
+    DPID[$name]=$!
+    BG+=("$!")
+    wait_for "esd $name answers ping" 20 daemon_up "$name"
+}
+stop_daemon() {
+    local name=$1 sig=${2:-TERM}
+    kill "-$sig" "${DPID[$name]}"
+    wait_for "esd $name exits after SIG$sig" 60 dead "${DPID[$name]}"
+    DRC=0
+    { wait "${DPID[$name]}"; } 2>/dev/null || DRC=$?
+}
+dstatus() {
+    "$ESCTL" --json --socket "$(dsock "$1")" status >"$W/$1/status.json" 2>"$W/$1/status.err" ||
+        fail "status of esd $1" "$(cat "$W/$1/status.err")"
+}
+give_job() {
+    [ "$(id -u)" -eq 0 ] || return 0
+    chmod 755 "$W"
+    chown -R nobody: "$1"
+}
+spool_job() {
+    local name
+    name=$(basename "$1")
+    mkdir -p "$W/spool"
+    if [ -n "${2:-}" ]; then
+        printf '{"job_dir": "%s", "output": "%s"}\n' "$1" "$2"
+    else
+        printf '{"job_dir": "%s"}\n' "$1"
+    fi >"$W/spool/.$name.tmp"
+    mv "$W/spool/.$name.tmp" "$W/spool/$name.json"
+}
 
 # ---- files and commands ----
 count() { find "$1" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }

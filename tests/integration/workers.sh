@@ -101,72 +101,9 @@ EOF
 
 { [ -x "$MINI" ] && [ -x "$ESCTL" ]; } || fail "tools exist" "run make && make tools"
 
-# ---- input and an independent expectation ----
-# 1000 short records whose text has runs of blanks, tabs and newlines (so
-# the mapper changes bytes), some non-ASCII, and every 50th one blank only
-# (dropped by text_length_filter with min_len 1). The expectation applies
-# both operators to the parsed records and serialises them as the input
-# is: compact JSON, raw UTF-8. kept.txt says which input records are kept
-# (1) and which dropped (0).
-python3 - "$W" <<'EOF'
-import json, re, sys
-w = sys.argv[1]
-def dump(o):
-    return json.dumps(o, ensure_ascii=False, separators=(",", ":")) + "\n"
-with open(w + "/data.jsonl", "w", encoding="utf-8") as f, \
-     open(w + "/expected.jsonl", "w", encoding="utf-8") as e, \
-     open(w + "/kept.txt", "w") as k:
-    for i in range(1000):
-        if i % 50 == 7:
-            text = " \t \n  "
-        else:
-            text = "  record\t%d  has   extra\n whitespace  caf\u00e9 %s " % (i, "x" * (i % 13))
-        rec = {"id": i, "text": text, "meta": {"n": i * 7, "tag": "t%d" % (i % 5)}}
-        f.write(dump(rec))
-        norm = re.sub(r"[ \t\n\r\f\v]+", " ", text).strip()
-        if len(norm) >= 1:
-            rec["text"] = norm
-            e.write(dump(rec))
-        k.write("%d\n" % (len(norm) >= 1))
-EOF
-printf 'process:\n  - whitespace_normalization_mapper:\n  - text_length_filter:\n      min_len: 1\n' \
-    >"$W/recipe.yaml"
-prepare() {
-    "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
-        --job-dir "$1" --num-shards "$NSHARDS" >"$W/prepare.out" 2>&1 ||
-        fail "prepare $1" "$(cat "$W/prepare.out")"
-}
-# expect_merged JOB OUT: the expected merge of JOB into OUT. The shards (in
-# manifest order) must be the input cut in order; each shard's kept rows
-# (expected.jsonl) are cut into mini-dj's 12 contiguous array_split chunks,
-# the empty ones dropped, and the chunks concatenated in the string order of
-# their names, i.e. of sha256("mini-dj task i")[:32] (the dataset id is the
-# same for every part of an attempt).
-expect_merged() {
-    python3 - "$1" "$W" "$2" <<'EOF'
-import hashlib, json, sys
-job, w, dest = sys.argv[1:]
-shards = sorted(json.load(open(job + "/manifest.json"))["shards"], key=lambda s: s["index"])
-data = open(w + "/data.jsonl", "rb").read()
-assert b"".join(open(job + "/" + s["path"], "rb").read() for s in shards) == data, \
-    "the shards are the input cut in order"
-kept = open(w + "/kept.txt").read().split()
-rows = iter(open(w + "/expected.jsonl", "rb").read().splitlines(keepends=True))
-def task(i):
-    return hashlib.sha256(b"mini-dj task %d" % i).hexdigest()[:32]
-P, pos, out = 12, 0, []
-for s in shards:
-    mine = [next(rows) for k in kept[pos:pos + s["rows"]] if k == "1"]
-    pos += s["rows"]
-    q, r = divmod(len(mine), P)
-    chunks = [mine[i * q + min(i, r):(i + 1) * q + min(i + 1, r)] for i in range(P)]
-    chunks = [c for c in chunks if c]
-    for i in sorted(range(len(chunks)), key=task):
-        out += chunks[i]
-assert pos == len(kept) and next(rows, None) is None
-open(dest, "wb").write(b"".join(out))
-EOF
-}
+# ---- input and an independent expectation (lib.bash) ----
+text_dataset
+prepare() { prepare_job "$1" "$NSHARDS"; }
 
 # ---- (a) 8 workers, a clean run ----
 JA="$W/job-a"

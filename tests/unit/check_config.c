@@ -140,7 +140,7 @@ START_TEST(test_defaults)
     ck_assert_msg(manifest_id_ok(c.node_name), "invalid default node name '%s'", c.node_name);
     ck_assert_int_eq(c.slots, 1);
     ck_assert_int_eq(c.lease_secs, 60);
-    ck_assert_int_eq(c.poll_interval_secs, 10);
+    ck_assert_int_eq(c.poll_interval_secs, 20);
     ck_assert_uint_eq(c.processor.n, 0);
     ck_assert_ptr_null(c.dj_root);
     ck_assert_str_eq(c.dj_python, "python3");
