@@ -598,6 +598,45 @@ prime(struct claimer *c, struct esd_err *err)
     return r;
 }
 
+/* One pass over the shards from the cursor: claims the first claimable
+ * one (1), or counts the busy ones and when the first fresh lock could
+ * turn stale (0); a negative errno on error. */
+static int
+sweep(struct claimer *c, double now, struct claim *ret, size_t *busy, double *next,
+      struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    size_t n = m->nshards;
+    int r;
+
+    for (size_t k = 0; k < n; k++) {
+        size_t i = (c->cursor + k) % n;
+
+        if (c->known[i] == K_DONE || c->known[i] == K_FAILED)
+            continue;
+        if (c->known[i] == K_MINE || c->fresh_until[i] > now) {
+            (*busy)++;
+            if (c->known[i] != K_MINE && (*next < 0 || c->fresh_until[i] - now < *next))
+                *next = c->fresh_until[i] - now;
+            continue;
+        }
+        r = try_shard(c, i, now, ret, err);
+        if (r < 0)
+            return r;
+        if (r == T_CLAIMED) {
+            c->cursor = (i + 1) % n;
+            return 1;
+        }
+        if (c->known[i] == K_UNKNOWN) {
+            /* locked: fresh, or being decided by another node */
+            (*busy)++;
+            if (c->fresh_until[i] > now && (*next < 0 || c->fresh_until[i] - now < *next))
+                *next = c->fresh_until[i] - now;
+        }
+    }
+    return 0;
+}
+
 int
 claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
               struct esd_err *err)
@@ -639,30 +678,35 @@ claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
         if (r == T_CLAIMED)
             return 1;
     }
-    for (size_t k = 0; k < n; k++) {
-        size_t i = (c->cursor + k) % n;
+    for (int round = 0; round < 2; round++) {
+        size_t gone = 0;
 
-        if (c->known[i] == K_DONE || c->known[i] == K_FAILED)
-            continue;
-        if (c->known[i] == K_MINE || c->fresh_until[i] > now) {
-            busy++;
-            if (c->known[i] != K_MINE && (next < 0 || c->fresh_until[i] - now < next))
-                next = c->fresh_until[i] - now;
-            continue;
+        if (round == 1) {
+            /* Nothing was claimable. A lock cached as fresh may be gone
+             * since (its shard published, or released): look at those
+             * locks, so that the end of a job is seen within a poll, not
+             * a lease. One lstat per shard running elsewhere. */
+            for (size_t i = 0; i < n; i++) {
+                char *path;
+                struct stat st;
+
+                if (c->known[i] != K_UNKNOWN || c->fresh_until[i] <= now)
+                    continue;
+                path = manifest_state_path(m, "locks", m->shards[i].id, ".lock");
+                if (lstat(path, &st) < 0 && errno == ENOENT) {
+                    c->fresh_until[i] = 0;
+                    gone++;
+                }
+                free(path);
+            }
+            if (!gone)
+                break;
+            busy = 0;
+            next = -1;
         }
-        r = try_shard(c, i, now, ret, err);
-        if (r < 0)
+        r = sweep(c, now, ret, &busy, &next, err);
+        if (r != 0)
             return r;
-        if (r == T_CLAIMED) {
-            c->cursor = (i + 1) % n;
-            return 1;
-        }
-        if (c->known[i] == K_UNKNOWN) {
-            /* locked: fresh, or being decided by another node */
-            busy++;
-            if (c->fresh_until[i] > now && (next < 0 || c->fresh_until[i] - now < next))
-                next = c->fresh_until[i] - now;
-        }
     }
     /* Nothing claimable: a failed shard may have been requeued since. */
     if (c->nfailed && (r = prime(c, err)) < 0)

@@ -665,6 +665,36 @@ START_TEST(test_fresh_lock_not_taken_over)
 }
 END_TEST
 
+/* The last shard ends on another node: its lock, cached as fresh, is gone
+ * and its done record there. The next idle pass sees the job complete at
+ * once, not when the cached lease would have run out. */
+START_TEST(test_end_of_fresh_lock_seen_at_once)
+{
+    struct claimer c;
+    struct claim cl;
+    struct claim_idle idle;
+    char *path = lock_path(0);
+
+    done_except(0);
+    put_lock(0, 600, 1);
+    claimer(&c, "node-b", 600, 0);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert_uint_eq(idle.busy, 1);
+    ck_assert(!idle.complete);
+    /* still there: still busy, and nothing taken over */
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert_uint_eq(idle.busy, 1);
+    ck_assert_int_eq(unlink(path), 0);
+    tu_put_done(&M, 0);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert_uint_eq(idle.busy, 0);
+    ck_assert(idle.complete);
+    ck_assert_int_eq(count_in("state/stale_locks"), 0);
+    claimer_free(&c);
+    free(path);
+}
+END_TEST
+
 /* A claimer with the given lease and lock timeout judges shard 0's lock:
  * returns whether it took it over (and checks what that left). */
 static bool
@@ -1260,6 +1290,7 @@ claim_suite(void)
     tcase_add_test(tc, test_failed_published_under_primed_cache);
     tcase_add_test(tc, test_requeue_seen_by_idle_claimer);
     tcase_add_test(tc, test_requeued_and_done_elsewhere_counted_once);
+    tcase_add_test(tc, test_end_of_fresh_lock_seen_at_once);
     suite_add_tcase(s, tc);
     return s;
 }
