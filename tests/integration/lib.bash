@@ -252,6 +252,7 @@ EOF
 ESD=${ESD:-$TOP/esd}
 case $ESD in /*) ;; *) ESD=$(pwd)/$ESD ;; esac
 declare -A DPID=()
+# shellcheck disable=SC2034 # read by the scripts
 DRC=0
 daemon_conf() {
     local name=$1 kv k sec
@@ -292,6 +293,7 @@ stop_daemon() {
     kill "-$sig" "${DPID[$name]}"
     wait_for "esd $name exits after SIG$sig" 60 dead "${DPID[$name]}"
     DRC=0
+    # shellcheck disable=SC2034 # read by the scripts
     { wait "${DPID[$name]}"; } 2>/dev/null || DRC=$?
 }
 dstatus() {

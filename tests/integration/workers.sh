@@ -102,7 +102,7 @@ EOF
 { [ -x "$MINI" ] && [ -x "$ESCTL" ]; } || fail "tools exist" "run make && make tools"
 
 # ---- input and an independent expectation (lib.bash) ----
-text_dataset
+text_dataset 1000
 prepare() { prepare_job "$1" "$NSHARDS"; }
 
 # ---- (a) 8 workers, a clean run ----
