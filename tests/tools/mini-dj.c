@@ -116,6 +116,10 @@
  *                          after each complete part (not JSONL) and an empty
  *                          "_SUCCESS" at the end (so an all-filtered run
  *                          leaves _SUCCESS alone). Default 0: neither
+ *   MINI_DJ_RAY_EACH_ROW=1 with a host:port --ray_address, connect to it
+ *                          again before every input row, as a Ray job keeps
+ *                          talking to its head; when that fails, exit 3
+ *                          "lost the Ray head at host:port"
  *   MINI_DJ_RECORD=FILE    append one JSON line per invocation, before the
  *                          flags are checked: {"argv":[...],"cwd":"...",
  *                          "env":{"DJ_PRODUCED_DATA_DIR":..,"HF_HOME":..,
@@ -193,6 +197,8 @@ usage(FILE *f)
         "  MINI_DJ_EMPTY=dir|nodir   no rows left: an empty directory (dir) or no export path\n"
         "  MINI_DJ_SUCCESS=1         also write an empty _SUCCESS and a hidden .<part>.crc\n"
         "                            per part (not JSONL)\n"
+        "  MINI_DJ_RAY_EACH_ROW=1    reach the Ray head again before every row; exit 3 when\n"
+        "                            it is gone\n"
         "  MINI_DJ_RECORD=FILE       append {argv, cwd, env, pid} as one JSON line\n"
         "\n"
         "exit status: 0 ok, 1 input or I/O error, 2 usage/knob/recipe error,\n"
@@ -301,8 +307,11 @@ struct knobs {
     enum bad_mode bad;
     const char *only, *fail_once, *record;
     long long parts;
-    bool empty_nodir, success;
+    bool empty_nodir, success, ray_each_row;
 };
+
+/* The head of a host:port --ray_address (NULL: local). */
+static const char *ray_host, *ray_port;
 
 static int
 env_int(const char *name, long long min, long long max, long long dflt, long long *ret,
@@ -359,7 +368,8 @@ knobs_parse(struct knobs *k, struct esd_err *err)
         (r = env_bool("MINI_DJ_CRASH", &k->crash, err)) < 0 ||
         (r = env_bool("MINI_DJ_NO_EXPORT", &k->no_export, err)) < 0 ||
         (r = env_bool("MINI_DJ_SPAWN_CHILD", &k->spawn_child, err)) < 0 ||
-        (r = env_bool("MINI_DJ_SUCCESS", &k->success, err)) < 0)
+        (r = env_bool("MINI_DJ_SUCCESS", &k->success, err)) < 0 ||
+        (r = env_bool("MINI_DJ_RAY_EACH_ROW", &k->ray_each_row, err)) < 0)
         return r;
     if ((v = env_str("MINI_DJ_BAD"))) {
         for (size_t i = BAD_INVALID; i <= BAD_BADUTF8 && !k->bad; i++)
@@ -1037,6 +1047,10 @@ process_input(const char *path, const struct recipe *rc, const struct knobs *k,
             break;
         }
         nread++;
+        if (k->ray_each_row && ray_host && ray_reach(ray_host, ray_port, err) < 0) {
+            r = err_set(err, -ECONNABORTED, "lost the Ray head at %s:%s", ray_host, ray_port);
+            break;
+        }
         if (k->sleep_ms)
             sleep_ms(k->sleep_ms);
         buf_reset(&w.cur);
@@ -1274,7 +1288,7 @@ main(int argc, char **argv)
     unsigned long long nread = 0;
     size_t parts = 0;
     char bad_name[PART_NAME_LEN + 1] = "";
-    int rc_exit = 1;
+    int rc_exit = 1, r;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     /* Die on SIGTERM/SIGINT whatever the parent left us with. */
@@ -1323,6 +1337,8 @@ main(int argc, char **argv)
             goto out;
         }
         fprintf(stderr, "mini-dj: connected to Ray at %s\n", o.ray_address);
+        ray_host = host;
+        ray_port = port;
     } else {
         fprintf(stderr, "mini-dj: using a local Ray (nothing to connect to)\n");
     }
@@ -1341,9 +1357,11 @@ main(int argc, char **argv)
         fprintf(stderr, "mini-dj: %s\n", err.msg);
         goto out;
     }
-    if (process_input(o.dataset_path, &rc, &k, &rs, &nread, &err) < 0) {
+    if ((r = process_input(o.dataset_path, &rc, &k, &rs, &nread, &err)) < 0) {
         fprintf(stderr, "mini-dj: %s\n", err.msg);
         event(o.event_log_dir, "failed: %s", err.msg);
+        if (r == -ECONNABORTED)
+            rc_exit = 3;
         goto out;
     }
     printf("mini-dj: read %llu rows from %s\n", nread, o.dataset_path);
