@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +24,7 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge, uid_t u
       struct spawned *ret, struct esd_err *err)
 {
     int out[2], status[2], e = 0, r;
-    pid_t pid;
+    pid_t pid, parent = getpid();
     ssize_t n;
 
     if (!argv || !argv[0])
@@ -59,6 +60,13 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge, uid_t u
         if (uid != (uid_t)-1 &&
             (setgroups(1, &gid) < 0 || setgid(gid) < 0 || setuid(uid) < 0 || setuid(0) == 0)) {
             e = errno ? errno : EPERM;
+        } else if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) {
+            /* after the uid change, which clears it: the child dies with
+             * its parent, so that a crashed esd leaves no attempt behind
+             * to run on under a lease that nobody renews */
+            e = errno;
+        } else if (getppid() != parent) {
+            _exit(127); /* the parent died before the line above */
         } else if (devnull < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
             dup2(merge ? out[1] : devnull, STDERR_FILENO) < 0 ||
             dup2(devnull, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {

@@ -2,8 +2,11 @@
  * spawn: starting an attempt's child the way every caller needs it: fork
  * and exec at once, a process group of its own (so the whole tree can be
  * killed), stdout and stderr into one pipe, every other descriptor closed
- * (O_CLOEXEC), and a failed exec reported as an error rather than as an
- * exit status the processor might also use.
+ * (O_CLOEXEC), a failed exec reported as an error rather than as an
+ * exit status the processor might also use, and SIGKILL to the child when
+ * its parent dies (PR_SET_PDEATHSIG): a crashed daemon or worker leaves no
+ * attempt running on under a lease nobody renews. (The rest of the child's
+ * process group is the child's to end.)
  */
 #ifndef ESD_SPAWN_H
 #define ESD_SPAWN_H

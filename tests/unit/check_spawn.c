@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -181,6 +182,39 @@ START_TEST(test_spawn_signal_reaches_grandchildren)
 }
 END_TEST
 
+/* A child dies with its parent: an intermediate process spawns sleep and
+ * exits; the sleep, handed to this process (a subreaper for the test),
+ * must end killed by SIGKILL rather than run its 5 s. */
+START_TEST(test_spawn_child_dies_with_parent)
+{
+    int p[2], status, code = 0;
+    pid_t mid, child = 0;
+    char how[64];
+
+    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    ck_assert_int_eq(pipe(p), 0);
+    mid = fork();
+    ck_assert_int_ge(mid, 0);
+    if (mid == 0) {
+        struct strv argv = vec("sleep", "5", NULL);
+        struct spawned s;
+        struct esd_err err;
+
+        if (spawn_start(argv.v, environ, NULL, &s, &err) < 0)
+            _exit(1);
+        (void)!write(p[1], &s.pid, sizeof(s.pid));
+        _exit(0);
+    }
+    close(p[1]);
+    ck_assert_int_eq(read(p[0], &child, sizeof(child)), (ssize_t)sizeof(child));
+    close(p[0]);
+    ck_assert_int_eq(waitpid(mid, &status, 0), mid);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    spawn_describe(wait_for(child), how, &code);
+    ck_assert_str_eq(how, "killed by signal 9 (KILL)");
+}
+END_TEST
+
 START_TEST(test_spawn_exec_failures)
 {
     struct strv missing = vec("esd-no-such-program", NULL);
@@ -245,6 +279,7 @@ spawn_suite(void)
     tcase_add_test(tc, test_spawn_cwd);
     tcase_add_test(tc, test_spawn_own_process_group);
     tcase_add_test(tc, test_spawn_signal_reaches_grandchildren);
+    tcase_add_test(tc, test_spawn_child_dies_with_parent);
     tcase_add_test(tc, test_spawn_exec_failures);
     tcase_add_test(tc, test_spawn_describe);
     suite_add_tcase(s, tc);
