@@ -193,8 +193,8 @@ void
 jobs_rescan(void)
 {
     scan(J.jobs_dir, false);
-    if (J.conf->spool_dir)
-        scan(J.conf->spool_dir, true);
+    if (J.spool_dir)
+        scan(J.spool_dir, true);
 }
 
 static void
@@ -397,12 +397,12 @@ jobs_register(const char *job_dir, const char *output, bool spool, struct esd_er
         json_add_str(o, "output", output);
     job_key(job_dir, key);
     if (spool) {
-        if (!J.conf->spool_dir) {
+        if (!J.spool_dir) {
             cJSON_Delete(o);
             err_set(err, -EINVAL, "no spool_dir is configured");
             return NULL;
         }
-        path = xasprintf("%s/%s.json", J.conf->spool_dir, key);
+        path = xasprintf("%s/%s.json", J.spool_dir, key);
         r = json_write_atomic(path, o, JSON_PRETTY, err);
         free(path);
         if (r < 0) {

@@ -109,9 +109,10 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
         return;
     }
     if (strcmp(next->state_dir, old->state_dir) || strcmp(next->socket_path, old->socket_path) ||
-        strcmp(next->node_name, old->node_name))
-        log_warning(NULL, "reload: state_dir, socket and node_name take effect at the next "
-                          "restart");
+        strcmp(next->node_name, old->node_name) ||
+        strcmp(next->spool_dir ? next->spool_dir : "", old->spool_dir ? old->spool_dir : ""))
+        log_warning(NULL, "reload: state_dir, socket, node_name and spool_dir take effect at the "
+                          "next restart");
     free(next->state_dir);
     next->state_dir = xstrdup(old->state_dir);
     free(next->socket_path);
