@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# daemon_faults: esd daemons (ray.mode off, the test stand-in mini-dj as
+# processor, not Data-Juicer) under faults.
+#   (a) kill -9 of daemon a while it runs an attempt: the attempt dies with
+#       it (no orphan works on under a lease nobody renews), b takes the
+#       shard over once the lease (3 s) has run out ("taken over from node
+#       a" in its log, the old lock in state/stale_locks, the old attempt
+#       marked stale) and the merged output is byte-identical to a clean
+#       run (the independent expectation). Prints the reclaim time: from
+#       the kill to b's claim of the shard. a restarted resumes the job
+#       from its registry.
+#   (b) SIGTERM drain: a daemon whose attempt cannot finish within
+#       drain_timeout_secs (1 s) stops it, releases its claim (no lock
+#       left, the attempt marked "released", no failed record) and exits 0;
+#       restarted, it resumes: the shard's next attempt succeeds and the
+#       retry budget is untouched (max_retries 0 and the job still
+#       completes).
+#   (c) a hanging attempt (once, MINI_DJ_HANG with MINI_DJ_FAIL_ONCE) is
+#       killed after attempt_timeout_secs (2 s), fails as "processor" with
+#       "timed out", and the shard is done by attempt 2.
+#   (d) a processor that always fails on one shard (MINI_DJ_EXIT=1 with
+#       MINI_DJ_ONLY): the shard ends failed after 1 + max_retries (2)
+#       attempts, the job is reported failed naming the shard and its last
+#       error, and every other shard is done.
+#   (e) SIGHUP with a bad configuration keeps the old one (the error names
+#       the file and line); with a good one, the new values apply.
+#
+# Environment: TOP, ESCTL, ESD, TOOLS (see lib.bash).
+set -euo pipefail
+export LC_ALL=C
+
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
+
+new_workdir
+unset_knobs
+{ [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+text_dataset 480
+
+finalized() { [ -e "$1/state/esd/finalize.json" ]; }
+# job_field NODE JOB EXPR: a Python expression on JOB's entry (x) in NODE's
+# status ("absent" if NODE does not know JOB yet).
+job_field() {
+    dstatus "$1"
+    python3 - "$W/$1/status.json" "$2" "$3" <<'EOF'
+import json, sys
+st, job, expr = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+xs = [x for x in st["jobs"] if x["job_dir"] == job]
+print(eval(expr, {"x": xs[0]}) if xs else "absent")
+EOF
+}
+# attempt_running NODE: NODE runs an attempt that has at least SECS to go
+# (it started under a second ago).
+attempt_running() {
+    dstatus "$1"
+    [ "$(py 'sum(1 for x in j["attempts"] if x["phase"] == "running" and x["running_secs"] < 1)' \
+        "$W/$1/status.json")" -ge 1 ]
+}
+# new_job NAME SHARDS [prepare options]: a prepared job given to nobody.
+new_job() {
+    local job=$W/$1 shards=$2
+    shift 2
+    "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+        --job-dir "$job" --num-shards "$shards" "$@" >"$W/prepare.out" 2>&1 ||
+        fail "prepare $job" "$(cat "$W/prepare.out")"
+    give_job "$job"
+}
+check_merged() {
+    expect_merged "$1" "$W/expected-merged.jsonl" || fail "the expected merge of $1"
+    cmp "$1/merged.jsonl" "$W/expected-merged.jsonl" || fail "the merged output of $1 equals the expectation"
+}
+reset_daemons() {
+    local n
+    for n in "$@"; do
+        rm -rf "${W:?}/$n"
+    done
+}
+
+# ---- (a) kill -9 mid-shard ----
+# 40 rows a shard, 60 ms a row: over two seconds a shard.
+new_job job-a 12
+daemon_conf a
+daemon_conf b
+start_daemon a MINI_DJ_SLEEP_MS=60
+start_daemon b MINI_DJ_SLEEP_MS=60
+spool_job "$W/job-a"
+wait_for "a runs an attempt" 30 attempt_running a
+SHARD=$(py 'j["attempts"][0]["shard_id"]' "$W/a/status.json")
+CHILD=$(py 'j["attempts"][0]["pid"]' "$W/a/status.json")
+kill -KILL "${DPID[a]}"
+KILLED_AT=$(date +%s.%N)
+{ wait "${DPID[a]}"; } 2>/dev/null || true
+wait_for "a's attempt dies with a" 10 dead "$CHILD"
+ok "killed a (SIGKILL) while it ran $SHARD; its attempt (pid $CHILD) died with it"
+wait_for "b takes $SHARD over" 30 grep -q "$SHARD#2\]: claimed (attempt 2), taken over from node a" "$W/b/log"
+CLAIMED_AT=$(grep "$SHARD#2\]: claimed (attempt 2), taken over" "$W/b/log" | cut -d' ' -f1)
+python3 - "$KILLED_AT" "$CLAIMED_AT" <<'EOF'
+import datetime, sys
+killed = float(sys.argv[1])
+claimed = datetime.datetime.fromisoformat(sys.argv[2]).timestamp()
+print("reclaim: %.1f s from the kill of a to b's claim (lease 3 s)" % (claimed - killed))
+EOF
+ok "b took $SHARD over from a after the lease"
+wait_for "job a is merged" 60 finalized "$W/job-a"
+python3 - "$W/job-a" "$SHARD" <<'EOF' || fail "the takeover left its marks"
+import glob, json, sys
+job, shard = sys.argv[1:]
+assert glob.glob("%s/state/stale_locks/%s.*.lock" % (job, shard)), "no stale lock"
+old = json.load(open(glob.glob("%s/attempts/%s/0001-*/attempt.json" % (job, shard))[0]))
+assert old["status"] == "stale", old
+d = json.load(open("%s/state/done/%s.json" % (job, shard)))
+assert d["attempt_number"] == 2 and d["node"] == "b", d
+EOF
+ok "the old lock is in state/stale_locks, the old attempt stale, attempt 2 by b done"
+check_merged "$W/job-a"
+ok "the merged output is byte-identical to a clean run"
+start_daemon a
+[ "$(job_field a "$W/job-a" 'x["state"]')" = complete ] || fail "a, restarted, knows job a complete"
+ok "a, restarted, resumed from its registry: job a complete"
+stop_daemon a
+stop_daemon b
+reset_daemons a b
+
+# ---- (b) SIGTERM drain ----
+new_job job-b 6 --max-retries 0
+daemon_conf a drain_timeout_secs=1
+start_daemon a MINI_DJ_SLEEP_MS=100
+spool_job "$W/job-b"
+wait_for "a runs an attempt" 30 attempt_running a
+SHARD=$(py 'j["attempts"][0]["shard_id"]' "$W/a/status.json")
+stop_daemon a
+[ "$DRC" -eq 0 ] || fail "a exits 0 after the drain" "status $DRC" "$(tail -n 5 "$W/a/log")"
+grep -q "drain timeout: stopping 1 attempt" "$W/a/log" || fail "a logged the drain timeout"
+ok "SIGTERM: a drained for 1 s, stopped its attempt on $SHARD and exited 0"
+[ "$(count "$W/job-b/state/locks")" -eq 0 ] || fail "no lock left" "$(ls "$W/job-b/state/locks")"
+[ "$(count "$W/job-b/state/failed")" -eq 0 ] || fail "no failed record"
+py 'j["status"]' "$W"/job-b/attempts/"$SHARD"/0001-*/attempt.json | grep -qx released ||
+    fail "the stopped attempt is marked released"
+ok "its claim was released: no lock, attempt 1 'released', no failed record"
+start_daemon a MINI_DJ_SLEEP_MS=5
+wait_for "job b is merged after the restart" 60 finalized "$W/job-b"
+[ "$(py 'j["attempt_number"]' "$W/job-b/state/done/$SHARD.json")" -eq 2 ] ||
+    fail "$SHARD done by attempt 2"
+check_merged "$W/job-b"
+ok "restarted, a resumed: $SHARD done by attempt 2 despite max_retries 0, job merged"
+stop_daemon a
+reset_daemons a
+
+# ---- (c) a hanging attempt ----
+new_job job-c 6
+daemon_conf a attempt_timeout_secs=2
+start_daemon a MINI_DJ_HANG=1 MINI_DJ_ONLY=part-00003 MINI_DJ_FAIL_ONCE="$W/once"
+mkdir -p "$W/once"
+give_job "$W/once"
+spool_job "$W/job-c"
+wait_for "job c is merged" 60 finalized "$W/job-c"
+python3 - "$W/job-c" <<'EOF' || fail "the hanging attempt timed out and was retried"
+import glob, json
+job = __import__("sys").argv[1]
+a = json.load(open(glob.glob(job + "/attempts/part-00003-of-00006/0001-*/attempt.json")[0]))
+assert a["status"] == "failed" and a["failure_class"] == "processor", a
+assert "timed out after 2 s" in a["error"], a
+d = json.load(open(job + "/state/done/part-00003-of-00006.json"))
+assert d["attempt_number"] == 2, d
+EOF
+check_merged "$W/job-c"
+ok "the hanging attempt was killed after 2 s (processor, timed out); attempt 2 did the shard"
+stop_daemon a
+reset_daemons a
+
+# ---- (d) a processor that always fails ----
+new_job job-d 6 --max-retries 1
+daemon_conf a
+daemon_conf b
+start_daemon a MINI_DJ_EXIT=1 MINI_DJ_ONLY=part-00002
+start_daemon b MINI_DJ_EXIT=1 MINI_DJ_ONLY=part-00002
+spool_job "$W/job-d"
+failed_on() { [ "$(job_field "$1" "$W/job-d" 'x["state"]')" = failed ]; }
+wait_for "a reports job d failed" 60 failed_on a
+wait_for "b reports job d failed" 30 failed_on b
+ERROR=$(job_field a "$W/job-d" 'x["error"]')
+[[ $ERROR == *part-00002-of-00006* && $ERROR == *"exit code 1"* ]] ||
+    fail "the job's error names the shard and its last error" "$ERROR"
+ok "job d reported failed on both nodes: $ERROR"
+python3 - "$W/job-d" <<'EOF' || fail "one shard failed after 2 attempts, the others done"
+import json, os
+job = __import__("sys").argv[1]
+assert sorted(os.listdir(job + "/state/failed")) == ["part-00002-of-00006.json"]
+f = json.load(open(job + "/state/failed/part-00002-of-00006.json"))
+assert f["last_attempt"] == 2 and f["failures"] == 2, f
+assert len(os.listdir(job + "/attempts/part-00002-of-00006")) == 2
+assert len(os.listdir(job + "/state/done")) == 5
+EOF
+[ ! -e "$W/job-d/state/esd/finalize.json" ] || fail "a failed job is not merged"
+ok "the failing shard ended failed after 2 attempts; the 5 others are done; nothing merged"
+stop_daemon b
+reset_daemons b
+
+# ---- (e) SIGHUP ----
+slots() { dstatus a && py 'j["slots"]' "$W/a/status.json"; }
+printf 'slots: 3\nno_such_key: 1\n' >"$W/a/esd.yaml.bad"
+cp "$W/a/esd.yaml" "$W/a/esd.yaml.good"
+cp "$W/a/esd.yaml.bad" "$W/a/esd.yaml"
+kill -HUP "${DPID[a]}"
+wait_for "a rejects the bad configuration" 10 grep -q "reload: .*esd.yaml:2.*keeping the current" "$W/a/log"
+[ "$(slots)" -eq 1 ] || fail "a keeps 1 slot"
+ok "SIGHUP with a bad file: $(grep -o 'reload: .*' "$W/a/log" | head -n 1)"
+sed 's/^slots: .*/slots: 2/' "$W/a/esd.yaml.good" >"$W/a/esd.yaml"
+kill -HUP "${DPID[a]}"
+wait_for "a reloads" 10 grep -q "reloaded $W/a/esd.yaml" "$W/a/log"
+[ "$(slots)" -eq 2 ] || fail "a has 2 slots after the reload"
+ok "SIGHUP with a good file: 2 slots"
+stop_daemon a
+[ "$DRC" -eq 0 ] || fail "a exits 0"
+summary
