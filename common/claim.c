@@ -286,7 +286,8 @@ enum judged { J_FRESH, J_GONE, J_BUSY };
  * of the way.
  */
 static int
-takeover(struct claimer *c, size_t i, const char *path, double now, struct esd_err *err)
+takeover(struct claimer *c, size_t i, const char *path, double now, const char *own_token,
+         struct esd_err *err)
 {
     const struct manifest *m = c->m;
     struct stat st;
@@ -311,7 +312,17 @@ takeover(struct claimer *c, size_t i, const char *path, double now, struct esd_e
     j = read_lock_fd(fd);
     threshold = lock_threshold(c, j);
     age = now - ts_secs(&st.st_mtim);
-    if (age <= threshold) {
+    if (own_token) {
+        /* a lock of our own previous run: stale at any age, if it still
+         * holds our token (else it is somebody else's now) */
+        const char *t = json_get_str(j, "token");
+
+        if (!t || strcmp(t, own_token)) {
+            cJSON_Delete(j);
+            claim_unfence(fd);
+            return J_FRESH;
+        }
+    } else if (age <= threshold) {
         remember_fresh(c, i, now, now + (threshold - age));
         cJSON_Delete(j);
         claim_unfence(fd);
@@ -386,7 +397,7 @@ judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd
         remember_fresh(c, i, now, now + (threshold - age));
         return J_FRESH;
     }
-    return takeover(c, i, path, now, err);
+    return takeover(c, i, path, now, NULL, err);
 }
 
 static bool
@@ -720,6 +731,34 @@ claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
         idle->next_secs = next;
     }
     return 0;
+}
+
+int
+claim_recover(struct claimer *c, const char *shard_id, const char *token, struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    long i = manifest_find(m, shard_id);
+    char *path;
+    double now;
+    int r;
+
+    if (i < 0)
+        return err_set(err, -ENOENT, "no shard %s in %s", shard_id, m->job_dir);
+    if ((r = clock_estimate(c, &now, err)) < 0)
+        return r;
+    path = manifest_state_path(m, "locks", m->shards[i].id, ".lock");
+    /* (held under another node's fence: that node is taking it over) */
+    c->taken_valid = false;
+    r = takeover(c, (size_t)i, path, now, token, err);
+    free(path);
+    if (r == J_GONE && c->taken_valid && c->taken_index == (size_t)i) {
+        /* (the next claim of the shard is not news of a takeover) */
+        c->taken_valid = false;
+        c->fresh_until[i] = 0;
+        c->lock_ino[i] = 0;
+        return 1;
+    }
+    return r < 0 ? r : 0;
 }
 
 int

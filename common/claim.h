@@ -124,6 +124,17 @@ int claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
                   struct esd_err *err);
 
 /*
+ * Takes over, whatever its age, the lock of shard_id if it still holds
+ * token: a claim of this node's previous run (which is known dead: esd
+ * holds its state directory's lock) that need not wait for its lease.
+ * Marks its attempt stale and moves the lock to state/stale_locks, as a
+ * stale takeover does. Returns 1 taken over, 0 not ours any more (gone or
+ * another claim's), or a negative errno.
+ */
+int claim_recover(struct claimer *c, const char *shard_id, const char *token,
+                  struct esd_err *err);
+
+/*
  * Renews the lease: refreshes the lock's mtime if the lock at lock_path is
  * still this claim's (same inode, same token). Returns 0, -ESTALE if the
  * lease is lost (err says how: removed, replaced or taken over), or

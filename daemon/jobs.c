@@ -5,9 +5,11 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,6 +30,8 @@ static struct {
     struct job *head;
     size_t n;
     char *jobs_dir;     /* <state_dir>/jobs */
+    char *claims_dir;   /* <state_dir>/claims: <key>.<token>.json per claim held */
+    int lock_fd;        /* <state_dir>/esd.lock, flocked while esd runs */
     char *dj_version;   /* what this node's processor runs */
     struct ev_loop *loop;
     /* the registry and the spool directories, watched (inotify where the
@@ -197,6 +201,112 @@ jobs_rescan(void)
         scan(J.spool_dir, true);
 }
 
+/* One esd per state directory: its claim records are then known to be of
+ * a previous run when esd starts. The lock file holds the pid. */
+static int
+lock_state_dir(const struct esd_conf *c, struct esd_err *err)
+{
+    char *path = fs_join(c->state_dir, "esd.lock"), pid[32], old[32] = "";
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644), r = 0;
+    ssize_t n;
+
+    if (fd < 0) {
+        r = err_sys(err, -errno, "cannot open %s", path);
+    } else if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        r = errno == EWOULDBLOCK ? -EBUSY : -errno;
+        n = pread(fd, old, sizeof(old) - 1, 0);
+        old[n > 0 ? n : 0] = '\0';
+        old[strcspn(old, "\n")] = '\0';
+        err_set(err, r, "another esd%s%s uses the state directory %s (%s is locked)",
+                old[0] ? " with pid " : "", old, c->state_dir, path);
+        close(fd);
+    } else {
+        n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+            log_warning(NULL, "cannot write the pid into %s: %s", path, strerror(errno));
+        J.lock_fd = fd;
+    }
+    free(path);
+    return r;
+}
+
+static char *
+claim_record_path(const struct job *j, const struct claim *cl)
+{
+    return xasprintf("%s/%s.%s.json", J.claims_dir, j->key, cl->token);
+}
+
+void
+jobs_claim_record(struct job *j, const struct claim *cl)
+{
+    char *path = claim_record_path(j, cl);
+    cJSON *o = cJSON_CreateObject();
+    struct esd_err err;
+
+    json_add_str(o, "job_dir", j->job_dir);
+    json_add_str(o, "shard_id", cl->shard_id);
+    json_add_str(o, "token", cl->token);
+    json_add_int(o, "attempt_number", cl->attempt_number);
+    if (json_write_atomic(path, o, JSON_PRETTY, &err) < 0)
+        log_warning(&(struct log_ctx){ .job = j->m.job_id, .shard = cl->shard_id },
+                    "%s (a restart then waits for this claim's lease)", err.msg);
+    cJSON_Delete(o);
+    free(path);
+}
+
+void
+jobs_claim_forget(struct job *j, const struct claim *cl)
+{
+    char *path = claim_record_path(j, cl);
+
+    if (unlink(path) < 0 && errno != ENOENT)
+        log_warning(NULL, "cannot remove %s: %s", path, strerror(errno));
+    free(path);
+}
+
+/* Takes over at once the claims this node's previous run held on j. */
+static void
+recover_claims(struct job *j)
+{
+    DIR *d = opendir(J.claims_dir);
+    size_t klen = strlen(j->key);
+    struct dirent *e;
+
+    if (!d)
+        return;
+    while ((e = readdir(d))) {
+        const char *shard, *token;
+        struct esd_err err;
+        cJSON *o = NULL;
+        char *path;
+        int r;
+
+        if (strncmp(e->d_name, j->key, klen) || e->d_name[klen] != '.' ||
+            !strstr(e->d_name, ".json"))
+            continue;
+        path = fs_join(J.claims_dir, e->d_name);
+        if (json_load_object(path, 1 << 16, &o, &err) < 0) {
+            log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%s, removing it", err.msg);
+        } else if (!(shard = json_get_str(o, "shard_id")) || !(token = json_get_str(o, "token"))) {
+            log_warning(&(struct log_ctx){ .job = j->m.job_id },
+                        "%s lacks shard_id or token, removing it", path);
+        } else if ((r = claim_recover(&j->claimer, shard, token, &err)) < 0) {
+            log_warning(&(struct log_ctx){ .job = j->m.job_id, .shard = shard },
+                        "cannot recover this node's claim from its previous run: %s; it ends "
+                        "with its lease", err.msg);
+        } else {
+            log_notice(&(struct log_ctx){ .job = j->m.job_id, .shard = shard },
+                       r ? "this node's claim from its previous run was taken back at once "
+                           "(its attempt marked stale)"
+                         : "this node's claim from its previous run had ended already");
+        }
+        cJSON_Delete(o);
+        unlink(path);
+        free(path);
+    }
+    closedir(d);
+}
+
 static void
 dir_changed_cb(struct ev_loop *loop, ev_stat *w, int revents)
 {
@@ -222,8 +332,11 @@ jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
 
     J.loop = loop;
     J.conf = c;
+    J.lock_fd = -1;
     J.jobs_dir = fs_join(c->state_dir, "jobs");
-    if ((r = fs_mkdir_p(J.jobs_dir, 0755, err)) < 0)
+    J.claims_dir = fs_join(c->state_dir, "claims");
+    if ((r = fs_mkdir_p(J.jobs_dir, 0755, err)) < 0 ||
+        (r = fs_mkdir_p(J.claims_dir, 0755, err)) < 0 || (r = lock_state_dir(c, err)) < 0)
         return r;
     ev_stat_init(&J.reg_w, dir_changed_cb, J.jobs_dir, (double)c->poll_interval_secs);
     ev_stat_start(loop, &J.reg_w);
@@ -271,6 +384,9 @@ jobs_fini(void)
         ev_stat_stop(J.loop, &J.spool_w);
     }
     free(J.jobs_dir);
+    free(J.claims_dir);
+    if (J.lock_fd >= 0)
+        close(J.lock_fd);
     free(J.spool_dir);
     free(J.dj_version);
     memset(&J, 0, sizeof(J));
@@ -363,6 +479,7 @@ jobs_load(struct job *j)
     j->loaded = true;
     log_info(&(struct log_ctx){ .job = j->m.job_id }, "working job %s: %zu shards", j->job_dir,
              j->m.nshards);
+    recover_claims(j);
     return true;
 }
 

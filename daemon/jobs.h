@@ -77,6 +77,16 @@ size_t jobs_count(void);
  * at the next rescan. */
 bool jobs_load(struct job *j);
 
+/*
+ * A claim this node holds is recorded in <state_dir>/claims while it runs
+ * (record) and no longer once it has ended (forget). When esd starts again
+ * after a crash, loading a job takes back at once the claims its previous
+ * run left (claim_recover) instead of waiting for their leases. esd locks
+ * <state_dir>/esd.lock so that no two daemons share a state directory.
+ */
+void jobs_claim_record(struct job *j, const struct claim *cl);
+void jobs_claim_forget(struct job *j, const struct claim *cl);
+
 /* Records a new state (and error), persists it, logs it once. */
 void jobs_set_state(struct job *j, enum job_state state, const char *error);
 

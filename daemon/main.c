@@ -213,7 +213,7 @@ main(int argc, char **argv)
     if (hang_watchdog)
         notify_test_stop_watchdog();
     if (ctl_init(M.loop, M.conf, notify_listen_fd(), &err) < 0 ||
-        ray_init(M.loop, M.conf, &err) < 0 || jobs_init(M.loop, M.conf, &err) < 0) {
+        jobs_init(M.loop, M.conf, &err) < 0 || ray_init(M.loop, M.conf, &err) < 0) {
         log_err(NULL, "%s", err.msg);
         fprintf(stderr, "esd: %s\n", err.msg);
         return 1;

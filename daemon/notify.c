@@ -99,3 +99,15 @@ notify_test_stop_watchdog(void)
 {
     watchdog_stopped = true;
 }
+
+bool
+notify_env_private(const char *entry)
+{
+    static const char *const names[] = { "NOTIFY_SOCKET=", "WATCHDOG_USEC=", "WATCHDOG_PID=",
+                                         "LISTEN_FDS=",    "LISTEN_PID=",    "LISTEN_FDNAMES=" };
+
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!strncmp(entry, names[i], strlen(names[i])))
+            return true;
+    return false;
+}

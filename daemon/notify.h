@@ -8,6 +8,8 @@
 #ifndef ESD_NOTIFY_H
 #define ESD_NOTIFY_H
 
+#include <stdbool.h>
+
 #include <ev.h>
 
 /* Starts the watchdog timer if systemd asked for one. */
@@ -19,6 +21,11 @@ void notify_reloading(void);
 void notify_stopping(void);
 /* STATUS=..., sent only when it changed. */
 void notify_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Whether an environment entry ("NAME=value") is systemd's word to esd
+ * alone (NOTIFY_SOCKET, WATCHDOG_*, LISTEN_*), to be kept from children:
+ * a processor that speaks sd_notify must not speak for esd. */
+bool notify_env_private(const char *entry);
 
 /* The listening AF_UNIX socket passed by socket activation, or -1. */
 int notify_listen_fd(void);

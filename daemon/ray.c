@@ -25,6 +25,7 @@
 
 #include "fsutil.h"
 #include "log.h"
+#include "notify.h"
 #include "spawn.h"
 
 #define RAY_HOST "127.0.0.1"
@@ -629,26 +630,31 @@ head_exit_cb(struct ev_loop *loop, ev_child *w, int revents)
     head_check_gone(r);
 }
 
-/* esd's environment with the head's own variables in place of any
- * inherited ones. */
+/* esd's environment (less systemd's variables for esd) with the head's
+ * own variables in place of any inherited ones. */
 static void
 head_environment(struct ray *r, struct strv *env)
 {
     extern char **environ;
     static const char *const ours[] = { "RAY_AUTH_MODE=", "RAY_AUTH_TOKEN_PATH=",
-                                        "RAY_USAGE_STATS_ENABLED=" };
+                                        "RAY_USAGE_STATS_ENABLED=",
+                                        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=" };
 
     for (char **e = environ; e && *e; e++) {
         bool skip = false;
 
         for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
             skip = skip || !strncmp(*e, ours[i], strlen(ours[i]));
-        if (!skip)
+        if (!skip && !notify_env_private(*e))
             strv_push(env, *e);
     }
     strv_push(env, "RAY_AUTH_MODE=token");
     strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN_PATH=%s", r->token_path));
     strv_push(env, "RAY_USAGE_STATS_ENABLED=0");
+    /* Ray's own drain on SIGTERM (up to 30 s, meant for Serve) only delays
+     * the stop until KILL_AFTER_SECS and a SIGKILL: esd stops the head
+     * once its attempts are gone. */
+    strv_push(env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0");
 }
 
 /* Starts a head; a failure is logged and retried after the backoff. */

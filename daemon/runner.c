@@ -19,6 +19,7 @@
 #include "fsutil.h"
 #include "json.h"
 #include "log.h"
+#include "notify.h"
 #include "ray.h"
 #include "spawn.h"
 
@@ -270,7 +271,8 @@ give_attempt_dir(struct run *r, struct esd_err *err)
     return 0;
 }
 
-/* The attempt's environment: esd's, plus what the Ray head needs. */
+/* The attempt's environment: esd's (less systemd's variables for esd),
+ * plus what the Ray head needs. */
 static struct strv
 attempt_env(void)
 {
@@ -278,7 +280,8 @@ attempt_env(void)
 
     strv_init(&env);
     for (char **e = environ; e && *e; e++)
-        strv_push(&env, *e);
+        if (!notify_env_private(*e))
+            strv_push(&env, *e);
     ray_env(&env);
     return env;
 }
@@ -311,6 +314,7 @@ runner_start(struct job *j, struct claim *cl)
     R.head = r;
     R.n++;
     j->running++;
+    jobs_claim_record(j, &r->cl);
     ev_timer_init(&r->grace_w, run_grace_cb, KILL_GRACE, 0);
     r->grace_w.data = r;
     ev_timer_init(&r->beat_w, run_beat_cb, (double)r->cl.lease_secs / 4.0,
@@ -499,6 +503,9 @@ run_report(struct run *r)
         done = failed = false;
         snprintf(fin.status, sizeof(fin.status), "error");
     }
+    /* (after an error the record stays: a restart takes the lock back) */
+    if (strcmp(fin.status, "error"))
+        jobs_claim_forget(j, &r->cl);
     fin.shard_done = done;
     fin.shard_failed = failed;
     claimer_forget(&j->claimer, &r->cl, done, failed);

@@ -9,6 +9,10 @@
 #       run (the independent expectation). Prints the reclaim time: from
 #       the kill to b's claim of the shard. a restarted resumes the job
 #       from its registry.
+#   (a2) kill -9 of the only daemon (lease 60 s) mid-shard: restarted, it
+#       takes its own claim back at once (its claim record in
+#       <state_dir>/claims), so the job completes long before the lease
+#       could have run out; a second esd on the same state_dir is refused.
 #   (b) SIGTERM drain: a daemon whose attempt cannot finish within
 #       drain_timeout_secs (1 s) stops it, releases its claim (no lock
 #       left, the attempt marked "released", no failed record) and exits 0;
@@ -120,6 +124,31 @@ ok "a, restarted, resumed from its registry: job a complete"
 stop_daemon a
 stop_daemon b
 reset_daemons a b
+
+# ---- (a2) the only node restarts after a crash ----
+new_job job-r 6
+daemon_conf s lease_secs=60
+start_daemon s MINI_DJ_SLEEP_MS=60
+spool_job "$W/job-r"
+wait_for "s runs an attempt" 30 attempt_running s
+SHARD=$(py 'j["attempts"][0]["shard_id"]' "$W/s/status.json")
+[ "$(count "$W/s/state/claims")" -eq 1 ] || fail "s records its claim" "$(ls "$W/s/state/claims")"
+kill -KILL "${DPID[s]}"
+{ wait "${DPID[s]}"; } 2>/dev/null || true
+RESTART=$(date +%s)
+start_daemon s MINI_DJ_SLEEP_MS=5
+daemon_conf s2 lease_secs=60 state_dir="$W/s/state"
+run timeout 20 "$ESD" -f -c "$W/s2/esd.yaml"
+check "a second esd on the same state_dir is refused" 1 "" "another esd with pid ${DPID[s]}"
+wait_for "s takes its claim back" 10 grep -q "$SHARD\]: this node's claim from its previous run was taken back at once" "$W/s/log"
+wait_for "job r is merged" 20 finalized "$W/job-r"
+echo "# job r complete $(($(date +%s) - RESTART)) s after the restart (lease 60 s)"
+[ "$(py 'j["attempt_number"]' "$W/job-r/state/done/$SHARD.json")" -eq 2 ] || fail "$SHARD done by attempt 2"
+[ "$(count "$W/s/state/claims")" -eq 0 ] || fail "no claim record left" "$(ls "$W/s/state/claims")"
+check_merged "$W/job-r"
+ok "restarted after kill -9, s took $SHARD back at once (no 60 s lease wait) and finished the job"
+stop_daemon s
+reset_daemons s s2
 
 # ---- (b) SIGTERM drain ----
 new_job job-b 6 --max-retries 0

@@ -891,6 +891,49 @@ START_TEST(test_takeover_marks_attempt_of_reference_lock)
 }
 END_TEST
 
+/* A claim of this node's previous run is taken back at once, whatever
+ * its age, if it still holds its token; another claim's lock is not. */
+START_TEST(test_recover_own_claim)
+{
+    struct claimer old, c;
+    struct claim a, b;
+    struct esd_err err;
+    char *rel, *p;
+    cJSON *j;
+
+    done_except(0);
+    claimer(&old, "node-a", 600, 0);
+    ck_assert_int_eq(acquire(&old, &a, NULL), 1);
+    rel = xstrdup(a.attempt_rel);
+    claimer(&c, "node-a", 600, 0);
+    /* a fresh lock of another claim: left alone */
+    ck_assert_int_eq(claim_recover(&c, a.shard_id, "ffffffffffffffffffffffffffffffff", &err), 0);
+    ck_assert(tu_exists(a.lock_path));
+    ck_assert_int_eq(acquire(&c, &b, NULL), 0);
+    /* its own token: taken back, attempt stale, claimable again */
+    ck_assert_msg(claim_recover(&c, a.shard_id, a.token, &err) == 1, "%s", err.msg);
+    ck_assert(!tu_exists(a.lock_path));
+    ck_assert_int_eq(count_in("state/stale_locks"), 1);
+    p = xasprintf("%s/%s/attempt.json", M.job_dir, rel);
+    j = load(p);
+    ck_assert_str_eq(json_get_str(j, "status"), "stale");
+    cJSON_Delete(j);
+    ck_assert_int_eq(acquire(&c, &b, NULL), 1);
+    ck_assert_uint_eq(b.index, 0);
+    ck_assert_int_eq(b.attempt_number, 2);
+    /* gone or unknown: nothing to do, or an error naming the shard */
+    ck_assert_int_eq(claim_recover(&c, a.shard_id, a.token, &err), 0);
+    ck_assert_int_eq(claim_recover(&c, "no-such-shard", a.token, &err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "no-such-shard"));
+    free(p);
+    free(rel);
+    claim_free(&a);
+    claim_free(&b);
+    claimer_free(&old);
+    claimer_free(&c);
+}
+END_TEST
+
 /* ---- heartbeats and release ---- */
 
 static double
@@ -1291,6 +1334,7 @@ claim_suite(void)
     tcase_add_test(tc, test_requeue_seen_by_idle_claimer);
     tcase_add_test(tc, test_requeued_and_done_elsewhere_counted_once);
     tcase_add_test(tc, test_end_of_fresh_lock_seen_at_once);
+    tcase_add_test(tc, test_recover_own_claim);
     suite_add_tcase(s, tc);
     return s;
 }
