@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,10 +35,11 @@ static struct {
     int lock_fd;        /* <state_dir>/esd.lock, flocked while esd runs */
     char *dj_version;   /* what this node's processor runs */
     struct ev_loop *loop;
-    /* the registry and the spool directories, watched (inotify where the
-     * kernel can, which NFS cannot: the rescan timer covers that) */
-    ev_stat reg_w, spool_w;
-    char *spool_dir;    /* as the watcher was started */
+    /* the registry and the spool directories, watched with inotify for
+     * files written or renamed into them (this node's writes only: the
+     * rescan timer covers other nodes' on NFS) */
+    ev_io notify_w;
+    char *spool_dir;    /* as the watch was set */
     void (*changed)(void);
 } J;
 
@@ -308,14 +310,53 @@ recover_claims(struct job *j)
 }
 
 static void
-dir_changed_cb(struct ev_loop *loop, ev_stat *w, int revents)
+dir_changed_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    bool any = false;
+    ssize_t n;
+
     (void)loop;
     (void)revents;
-    log_debug(NULL, "%s changed: reading the registrations again", w->path);
+    while ((n = read(w->fd, buf, sizeof(buf))) > 0) {
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *e = (const struct inotify_event *)p;
+
+            /* a registration is a visible *.json; temporary files are not */
+            if (e->len && e->name[0] != '.' && strstr(e->name, ".json"))
+                any = true;
+            p += sizeof(*e) + e->len;
+        }
+    }
+    if (!any)
+        return;
+    log_debug(NULL, "a registration changed: reading the registrations again");
     jobs_rescan();
     if (J.changed)
         J.changed();
+}
+
+/* The inotify watches; without them the rescan timer does it all. */
+static void
+watch_dirs(struct ev_loop *loop, const struct esd_conf *c)
+{
+    const uint32_t mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM;
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+
+    if (c->spool_dir)
+        J.spool_dir = xstrdup(c->spool_dir);
+    if (fd < 0) {
+        log_warning(NULL, "inotify: %s; new registrations are seen at the next rescan",
+                    strerror(errno));
+        return;
+    }
+    if (inotify_add_watch(fd, J.jobs_dir, mask) < 0)
+        log_warning(NULL, "inotify on %s: %s", J.jobs_dir, strerror(errno));
+    if (J.spool_dir && inotify_add_watch(fd, J.spool_dir, mask) < 0)
+        log_warning(NULL, "inotify on %s: %s; registrations there are seen at the next rescan",
+                    J.spool_dir, strerror(errno));
+    ev_io_init(&J.notify_w, dir_changed_cb, fd, EV_READ);
+    ev_io_start(loop, &J.notify_w);
 }
 
 void
@@ -338,13 +379,7 @@ jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
     if ((r = fs_mkdir_p(J.jobs_dir, 0755, err)) < 0 ||
         (r = fs_mkdir_p(J.claims_dir, 0755, err)) < 0 || (r = lock_state_dir(c, err)) < 0)
         return r;
-    ev_stat_init(&J.reg_w, dir_changed_cb, J.jobs_dir, (double)c->poll_interval_secs);
-    ev_stat_start(loop, &J.reg_w);
-    if (c->spool_dir) {
-        J.spool_dir = xstrdup(c->spool_dir);
-        ev_stat_init(&J.spool_w, dir_changed_cb, J.spool_dir, (double)c->poll_interval_secs);
-        ev_stat_start(loop, &J.spool_w);
-    }
+    watch_dirs(loop, c);
     ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
@@ -379,9 +414,9 @@ jobs_fini(void)
         J.head = j->next;
         job_free(j);
     }
-    if (J.loop) {
-        ev_stat_stop(J.loop, &J.reg_w);
-        ev_stat_stop(J.loop, &J.spool_w);
+    if (J.loop && ev_is_active(&J.notify_w)) {
+        ev_io_stop(J.loop, &J.notify_w);
+        close(J.notify_w.fd);
     }
     free(J.jobs_dir);
     free(J.claims_dir);

@@ -19,6 +19,9 @@
 #       and worked once it has been prepared.
 #   (d) all four stop on SIGTERM with status 0; restarted, a daemon
 #       remembers both jobs as complete and merges nothing again.
+#   (e) a registration written on this node (temporary file renamed into
+#       the spool) is seen at once (inotify), not at the next rescan: a
+#       daemon with poll_interval_secs 3600 works a new job.
 #
 # Environment: TOP, ESCTL, ESD (esd binary; default $TOP/esd), TOOLS (see
 # lib.bash).
@@ -180,4 +183,15 @@ ok "restarted, a remembers the three jobs as complete"
 ok "nothing was merged again"
 stop_daemon a
 [ "$DRC" -eq 0 ] || fail "esd a exits 0"
+
+# ---- (e) a local registration is seen at once ----
+daemon_conf e poll_interval_secs=3600
+start_daemon e
+JE="$W/job-e"
+prepare_job "$JE" 4
+give_job "$JE"
+spool_job "$JE"
+wait_for "e works the new job without waiting for a rescan" 20 finalized "$JE"
+ok "a registration renamed into the spool was seen at once (poll_interval_secs 3600)"
+stop_daemon e
 summary
