@@ -187,10 +187,11 @@ fuzz: fuzz-build
 			build/fuzz/corpus/$$n tests/fuzz/seeds/$$n || exit 1; \
 	done
 
-bench: all $(BENCH_BINS)
+bench: all tools $(BENCH_BINS)
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/prepare
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/merge
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) CLAIMER=$(CURDIR)/$(BUILD)/bench/claimer bench/claim
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/daemon
 
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 \
