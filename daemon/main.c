@@ -50,17 +50,29 @@ usage(FILE *f)
                ESD_CONFIG_DEFAULT);
 }
 
-/* The configuration at path; the defaults if the default file is absent. */
+/* The configuration at path (the defaults if the default file is
+ * absent), and what it cannot be as the user esd runs as. */
 static int
 load_config(struct esd_conf *c, struct esd_err *err)
 {
     struct stat st;
+    int r;
 
-    if (!M.path_given && stat(M.path, &st) < 0 && errno == ENOENT) {
+    if (!M.path_given && stat(M.path, &st) < 0 && errno == ENOENT)
         config_defaults(c);
-        return 0;
+    else if ((r = config_load(M.path, c, err)) < 0)
+        return r;
+    if (geteuid() == 0 && c->ray_mode == RAY_PERSISTENT) {
+        /* Ray runs its workers as the head's user: a head of root's would
+         * run the job owners' recipes as root, and no other user may use
+         * its token and session files. */
+        config_free(c);
+        return err_set(err, -EPERM, "%s: ray.mode persistent needs esd to run as the user "
+                       "that owns the jobs (systemd User=), not as root, whose Ray head would "
+                       "run every recipe as root; as root, use ray.mode per-attempt or off",
+                       M.path_given || stat(M.path, &st) == 0 ? M.path : "the defaults");
     }
-    return config_load(M.path, c, err);
+    return 0;
 }
 
 static void

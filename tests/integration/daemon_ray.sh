@@ -17,6 +17,8 @@
 #       failed attempt done by a later attempt, the merged output equal to
 #       the independent expectation.
 #   (d) SIGTERM stops each daemon with status 0 and its head with it.
+# Run as root, the daemons run as nobody (the service-user deployment:
+# esd refuses ray.mode persistent as root, which is checked first).
 #
 # Environment: TOP, ESCTL, ESD, TOOLS (see lib.bash).
 set -euo pipefail
@@ -32,17 +34,27 @@ unset_knobs
 { [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
 
 # The ray command: fake-ray, whose next start waits as many seconds as the
-# file slow-start says (read once, then removed).
+# file knobs/slow-start says (read once, then removed).
+mkdir -p "$W/knobs"
 cat >"$W/ray-cmd" <<EOF
 #!/bin/sh
-if [ -f "$W/slow-start" ]; then
-    FAKE_RAY_SLOW_START=\$(cat "$W/slow-start")
+if [ -f "$W/knobs/slow-start" ]; then
+    FAKE_RAY_SLOW_START=\$(cat "$W/knobs/slow-start")
     export FAKE_RAY_SLOW_START
-    rm -f "$W/slow-start"
+    rm -f "$W/knobs/slow-start"
 fi
 exec python3 "$FAKE_RAY" "\$@"
 EOF
 chmod 755 "$W/ray-cmd"
+# A persistent head as root would run every recipe as root: esd refuses
+# that, so as root the daemons run as nobody, who owns the job.
+if [ "$(id -u)" -eq 0 ]; then
+    daemon_conf r ray.mode=persistent ray.command="$W/ray-cmd"
+    run "$ESD" --check-config -c "$W/r/esd.yaml"
+    check "as root, esd refuses ray.mode persistent" 1 "" "needs esd to run as the user that owns the jobs"
+    export DAEMON_AS=nobody
+    chown nobody: "$W/knobs"
+fi
 
 free_ports() {
     python3 -c 'import socket
@@ -95,7 +107,7 @@ running_on() {
 wait_for "a runs an attempt on its head" 30 running_on a
 VICTIM=$(py 'j["attempts"][0]["shard_id"]' "$W/a/status.json")
 HEAD=$(cat "$W/a/state/ray/fake-ray.pid")
-echo 3 >"$W/slow-start"
+echo 3 >"$W/knobs/slow-start"
 kill -KILL "$HEAD"
 ok "killed a's head (pid $HEAD) while a ran $VICTIM"
 wait_for "a's head is up again" 30 grep -q "claims resume" "$W/a/log"
@@ -103,7 +115,7 @@ wait_for "a reports its head up again" 10 ray_up a
 [ "$(ray_field a 'j["ray"]["restarts"]')" -eq 1 ] || fail "a restarted its head once" \
     "$(cat "$W/a/status.json")"
 [ "$(sessions a)" -eq 2 ] || fail "a's head started a second time" "$(ls "$W/a/state/ray")"
-[ ! -e "$W/slow-start" ] || fail "the restart read the slow-start file"
+[ ! -e "$W/knobs/slow-start" ] || fail "the restart read the slow-start file"
 ok "a's head was started again (restarts 1, a second session)"
 
 # The log between the loss and the resumption: no claim by a; b claims on.

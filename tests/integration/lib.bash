@@ -73,7 +73,11 @@
 #   start_daemon NAME [ENV=VALUE...]
 #                              starts esd on that file (pid in DPID[NAME] and
 #                              BG, output appended to $W/NAME/log) and waits
-#                              until it answers ping.
+#                              until it answers ping. With DAEMON_AS=USER set
+#                              and run as root, esd runs as USER (setpriv),
+#                              who is given $W/NAME and the spool: the
+#                              service-user deployment, which ray.mode
+#                              persistent needs (esd refuses it as root).
 #   stop_daemon NAME [SIGNAL]  SIGTERM (or SIGNAL) and waits until it exits;
 #                              its exit status in DRC.
 #   dsock NAME                 the daemon's socket.
@@ -281,9 +285,16 @@ daemon_up() {
     "$ESCTL" --socket "$(dsock "$1")" ping >/dev/null 2>&1
 }
 start_daemon() {
-    local name=$1
+    local name=$1 as=()
     shift
-    env "$@" "$ESD" -f -c "$W/$name/esd.yaml" >>"$W/$name/log" 2>&1 &
+    if [ -n "${DAEMON_AS:-}" ] && [ "$(id -u)" -eq 0 ]; then
+        chmod 755 "$W"
+        mkdir -p "$W/$name/state" "$W/spool"
+        chown -R "$DAEMON_AS:" "$W/$name" "$W/spool"
+        # (setpriv execs: the pid is esd's, so signals reach esd itself)
+        as=(setpriv "--reuid=$DAEMON_AS" "--regid=$(id -g "$DAEMON_AS")" --clear-groups)
+    fi
+    env "$@" "${as[@]}" "$ESD" -f -c "$W/$name/esd.yaml" >>"$W/$name/log" 2>&1 &
     DPID[$name]=$!
     BG+=("$!")
     wait_for "esd $name answers ping" 20 daemon_up "$name"

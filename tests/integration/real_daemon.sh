@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# real_daemon: two esd daemons on the real stack, end to end. Each keeps its
+# own persistent Ray head (ray.mode persistent, free ports of its own,
+# .venv's ray) and runs .venv's dj-process; a 4-shard job of the sample
+# text (300 records) with the bundled recipe etc/recipes/cpu-text.yaml is
+# registered through the spool and worked by both. Checks:
+#   - the job completes: every shard has one done record (attempt 1, done
+#     by a or b, on that node's head), finalize.json says complete and the
+#     merged output is valid JSONL (libesd's validator) whose rows are the
+#     recipe applied to the input, computed independently in plain Python
+#     (same ids in input order, same texts, other fields kept);
+#   - both daemons report their head up on 127.0.0.1:<its port>, started
+#     once (ray.restarts 0, one "starting the ray head" in the log) and the
+#     job complete;
+#   - after SIGTERM both exit 0, their heads stopped without a SIGKILL,
+#     and nothing of the heads is left (their process groups, their
+#     descendants, anything naming their temp dirs).
+# Run as root, the job belongs to nobody (give_job) and the daemons run as
+# nobody too (lib.bash's DAEMON_AS), DESIGN.md's service-user deployment:
+# the heads, the attempts and Ray's workers all run as nobody, who owns the
+# job. (esd refuses ray.mode persistent as root: a head of root's would run
+# every recipe as root, and an attempt of another user could use neither
+# its token nor its session files; daemon_ray.sh checks the refusal.)
+# Run as another user, the daemons and the job are that user's.
+# Skips when .venv (scripts/venv) is not installed.
+set -euo pipefail
+export LC_ALL=C
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
+
+VENV=${ESD_VENV:-$TOP/.venv}
+if [ ! -x "$VENV/bin/dj-process" ] || [ ! -x "$VENV/bin/ray" ]; then
+    echo "# skipped: the real Data-Juicer and Ray are not installed (run scripts/venv)"
+    exit 0
+fi
+{ [ -x "$ESD" ] && [ -x "$ESCTL" ] && [ -x "$TOOLS/jsonl-check" ]; } ||
+    fail "tools exist" "run make && make tools"
+T0=$(date +%s)
+new_workdir
+unset_knobs RAY_ADDRESS RAY_AUTH_MODE RAY_AUTH_TOKEN_PATH
+export RAY_USAGE_STATS_ENABLED=0
+RAY=$VENV/bin/ray
+DJ=$VENV/bin/dj-process
+# As root, nobody runs the daemons, their heads and the attempts, so
+# .venv must be runnable by nobody. A venv made by root from a Python under
+# /root (pyenv: /root is 0700) is not: then the heads and the attempts use
+# an overlay venv, made here, of the system Python of the same minor
+# version, reading .venv's packages through a .pth file.
+if [ "$(id -u)" -eq 0 ]; then
+    chmod 755 "$W"
+    if ! runuser -u nobody -- "$VENV/bin/python" -c '' 2>/dev/null; then
+        minor=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        sys_python=/usr/bin/python$minor
+        [ -x "$sys_python" ] || fail "nobody can run .venv's python, or $sys_python exists" \
+            "$(readlink -f "$VENV/bin/python") is not executable by nobody"
+        "$sys_python" -m venv --without-pip "$W/venv"
+        site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        echo "$site" >"$W/venv/lib/python$minor/site-packages/esd-real.pth"
+        for x in ray dj-process; do
+            sed "1s|.*|#!$W/venv/bin/python|" "$VENV/bin/$x" >"$W/venv/bin/$x"
+            chmod 755 "$W/venv/bin/$x"
+        done
+        RAY=$W/venv/bin/ray
+        DJ=$W/venv/bin/dj-process
+        runuser -u nobody -- "$W/venv/bin/python" -c 'import ray, data_juicer' ||
+            fail "nobody can run the overlay venv $W/venv"
+        echo "# $(readlink -f "$VENV/bin/python") is not executable by nobody:" \
+            "the heads and attempts use $sys_python with .venv's packages"
+    fi
+    export DAEMON_AS=nobody
+    mkdir -p "$W/home"
+    chown nobody: "$W/home"
+    echo "# as root: the job belongs to nobody, and esd runs as nobody"
+fi
+RECIPE=$TOP/etc/recipes/cpu-text.yaml
+SAMPLE=$TOP/tests/data/text-sample.jsonl
+JOB=$W/job
+NODES=(a b)
+
+# ---- ports: the GCS port of each head, and the ports Ray would otherwise
+# take at fixed defaults (8265, 52365), which two heads on one
+# machine (or another test's head) would fight over. All bound at once, so
+# they are distinct; free when chosen.
+read -r -a PORTS <<<"$(python3 -c '
+import socket
+ss = []
+for _ in range(12):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    ss.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in ss))')"
+declare -A PORT=()
+i=0
+for n in "${NODES[@]}"; do
+    p=("${PORTS[@]:i:6}")
+    i=$((i + 6))
+    PORT[$n]=${p[0]}
+    daemon_conf "$n" ray.mode=persistent "ray.port=${p[0]}" "ray.command=$RAY" \
+        "ray.args=[--dashboard-port=${p[1]}, --dashboard-agent-listen-port=${p[2]},\
+ --dashboard-agent-grpc-port=${p[3]}, --runtime-env-agent-port=${p[4]},\
+ --metrics-export-port=${p[5]}]" \
+        "processor=$DJ" slots=1 lease_secs=30 poll_interval_secs=1
+done
+
+# ---- the job, registered before the heads are up: claims wait for them ----
+"$ESCTL" prepare --local --config "$RECIPE" --dataset-path "$SAMPLE" --job-dir "$JOB" \
+    --num-shards 4 --processor "$DJ" >"$W/prepare.out" 2>&1 ||
+    fail "prepare the sample into 4 shards" "$(cat "$W/prepare.out")"
+give_job "$JOB"
+ok "prepared $(wc -l <"$SAMPLE") records into 4 shards (owner $(stat -c %U "$JOB"))"
+for n in "${NODES[@]}"; do
+    if [ -n "${DAEMON_AS:-}" ]; then
+        start_daemon "$n" HOME="$W/home"
+    else
+        start_daemon "$n"
+    fi
+done
+spool_job "$JOB"
+ok "esd a and b answer ping; the job is in the spool"
+
+# head_pgid NAME: the process group of NAME's head (its `ray start`), from
+# its log.
+head_pgid() {
+    sed -n 's/.*starting the ray head on .* (pid \([0-9]*\), temp dir .*/\1/p' "$W/$1/log"
+}
+ray_up() {
+    dstatus "$1"
+    [ "$(py 'j["ray"]["state"]' "$W/$1/status.json")" = up ]
+}
+for n in "${NODES[@]}"; do
+    wait_for "esd $n's Ray head comes up" 120 ray_up "$n"
+    STRAYS+=("$(head_pgid "$n")")
+done
+ok "both heads are up ($(($(date +%s) - T0)) s after the start)"
+
+# ---- the job completes ----
+complete() {
+    [ -f "$JOB/merged.jsonl" ] && [ -f "$JOB/state/esd/finalize.json" ] &&
+        [ "$(py 'j["status"]' "$JOB/state/esd/finalize.json")" = complete ]
+}
+progress() {
+    local n
+    for n in "${NODES[@]}"; do
+        echo "esd $n: $(tail -n 5 "$W/$n/log")"
+    done
+    echo "done records: $(count "$JOB/state/done"), failed records: $(count "$JOB/state/failed")"
+    tail -n 20 "$JOB"/attempts/*/*/process.log 2>/dev/null | tail -n 40
+}
+deadline=$(($(date +%s) + 300))
+until complete; do
+    if [ "$(date +%s)" -gt "$deadline" ] || [ "$(count "$JOB/state/failed")" -gt 0 ]; then
+        mapfile -t lines < <(progress)
+        fail "the job completes within 300 s" "${lines[@]}"
+    fi
+    sleep 0.5
+done
+ok "the job is complete: merged.jsonl and finalize.json ($(($(date +%s) - T0)) s after the start)"
+
+# every shard: one done record, attempt 1, by a or b, on its own node's head
+split=$(python3 - "$JOB" "${PORT[a]}" "${PORT[b]}" <<'EOF'
+import json, os, sys
+job, ports = sys.argv[1], {"a": sys.argv[2], "b": sys.argv[3]}
+m = json.load(open(os.path.join(job, "manifest.json")))
+ids = [s["id"] for s in m["shards"]]
+assert len(ids) == 4, ids
+done = sorted(f[:-5] for f in os.listdir(os.path.join(job, "state/done")))
+assert done == sorted(ids), ("done records", done, ids)
+nodes = {}
+for i in ids:
+    d = json.load(open(os.path.join(job, "state/done", i + ".json")))
+    assert d["status"] == "done" and d["shard_id"] == i and d["attempt_number"] == 1, d
+    assert d["node"] in ports, d["node"]
+    dirs = os.listdir(os.path.join(job, "attempts", i))
+    assert len(dirs) == 1, (i, dirs)
+    adir = os.path.join(job, "attempts", i, dirs[0])
+    cmd = json.load(open(os.path.join(adir, "attempt.json")))["command"]
+    addr = cmd[cmd.index("--ray_address") + 1]
+    assert addr == "127.0.0.1:" + ports[d["node"]], (i, d["node"], addr)
+    log = open(os.path.join(adir, "process.log"), errors="replace").read()
+    assert "Connecting to existing Ray cluster" in log, (i, log[-2000:])
+    nodes[d["node"]] = nodes.get(d["node"], 0) + 1
+print(" ".join("%s:%d" % kv for kv in sorted(nodes.items())))
+EOF
+) || fail "one done record per shard, attempt 1, on the head of the node that ran it"
+ok "one done record per shard, attempt 1, each run on its node's own head (shards: $split)"
+[ "$(count "$JOB/state/locks")" -eq 0 ] || fail "no lock left" "$(ls "$JOB/state/locks")"
+ok "no lock left"
+
+# the merged output: valid JSONL, the recipe applied to the input
+verdicts=$("$TOOLS/jsonl-check" <"$JOB/merged.jsonl" | sort | uniq -c)
+[ "$(awk '{print $2}' <<<"$verdicts")" = ok ] || fail "merged.jsonl is valid JSONL" "$verdicts"
+ok "merged.jsonl is valid JSONL ($(wc -l <"$JOB/merged.jsonl") records)"
+[ "$(py 'j["rows"]' "$JOB/state/esd/finalize.json")" = "$(wc -l <"$JOB/merged.jsonl")" ] ||
+    fail "finalize.json counts the merged rows" "$(cat "$JOB/state/esd/finalize.json")"
+# The recipe's five operators, written from their documented behaviour
+# with the standard library only: whitespace normalised (every blank but a
+# newline becomes a space, ends stripped), links and e-mail addresses
+# removed, a sentence (ended by . ! ? 。！？, or by a closing quote after
+# one) repeated within a record kept once (compared on its ASCII letters,
+# digits, CJK ideographs and spaces, when at least 2 of them), texts
+# shorter than 20 characters dropped.
+python3 - "$SAMPLE" "$JOB/merged.jsonl" <<'EOF' || fail "the merged rows are the recipe applied to the input"
+import json, re, sys
+ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufffc"
+LINK = re.compile(r"(?i)\b(?:(?:https?|ftp)://|www\d{0,3}\.)[^\s()<>]*[^\s`!()\[\]{};:'\".,<>?«»“”‘’]")
+EMAIL = re.compile(r"[A-Za-z0-9.+_-]+@[A-Za-z0-9.+_-]+\.[A-Za-z]+")
+SENTENCE_END = re.compile(r"(?:(?<=[.!?。！？])|(?<=[.!?。！？][’”]))(?=[^’”])")
+def recipe(t):
+    t = "".join(" " if (c.isspace() and c != "\n") or c in ZERO_WIDTH else c for c in t.strip())
+    t = LINK.sub("", t)
+    t = EMAIL.sub("", t)
+    seen, lines = set(), []
+    for line in t.split("\n"):
+        kept = ""
+        for s in SENTENCE_END.split(line) if line else []:
+            key = re.sub(r"[^0-9A-Za-z\u4e00-\u9fa5\t ]", "", s.strip())
+            if len(key) < 2 or key not in seen:
+                kept += s
+                seen.add(key)
+        lines.append(kept)
+    t = "\n".join(lines)
+    return t if len(t) >= 20 else None
+src = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+want = [dict(r, text=recipe(r["text"])) for r in src if recipe(r["text"]) is not None]
+got = [json.loads(l) for l in open(sys.argv[2], encoding="utf-8")]
+# documented in the recipe: the sample keeps 256 of its 300 records
+assert (len(src), len(want)) == (300, 256), ("the model of the recipe", len(src), len(want))
+assert [r["id"] for r in got] == [r["id"] for r in want], \
+    ("ids", sorted(set(r["id"] for r in got) ^ set(r["id"] for r in want)))
+for g, w in zip(got, want):
+    stats = g.pop("__dj__stats__", None)
+    assert g == w, (g, w)
+    assert stats and stats.get("text_len") == len(w["text"]), (w["id"], stats)
+EOF
+ok "the merged rows are the recipe applied to the input: the same 256 ids in input order, the same texts"
+
+# ---- both daemons: the head up on their own port, started once ----
+for n in "${NODES[@]}"; do
+    dstatus "$n"
+    got=$(py '"%s %s %s" % (j["ray"]["state"], j["ray"].get("address"), j["ray"]["restarts"])' \
+        "$W/$n/status.json")
+    [ "$got" = "up 127.0.0.1:${PORT[$n]} 0" ] ||
+        fail "esd $n reports its head up on 127.0.0.1:${PORT[$n]}, never restarted" "$got"
+    [ "$(grep -c 'starting the ray head on' "$W/$n/log")" -eq 1 ] ||
+        fail "esd $n started its head once" "$(grep 'ray head' "$W/$n/log")"
+    jstate=$(py '[x["state"] for x in j["jobs"]]' "$W/$n/status.json")
+    [ "$jstate" = "['complete']" ] || fail "esd $n sees the job complete" "$jstate"
+done
+ok "esd a and b: ray up on 127.0.0.1:${PORT[a]} and :${PORT[b]}, restarts 0, one start each, job complete"
+
+# ---- stop: both exit 0, nothing of their heads is left ----
+# ray_procs PGID TEMP_DIR: the live processes of a head: its process group,
+# the processes below its `ray start` (pid PGID), anything naming its temp
+# dir (zombies, which a container's init may never reap, do not count).
+ray_procs() {
+    local pg=$1 tmp=$2 p
+    {
+        pgrep -g "$pg" || true
+        descendants "$pg"
+        pgrep -f -- "$tmp" || true
+    } | sort -u | while read -r p; do
+        ! alive "$p" || echo "$p"
+    done
+}
+declare -A BEFORE=()
+for n in "${NODES[@]}"; do
+    BEFORE[$n]=$(ray_procs "$(head_pgid "$n")" "$W/$n/state/ray" | wc -l)
+    [ "${BEFORE[$n]}" -ge 3 ] || fail "esd $n's head has its processes" "${BEFORE[$n]}"
+done
+t=$(date +%s)
+kill -TERM "${DPID[a]}" "${DPID[b]}"
+for n in "${NODES[@]}"; do
+    wait_for "esd $n exits after SIGTERM" 60 dead "${DPID[$n]}"
+    DRC=0
+    { wait "${DPID[$n]}"; } 2>/dev/null || DRC=$?
+    [ "$DRC" -eq 0 ] || fail "esd $n exits 0 after SIGTERM" "exit status $DRC" \
+        "$(tail -n 20 "$W/$n/log")"
+done
+ok "esd a and b exit 0 after SIGTERM ($(($(date +%s) - t)) s)"
+for n in "${NODES[@]}"; do
+    ! grep -q 'sending SIGKILL' "$W/$n/log" ||
+        fail "esd $n's head stops on SIGTERM" "$(grep 'ray head' "$W/$n/log")"
+done
+ok "both heads stopped on SIGTERM, without SIGKILL (Ray's own drain is off)"
+for n in "${NODES[@]}"; do
+    left=$(ray_procs "$(head_pgid "$n")" "$W/$n/state/ray")
+    [ -z "$left" ] || fail "nothing of esd $n's head is left" \
+        "$(ps -o pid,pgid,user,stat,args -p "$(tr '\n' ',' <<<"$left" | sed 's/,$//')")"
+done
+ok "nothing of either head is left (${BEFORE[a]} and ${BEFORE[b]} processes before the stop)"
+echo "# real_daemon: $(($(date +%s) - T0)) s in all"
+summary
