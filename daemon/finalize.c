@@ -120,8 +120,14 @@ fin_apply(struct fin *f)
     }
     cJSON_Delete(o);
     fin_free(f);
-    if (F.done)
+    if (F.done) {
+        /* the scheduler's business, with esd's own identity (it may tell
+         * systemd, whose socket is not the job owner's to write) */
+        struct fsid prev = jobs_fs_self();
+
         F.done(j);
+        jobs_fs_restore(prev);
+    }
     return true;
 }
 
@@ -172,7 +178,7 @@ fin_merge_child(struct fin *f, int fd)
 /* The merge is over (the child exited and its record was read): record it
  * for every node, then apply it here. */
 static void
-fin_merged(struct fin *f)
+fin_merged_as_owner(struct fin *f)
 {
     struct esd_err err;
     cJSON *rec = NULL;
@@ -197,6 +203,17 @@ fin_merged(struct fin *f)
         fin_free(f);
         jobs_set_state(j, JOB_ACTIVE, NULL);
     }
+}
+
+/* (what finalize does in the job directory it does as the job's owner:
+ * see jobs_fs_owner) */
+static void
+fin_merged(struct fin *f)
+{
+    struct fsid prev = jobs_fs_owner(f->job);
+
+    fin_merged_as_owner(f);
+    jobs_fs_restore(prev);
 }
 
 static void
@@ -240,6 +257,7 @@ static void
 fin_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct fin *f = w->data;
+    struct fsid prev = jobs_fs_owner(f->job);
     int fd = open(f->lock, O_RDWR | O_CLOEXEC);
 
     (void)loop;
@@ -248,21 +266,19 @@ fin_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
         fs_touch_fd(fd);
         close(fd);
     }
+    jobs_fs_restore(prev);
 }
 
 static void fin_elect(struct fin *f);
 
 /* A waiter: the result, or a lock whose lease ran out. */
 static void
-fin_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
+fin_poll(struct fin *f)
 {
-    struct fin *f = w->data;
     struct esd_err err;
     struct stat st;
     double now;
 
-    (void)loop;
-    (void)revents;
     if (fin_apply(f))
         return;
     if (stat(f->lock, &st) < 0) {
@@ -281,6 +297,18 @@ fin_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
         free(aside);
         fin_elect(f);
     }
+}
+
+static void
+fin_poll_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct fin *f = w->data;
+    struct fsid prev = jobs_fs_owner(f->job);
+
+    (void)loop;
+    (void)revents;
+    fin_poll(f);
+    jobs_fs_restore(prev);
 }
 
 static void
@@ -348,8 +376,19 @@ fin_elect(struct fin *f)
     ev_timer_start(F.loop, &f->beat_w);
 }
 
+static void finalize_start_as_owner(struct job *j);
+
 void
 finalize_start(struct job *j)
+{
+    struct fsid prev = jobs_fs_owner(j);
+
+    finalize_start_as_owner(j);
+    jobs_fs_restore(prev);
+}
+
+static void
+finalize_start_as_owner(struct job *j)
 {
     struct fin *f;
     struct esd_err err;

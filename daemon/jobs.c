@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/fsuid.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,6 +73,42 @@ find(const char *key)
 }
 
 /* Writes the job's registry file (atomically). */
+static struct fsid
+fs_switch(uid_t uid, gid_t gid)
+{
+    struct fsid prev = { 0 };
+
+    if (geteuid() != 0)
+        return prev;
+    /* each call returns the identity before it */
+    prev.gid = (gid_t)setfsgid(gid);
+    prev.uid = (uid_t)setfsuid(uid);
+    prev.set = true;
+    return prev;
+}
+
+struct fsid
+jobs_fs_owner(const struct job *j)
+{
+    return fs_switch(j->uid, j->gid);
+}
+
+struct fsid
+jobs_fs_self(void)
+{
+    return fs_switch(geteuid(), getegid());
+}
+
+void
+jobs_fs_restore(struct fsid prev)
+{
+    if (prev.set) {
+        /* the uid first: a non-zero fsuid has no capability to set the gid */
+        setfsuid(prev.uid);
+        setfsgid(prev.gid);
+    }
+}
+
 static void
 persist(struct job *j)
 {
@@ -86,9 +123,11 @@ persist(struct job *j)
     if (j->error)
         json_add_str(o, "error", j->error);
     json_add_str(o, "updated_at", now);
+    struct fsid prev = jobs_fs_self();
     if (json_write_atomic(j->reg_path, o, JSON_PRETTY, &err) < 0)
         log_warning(&(struct log_ctx){ .job = j->key }, "%s; the state is kept in memory",
                     err.msg);
+    jobs_fs_restore(prev);
     cJSON_Delete(o);
 }
 
@@ -249,9 +288,11 @@ jobs_claim_record(struct job *j, const struct claim *cl)
     json_add_str(o, "shard_id", cl->shard_id);
     json_add_str(o, "token", cl->token);
     json_add_int(o, "attempt_number", cl->attempt_number);
+    struct fsid prev = jobs_fs_self();
     if (json_write_atomic(path, o, JSON_PRETTY, &err) < 0)
         log_warning(&(struct log_ctx){ .job = j->m.job_id, .shard = cl->shard_id },
                     "%s (a restart then waits for this claim's lease)", err.msg);
+    jobs_fs_restore(prev);
     cJSON_Delete(o);
     free(path);
 }
@@ -260,9 +301,11 @@ void
 jobs_claim_forget(struct job *j, const struct claim *cl)
 {
     char *path = claim_record_path(j, cl);
+    struct fsid prev = jobs_fs_self();
 
     if (unlink(path) < 0 && errno != ENOENT)
         log_warning(NULL, "cannot remove %s: %s", path, strerror(errno));
+    jobs_fs_restore(prev);
     free(path);
 }
 
@@ -279,6 +322,7 @@ recover_claims(struct job *j)
     while ((e = readdir(d))) {
         const char *shard, *token;
         struct esd_err err;
+        struct fsid prev;
         cJSON *o = NULL;
         char *path;
         int r;
@@ -287,7 +331,10 @@ recover_claims(struct job *j)
             !strstr(e->d_name, ".json"))
             continue;
         path = fs_join(J.claims_dir, e->d_name);
-        if (json_load_object(path, 1 << 16, &o, &err) < 0) {
+        prev = jobs_fs_self();
+        r = json_load_object(path, 1 << 16, &o, &err);
+        jobs_fs_restore(prev);
+        if (r < 0) {
             log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%s, removing it", err.msg);
         } else if (!(shard = json_get_str(o, "shard_id")) || !(token = json_get_str(o, "token"))) {
             log_warning(&(struct log_ctx){ .job = j->m.job_id },
@@ -303,7 +350,9 @@ recover_claims(struct job *j)
                          : "this node's claim from its previous run had ended already");
         }
         cJSON_Delete(o);
+        prev = jobs_fs_self();
         unlink(path);
+        jobs_fs_restore(prev);
         free(path);
     }
     closedir(d);
@@ -449,16 +498,7 @@ refusal(struct job *j)
     const char *snap = json_get_str(recipe, "snapshot_path");
     char hex[SHA256_HEX_LEN + 1], *path = NULL;
     struct esd_err err;
-    struct stat st;
 
-    if (stat(j->job_dir, &st) < 0)
-        return xasprintf("cannot stat %s: %s", j->job_dir, strerror(errno));
-    j->uid = st.st_uid;
-    j->gid = st.st_gid;
-    if (geteuid() == 0 && st.st_uid == 0)
-        return xasprintf("%s is owned by root, and esd never runs attempts as root; give the "
-                         "job directory to the user its attempts should run as",
-                         j->job_dir);
     if (djversion_check(json_get_str(dj, "commit"), J.dj_version, &err) < 0 &&
         !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
@@ -484,21 +524,36 @@ jobs_load(struct job *j)
     struct esd_err err;
     char *why = NULL;
 
+    struct stat st;
+    struct fsid prev;
+
     if (j->loaded)
         return true;
-    if (manifest_load(j->job_dir, &j->m, &err) < 0) {
-        why = xstrdup(err.msg);
-    } else if ((why = refusal(j))) {
-        manifest_free(&j->m);
+    if (stat(j->job_dir, &st) < 0) {
+        why = xasprintf("cannot stat %s: %s", j->job_dir, strerror(errno));
+    } else if (geteuid() == 0 && st.st_uid == 0) {
+        why = xasprintf("%s is owned by root, and esd never runs attempts as root; give the "
+                        "job directory to the user its attempts should run as",
+                        j->job_dir);
     } else {
-        o.node = c->node_name;
-        o.lease_secs = c->lease_secs;
-        o.max_infra = c->max_infra_failures;
-        o.max_retries = -1;
-        if (claimer_init(&j->claimer, &j->m, &o, &err) < 0) {
+        j->uid = st.st_uid;
+        j->gid = st.st_gid;
+        prev = jobs_fs_owner(j);
+        if (manifest_load(j->job_dir, &j->m, &err) < 0) {
             why = xstrdup(err.msg);
+        } else if ((why = refusal(j))) {
             manifest_free(&j->m);
+        } else {
+            o.node = c->node_name;
+            o.lease_secs = c->lease_secs;
+            o.max_infra = c->max_infra_failures;
+            o.max_retries = -1;
+            if (claimer_init(&j->claimer, &j->m, &o, &err) < 0) {
+                why = xstrdup(err.msg);
+                manifest_free(&j->m);
+            }
         }
+        jobs_fs_restore(prev);
     }
     if (why) {
         /* said once per reason, not at every rescan */
@@ -514,7 +569,9 @@ jobs_load(struct job *j)
     j->loaded = true;
     log_info(&(struct log_ctx){ .job = j->m.job_id }, "working job %s: %zu shards", j->job_dir,
              j->m.nshards);
+    prev = jobs_fs_owner(j);
     recover_claims(j);
+    jobs_fs_restore(prev);
     return true;
 }
 

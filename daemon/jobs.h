@@ -87,6 +87,24 @@ bool jobs_load(struct job *j);
 void jobs_claim_record(struct job *j, const struct claim *cl);
 void jobs_claim_forget(struct job *j, const struct claim *cl);
 
+/*
+ * While esd runs as root, what it does in a job directory it does with the
+ * file system identity of the directory's owner (setfsuid, setfsgid): the
+ * files and directories it creates there are the owner's, and permission
+ * checks (symbolic links planted by the owner included) are the owner's.
+ * jobs_fs_owner switches to j's owner and jobs_fs_self back to esd's own
+ * identity (for its state_dir); both return the identity before, for
+ * jobs_fs_restore. No-ops when esd does not run as root.
+ */
+struct fsid {
+    uid_t uid;
+    gid_t gid;
+    bool set;
+};
+struct fsid jobs_fs_owner(const struct job *j);
+struct fsid jobs_fs_self(void);
+void jobs_fs_restore(struct fsid prev);
+
 /* Records a new state (and error), persists it, logs it once. */
 void jobs_set_state(struct job *j, enum job_state state, const char *error);
 

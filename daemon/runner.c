@@ -8,7 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,7 +219,9 @@ run_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
     (void)loop;
     (void)revents;
+    struct fsid prev = jobs_fs_owner(r->job);
     rc = claim_heartbeat(&r->cl, &err);
+    jobs_fs_restore(prev);
     if (rc == -ESTALE) {
         r->lease_lost = true;
         snprintf(r->error, sizeof(r->error), "%s", err.msg);
@@ -242,33 +244,6 @@ run_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     log_warning(&r->ctx, "attempt timed out after %ld s: stopping it",
                 (long)R.conf->attempt_timeout_secs);
     run_kill(r);
-}
-
-/* nftw has no context argument: the owner being given the attempt. */
-static uid_t chown_uid;
-static gid_t chown_gid;
-
-static int
-chown_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    /* lchown: never follow a link out of the attempt */
-    return lchown(path, chown_uid, chown_gid) < 0 ? -1 : 0;
-}
-
-/* Started as root: the attempt directory goes to the job's owner, who runs
- * the processor in it. */
-static int
-give_attempt_dir(struct run *r, struct esd_err *err)
-{
-    chown_uid = r->job->uid;
-    chown_gid = r->job->gid;
-    if (nftw(r->cl.attempt_dir, chown_one, 16, FTW_PHYS) < 0)
-        return err_sys(err, -errno, "Cannot give %s to uid %u", r->cl.attempt_dir,
-                       (unsigned)chown_uid);
-    return 0;
 }
 
 /* The attempt's environment: esd's (less systemd's variables for esd),
@@ -294,6 +269,7 @@ runner_start(struct job *j, struct claim *cl)
     struct attempt_opts ao = { 0 };
     struct esd_err err;
     struct strv env;
+    struct fsid prev;
     const char *addr = ray_address();
     bool as_owner = geteuid() == 0;
 
@@ -329,14 +305,18 @@ runner_start(struct job *j, struct claim *cl)
     ao.ray_address = r->ray_addr;
     env = attempt_env();
     ao.env = env.v;
-    if (attempt_prepare(&j->m, &r->cl, &ao, &r->cmd, &err) < 0 ||
-        (as_owner && give_attempt_dir(r, &err) < 0)) {
+    /* the attempt directory and process.log are the job owner's */
+    prev = jobs_fs_owner(j);
+    if (attempt_prepare(&j->m, &r->cl, &ao, &r->cmd, &err) < 0) {
+        jobs_fs_restore(prev);
         strv_free(&env);
         goto start_failed;
     }
     r->log_fd = open(r->cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (r->log_fd < 0) {
+    if (r->log_fd < 0)
         err_sys(&err, -errno, "Cannot create %s", r->cmd.log_path);
+    jobs_fs_restore(prev);
+    if (r->log_fd < 0) {
         strv_free(&env);
         goto start_failed;
     }
@@ -429,6 +409,13 @@ finish_child(struct run *r, int fd)
     struct buf b;
     int rc;
 
+    /* the job owner's, as the attempt was (the child leaves root for good) */
+    if (geteuid() == 0 && (setgroups(1, &r->job->gid) < 0 || setgid(r->job->gid) < 0 ||
+                           setuid(r->job->uid) < 0)) {
+        dprintf(fd, "{\"ok\": false, \"finish_error\": \"cannot become uid %ld: %s\"}\n",
+                (long)r->job->uid, strerror(errno));
+        _exit(0);
+    }
     run_outcome(r, &out, msg, sizeof(msg), &need_result);
     if (need_result) {
         if (attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr) < 0) {

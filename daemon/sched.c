@@ -126,7 +126,9 @@ fill(void)
 
         if (!j)
             break;
+        struct fsid prev = jobs_fs_owner(j);
         r = claim_acquire(&j->claimer, &cl, &j->idle, &err);
+        jobs_fs_restore(prev);
         if (r < 0) {
             log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%s; trying again later",
                         err.msg);

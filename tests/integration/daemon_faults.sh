@@ -28,6 +28,8 @@
 #       error, and every other shard is done.
 #   (e) SIGHUP with a bad configuration keeps the old one (the error names
 #       the file and line); with a good one, the new values apply.
+# Run as root (the jobs are nobody's), every file and directory esd left in
+# the job directories must be nobody's.
 #
 # Environment: TOP, ESCTL, ESD, TOOLS (see lib.bash).
 set -euo pipefail
@@ -241,4 +243,10 @@ wait_for "a reloads" 10 grep -q "reloaded $W/a/esd.yaml" "$W/a/log"
 ok "SIGHUP with a good file: 2 slots"
 stop_daemon a
 [ "$DRC" -eq 0 ] || fail "a exits 0"
+
+if [ "$(id -u)" -eq 0 ]; then
+    foreign=$(find "$W"/job-? ! -user nobody | head -n 5)
+    [ -z "$foreign" ] || fail "everything in the job directories is nobody's" "$foreign"
+    ok "after takeovers, releases, timeouts and failures, every file is the job owner's"
+fi
 summary

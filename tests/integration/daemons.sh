@@ -6,7 +6,8 @@
 #   (a) two daemons (a: 1 slot, b: 2 slots) finish a 40-shard job
 #       registered in the spool: one done record per shard with attempt
 #       number 1 and a node among a and b, both nodes did shards, no lock
-#       left, exactly one node merged (state/esd/finalize.json names it,
+#       left, (run as root) every file and directory in the job directory
+#       belongs to its owner (nobody), as esd works there as the owner, exactly one node merged (state/esd/finalize.json names it,
 #       the other logged that another node merges or has merged), the merged output
 #       equals the independent expectation (lib.bash's expect_merged), and
 #       both daemons report the job complete with their shard counts
@@ -87,6 +88,12 @@ EOF
     [ "$(count "$job/state/locks")" -eq 0 ] || fail "no lock left" "$(ls "$job/state/locks")"
     [ "$(count "$job/state/stale_locks")" -eq 0 ] || fail "no takeover" "$(ls "$job/state/stale_locks")"
     ok "no lock left, none taken over"
+    if [ "$(id -u)" -eq 0 ]; then
+        local foreign
+        foreign=$(find "$job" ! -user nobody | head -n 5)
+        [ -z "$foreign" ] || fail "everything in $job is nobody's" "$foreign"
+        ok "every file esd (root) made in the job directory is the owner's (nobody's)"
+    fi
     merger=$(py 'j["node"]' "$job/state/esd/finalize.json")
     [ "$(py 'j["output_path"]' "$job/state/esd/finalize.json")" = "$out" ] ||
         fail "finalize.json names the output" "$(cat "$job/state/esd/finalize.json")"
