@@ -22,7 +22,12 @@
 #include "ray.h"
 #include "runner.h"
 
-/* Rescans of the registry when no job is active. */
+/* Attempts failed in a row on this node before it pauses its claims, and
+ * the longest pause: a node where everything fails (a processor that
+ * cannot start, a broken disk) must not burn the retry budgets of the
+ * whole fleet's shards in seconds. */
+#define FAIL_STREAK 3
+#define PAUSE_MAX 60.0
 
 static struct {
     struct ev_loop *loop;
@@ -36,6 +41,8 @@ static struct {
     void (*drained)(void);
     double started;
     unsigned long claims;
+    unsigned streak;     /* attempts failed in a row here */
+    double paused_until; /* monotonic; no claims before */
 } S;
 
 /* ±20 %, so that a fleet does not poll in step. */
@@ -118,7 +125,8 @@ fill(void)
 {
     double now = time_mono(), next = INFINITY;
 
-    while (!S.draining && ray_ready() && runner_count() < (size_t)S.conf->slots) {
+    while (!S.draining && ray_ready() && runner_count() < (size_t)S.conf->slots &&
+           now >= S.paused_until) {
         struct job *j = next_job(now);
         struct claim cl;
         struct esd_err err;
@@ -157,6 +165,8 @@ fill(void)
     for (struct job *j = jobs_first(); j; j = j->next)
         if (j->state == JOB_ACTIVE && j->next_claim < next)
             next = j->next_claim;
+    if (isfinite(next) && next < S.paused_until)
+        next = S.paused_until;
     ev_timer_stop(S.loop, &S.poll_w);
     if (!S.draining && isfinite(next)) {
         ev_timer_set(&S.poll_w, next > now ? next - now : 0.05, 0);
@@ -217,7 +227,18 @@ check_drained(void)
 static void
 attempt_done(struct job *j, const struct attempt_final *fin)
 {
-    (void)fin;
+    if (!strcmp(fin->status, "done")) {
+        S.streak = 0;
+    } else if (!strcmp(fin->status, "failed") && ++S.streak >= FAIL_STREAK) {
+        unsigned k = S.streak - FAIL_STREAK;
+        double pause = k >= 6 ? PAUSE_MAX : (double)(1u << k);
+
+        if (pause > PAUSE_MAX)
+            pause = PAUSE_MAX;
+        S.paused_until = time_mono() + pause;
+        log_warning(NULL, "%u attempts in a row failed on this node: no claims for %.0f s",
+                    S.streak, pause);
+    }
     /* a slot is free: claim again at once (this job first if it has more) */
     j->next_claim = 0;
     status_line();
@@ -338,6 +359,8 @@ status_line(void)
     }
     if (!shown)
         buf_puts(&b, "; no active job");
+    if (S.paused_until > time_mono())
+        buf_printf(&b, "; claims paused after %u failures in a row", S.streak);
     buf_printf(&b, "; ray %s", ray_state_name());
     notify_status("%s", b.p);
     buf_free(&b);
@@ -357,6 +380,9 @@ sched_status_json(void)
     json_add_int(o, "slots", S.conf->slots);
     json_add_int(o, "busy", (long long)runner_count());
     json_add_int(o, "claims", (long long)S.claims);
+    json_add_int(o, "failed_in_a_row", (long long)S.streak);
+    if (S.paused_until > time_mono())
+        json_add_float(o, "paused_secs", S.paused_until - time_mono());
     json_add_str(ray, "state", ray_state_name());
     if (addr)
         json_add_str(ray, "address", addr);

@@ -28,6 +28,9 @@
 #       error, and every other shard is done.
 #   (e) SIGHUP with a bad configuration keeps the old one (the error names
 #       the file and line); with a good one, the new values apply.
+#   (f) a node whose processor cannot start: after 3 failed attempts in a
+#       row it pauses its claims (1 s, then 2, 4, ... up to 60 s), so the
+#       job is not failed in seconds by one broken node.
 # Run as root (the jobs are nobody's), every file and directory esd left in
 # the job directories must be nobody's.
 #
@@ -243,6 +246,22 @@ wait_for "a reloads" 10 grep -q "reloaded $W/a/esd.yaml" "$W/a/log"
 ok "SIGHUP with a good file: 2 slots"
 stop_daemon a
 [ "$DRC" -eq 0 ] || fail "a exits 0"
+
+# ---- (f) a node where nothing can start ----
+new_job job-f 6
+daemon_conf n processor="$W/no-such-processor"
+start_daemon n
+spool_job "$W/job-f"
+paused() { dstatus n && py '"paused_secs" in j' "$W/n/status.json" | grep -qx True; }
+wait_for "n pauses its claims after 3 failures in a row" 20 paused
+grep -q "3 attempts in a row failed on this node: no claims for 1 s" "$W/n/log" ||
+    fail "n says why it pauses" "$(grep -v debug "$W/n/log" | tail -n 5)"
+wait_for "n pauses again, longer" 20 grep -q "attempts in a row failed on this node: no claims for 4 s" "$W/n/log"
+[ "$(job_field n "$W/job-f" 'x["state"]')" = active ] || fail "job f is not failed yet"
+n=$(find "$W/job-f/attempts" -name attempt.json | wc -l)
+[ "$n" -le 8 ] || fail "n made few attempts while paused" "$n attempts"
+ok "a node whose processor cannot start backs off (1, 2, 4 s...) after 3 failures in a row: $n attempts, the job still active"
+stop_daemon n
 
 if [ "$(id -u)" -eq 0 ]; then
     foreign=$(find "$W"/job-? ! -user nobody | head -n 5)
