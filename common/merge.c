@@ -348,6 +348,18 @@ write_merge_json(const struct manifest *m, const char *output, const struct merg
     return r;
 }
 
+/* The temporary output being written, for merge_abort (a signal handler). */
+static const char *volatile inflight_tmp;
+
+void
+merge_abort(void)
+{
+    const char *tmp = inflight_tmp;
+
+    if (tmp)
+        unlink(tmp);
+}
+
 int
 merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
           struct esd_err *err)
@@ -367,6 +379,7 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
         goto out;
     tmp = fs_tmp_path(o->output);
     c.out_tmp = tmp;
+    inflight_tmp = tmp;
     c.out_fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (c.out_fd < 0) {
         r = err_sys(err, -errno, "Cannot create %s", tmp);
@@ -402,6 +415,7 @@ out:
         close(c.out_fd);
     if (tmp)
         unlink(tmp);
+    inflight_tmp = NULL;
     free(tmp);
     free(parent);
     ctx_free(&c);

@@ -62,6 +62,10 @@ struct merge_result {
  * checksum or row count mismatch for <id>"). On failure no output or
  * temporary file is left behind and an existing output is untouched.
  */
+/* Removes the temporary output of a merge_run in progress: async-signal
+ * safe, for a process that stops a merge from a signal handler. */
+void merge_abort(void);
+
 int merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
               struct esd_err *err);
 

@@ -92,6 +92,20 @@ fin_free(struct fin *f)
 }
 
 /* Applies finalize.json if it is there: true when the job ended. */
+/* Tells the scheduler that j's finalize ended (decided, or given up). */
+static void
+fin_done(struct job *j)
+{
+    if (F.done) {
+        /* the scheduler's business, with esd's own identity (it may tell
+         * systemd, whose socket is not the job owner's to write) */
+        struct fsid prev = jobs_fs_self();
+
+        F.done(j);
+        jobs_fs_restore(prev);
+    }
+}
+
 static bool
 fin_apply(struct fin *f)
 {
@@ -120,15 +134,17 @@ fin_apply(struct fin *f)
     }
     cJSON_Delete(o);
     fin_free(f);
-    if (F.done) {
-        /* the scheduler's business, with esd's own identity (it may tell
-         * systemd, whose socket is not the job owner's to write) */
-        struct fsid prev = jobs_fs_self();
-
-        F.done(j);
-        jobs_fs_restore(prev);
-    }
+    fin_done(j);
     return true;
+}
+
+/* SIGTERM in the merging child: no half-written output is left behind. */
+static void
+merge_child_stop(int sig)
+{
+    (void)sig;
+    merge_abort();
+    _exit(1);
 }
 
 /* The merging child: as the job's owner when started as root. It reports
@@ -144,6 +160,17 @@ fin_merge_child(struct fin *f, int fd)
     char now[40];
     int r = 0;
 
+    struct sigaction sa = { .sa_handler = merge_child_stop };
+
+    /* esd stops a merge (drain timeout, second SIGTERM) with SIGTERM */
+    sigset_t term;
+
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    /* (the event loop may have blocked it for its signalfd) */
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_UNBLOCK, &term, NULL);
     if (geteuid() == 0 && (setgroups(1, &j->gid) < 0 || setgid(j->gid) < 0 ||
                            setuid(j->uid) < 0)) {
         r = err_sys(&err, -errno, "cannot become uid %u to merge", (unsigned)j->uid);
@@ -202,6 +229,9 @@ fin_merged_as_owner(struct fin *f)
 
         fin_free(f);
         jobs_set_state(j, JOB_ACTIVE, NULL);
+        /* the election again after a poll, not in a loop */
+        j->next_claim = time_mono() + (double)F.conf->poll_interval_secs;
+        fin_done(j);
     }
 }
 
@@ -417,6 +447,20 @@ finalize_start_as_owner(struct job *j)
         return;
     }
     fin_elect(f);
+}
+
+void
+finalize_stop_all(void)
+{
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        struct fin *f = j->finalize;
+
+        if (f && f->pid > 0) {
+            log_notice(&f->ctx, "stopping the merge (pid %d); another node or a restart "
+                       "merges again", (int)f->pid);
+            kill(f->pid, SIGTERM);
+        }
+    }
 }
 
 void

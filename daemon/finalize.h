@@ -21,11 +21,16 @@
 
 void finalize_init(struct ev_loop *loop, const struct esd_conf *c);
 void finalize_reconfigure(const struct esd_conf *c);
-/* Called when a job finalized here ended complete or failed. */
+/* Called when a job's finalize here ended: complete, failed, or given up
+ * (a merge that ended without a result: the job is active again). */
 void finalize_set_done(void (*done)(struct job *j));
 
 /* j has every shard done: take part in the election (idempotent). */
 void finalize_start(struct job *j);
+
+/* Stops every running merge (SIGTERM; its temporary output is removed and
+ * its election lock given up, so that the merge is held again). */
+void finalize_stop_all(void);
 
 /* Merges running on this node. */
 size_t finalize_running(void);

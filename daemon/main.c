@@ -94,8 +94,10 @@ main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
     (void)loop;
     (void)revents;
     if (M.stopping) {
-        log_notice(NULL, "signal %d while draining: stopping attempts now", w->signum);
+        log_notice(NULL, "signal %d while draining: stopping attempts and merges now",
+                   w->signum);
         runner_stop_all();
+        finalize_stop_all();
         return;
     }
     M.stopping = true;

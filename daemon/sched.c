@@ -271,9 +271,10 @@ sched_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)w;
     (void)revents;
-    log_notice(NULL, "drain timeout: stopping %zu attempt(s) and releasing their claims",
-               runner_count());
+    log_notice(NULL, "drain timeout: stopping %zu attempt(s), releasing their claims, and "
+               "%zu merge(s)", runner_count(), finalize_running());
     runner_stop_all();
+    finalize_stop_all();
 }
 
 void
@@ -282,13 +283,15 @@ sched_drain(void (*drained)(void))
     S.draining = true;
     S.drained = drained;
     ev_timer_stop(S.loop, &S.poll_w);
-    log_notice(NULL, "draining: no new claims; %zu attempt(s) running", runner_count());
-    if (runner_count()) {
+    log_notice(NULL, "draining: no new claims; %zu attempt(s) and %zu merge(s) running",
+               runner_count(), finalize_running());
+    if (runner_count() || finalize_running()) {
         if (S.conf->drain_timeout_secs > 0) {
             ev_timer_set(&S.drain_w, (double)S.conf->drain_timeout_secs, 0);
             ev_timer_start(S.loop, &S.drain_w);
         } else {
             runner_stop_all();
+            finalize_stop_all();
         }
     }
     status_line();
