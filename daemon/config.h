@@ -36,7 +36,7 @@ struct esd_conf {
     char *node_name;         /* node_name; default the host name made a file name */
     long slots;              /* slots: attempts run at once; default 1 */
     long lease_secs;         /* lease_secs: default 60 */
-    long poll_interval_secs; /* poll_interval_secs: idle poll, jittered; default 10 */
+    long poll_interval_secs; /* poll_interval_secs: idle poll, jittered; default 20 */
     struct strv processor;   /* processor: command words (a string split on blanks, or
                                 a list); empty: dj-process, or python <root>/tools/
                                 process_data.py with data_juicer.root */

@@ -146,6 +146,56 @@ job_free(struct job *j)
     free(j);
 }
 
+/* Registration files found unusable, so that each is complained about
+ * once, not at every rescan, until it changes. */
+struct bad_reg {
+    struct bad_reg *next;
+    char *path;
+    struct timespec mtime;
+    off_t size;
+};
+static struct bad_reg *bad_regs;
+
+/* Whether to complain about the registration file path (true once per
+ * version of it; always for a registration that is not a file). */
+static bool
+complain(const char *path)
+{
+    struct stat st;
+    struct bad_reg *b;
+
+    if (stat(path, &st) < 0)
+        return true;
+    for (b = bad_regs; b; b = b->next)
+        if (!strcmp(b->path, path)) {
+            if (b->size == st.st_size && b->mtime.tv_sec == st.st_mtim.tv_sec &&
+                b->mtime.tv_nsec == st.st_mtim.tv_nsec)
+                return false;
+            break;
+        }
+    if (!b) {
+        b = xcalloc(1, sizeof(*b));
+        b->path = xstrdup(path);
+        b->next = bad_regs;
+        bad_regs = b;
+    }
+    b->mtime = st.st_mtim;
+    b->size = st.st_size;
+    return true;
+}
+
+static void
+forget_complaints(void)
+{
+    while (bad_regs) {
+        struct bad_reg *b = bad_regs;
+
+        bad_regs = b->next;
+        free(b->path);
+        free(b);
+    }
+}
+
 /* Adds a job from a registration object (or finds it); NULL if the
  * registration is unusable. *ret_new tells whether it was added. */
 static struct job *
@@ -158,11 +208,13 @@ add(const cJSON *o, const char *from, bool *ret_new)
     struct job *j;
 
     if (!dir || dir[0] != '/') {
-        log_warning(NULL, "%s: job_dir must be an absolute path, ignoring", from);
+        if (complain(from))
+            log_warning(NULL, "%s: job_dir must be an absolute path, ignoring", from);
         return NULL;
     }
     if (fs_realpath_lax(dir, &resolved, &err) < 0) {
-        log_warning(NULL, "%s: %s, ignoring", from, err.msg);
+        if (complain(from))
+            log_warning(NULL, "%s: %s, ignoring", from, err.msg);
         return NULL;
     }
     job_key(resolved, key);
@@ -214,7 +266,8 @@ scan(const char *dir, bool spool)
             continue;
         path = fs_join(dir, e->d_name);
         if (json_load_object(path, 1 << 20, &o, &err) < 0) {
-            log_warning(NULL, "%s, ignoring", err.msg);
+            if (complain(path))
+                log_warning(NULL, "%s, ignoring", err.msg);
         } else {
             /* a spool registration carries no state of this node */
             if (spool)
@@ -467,6 +520,7 @@ jobs_fini(void)
         ev_io_stop(J.loop, &J.notify_w);
         close(J.notify_w.fd);
     }
+    forget_complaints();
     free(J.jobs_dir);
     free(J.claims_dir);
     if (J.lock_fd >= 0)

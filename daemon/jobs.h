@@ -1,7 +1,7 @@
 /*
  * jobs: the job registry. A job given to this node is a small JSON file
  * under <state_dir>/jobs/<key>.json ({"job_dir", "output", "state",
- * "error", "submitted_at"}), so it survives restarts; with spool_dir set,
+ * "error", "updated_at"}), so it survives restarts; with spool_dir set,
  * every file <spool_dir>/<key>.json (registered there by any node) is
  * adopted by every node. The key is the first 16 hex digits of the
  * SHA-256 of the resolved job directory, the same on every node. Both

@@ -16,8 +16,9 @@
 #       output path is finished by the four, every node doing shards.
 #   (c) bad registrations in the spool (not JSON, a relative job_dir, a
 #       directory that is not a prepared job) are logged with their file
-#       name and the daemon goes on; the one that is not a job is retried
-#       and worked once it has been prepared.
+#       name and the daemon goes on, each once, not at every rescan; the
+#       one that is not a job is retried and worked once it has been
+#       prepared.
 #   (d) all four stop on SIGTERM with status 0; restarted, a daemon
 #       remembers both jobs as complete and merges nothing again.
 #   (e) a registration written on this node (temporary file renamed into
@@ -172,6 +173,10 @@ prepare_job "$JC" "$NSHARDS"
 give_job "$JC"
 wait_for "job c is merged once prepared" 90 finalized "$JC"
 ok "job c, prepared after its registration, was worked and merged"
+[ "$(grep -c "spool/broken.json" "$W/a/log")" -eq 1 ] ||
+    fail "the broken registration is logged once, not at every rescan" \
+        "$(grep "spool/broken.json" "$W/a/log")"
+ok "the broken registration was logged once over the rescans since"
 rm -f "$W/spool/broken.json" "$W/spool/relative.json"
 
 # ---- (d) stop and restart ----
