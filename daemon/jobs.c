@@ -503,7 +503,13 @@ jobs_reconfigure(const struct esd_conf *c)
     ao.python = c->dj_python;
     free(J.dj_version);
     djversion_detect(&ao, &J.dj_version, &dirty);
-    /* the claimers keep their node name and lease until the job reloads */
+    /* new claims take the new lease and limit (claims held keep theirs);
+     * the node name is fixed until a restart */
+    for (struct job *j = J.head; j; j = j->next)
+        if (j->loaded) {
+            j->claimer.lease_secs = c->lease_secs;
+            j->claimer.max_infra = c->max_infra_failures;
+        }
     jobs_rescan();
 }
 

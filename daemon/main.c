@@ -124,9 +124,12 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
     }
     if (strcmp(next->state_dir, old->state_dir) || strcmp(next->socket_path, old->socket_path) ||
         strcmp(next->node_name, old->node_name) ||
-        strcmp(next->spool_dir ? next->spool_dir : "", old->spool_dir ? old->spool_dir : ""))
-        log_warning(NULL, "reload: state_dir, socket, node_name and spool_dir take effect at the "
-                          "next restart");
+        strcmp(next->spool_dir ? next->spool_dir : "", old->spool_dir ? old->spool_dir : "") ||
+        strcmp(next->socket_group ? next->socket_group : "",
+               old->socket_group ? old->socket_group : "") ||
+        next->log_target != old->log_target)
+        log_warning(NULL, "reload: state_dir, socket, socket_group, node_name, spool_dir and "
+                          "log.target take effect at the next restart");
     free(next->state_dir);
     next->state_dir = xstrdup(old->state_dir);
     free(next->socket_path);
