@@ -40,7 +40,7 @@ WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wno-unused-parameter
 OPT ?= -O2 -g
 BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread $(OPT) $(WARN) \
-        -Icommon -Idaemon $(PKG_CFLAGS) $(shell $(PKG_CONFIG) --cflags libsystemd 2>/dev/null)
+        -iquote common -iquote daemon $(PKG_CFLAGS) $(shell $(PKG_CONFIG) --cflags libsystemd 2>/dev/null)
 ifeq ($(WERROR),1)
 BASE_CFLAGS += -Werror
 endif
