@@ -27,6 +27,9 @@
 #         WATCHDOG=1 goes on after the reloads;
 #       - SIGTERM gives STOPPING=1 after the last READY=1 and the daemon
 #         exits 0 (a and h); a's STATUS= then says "draining; ...".
+#   (a2) socket activation with systemd-socket-activate: esd started at
+#        the first connection uses the passed socket (LISTEN_FDS), creates
+#        none of its own, and leaves the passed one in place at exit.
 #   (b) journal fields, read back from a real systemd-journald that runs in
 #       a private mount namespace (unshare --mount, tmpfs on /run and
 #       /var/log there; esd, journalctl --sync and journalctl run in it
@@ -224,6 +227,29 @@ done
 grep -q ' STATUS=draining; 0/1 slots busy; no active job; ray off$' "$W/a.notify.log" ||
     fail "STATUS= says draining" "$(grep STATUS= "$W/a.notify.log")"
 ok "STATUS= says draining after SIGTERM"
+
+# ---- (a2) socket activation ----
+if command -v systemd-socket-activate >/dev/null; then
+    daemon_conf s spool_dir="$W/spool-s"
+    # systemd-socket-activate binds the socket and execs esd (same pid) at
+    # the first connection, passing the socket as LISTEN_FDS
+    systemd-socket-activate --listen="$W/activated.sock" \
+        "$ESD" -f -c "$W/s/esd.yaml" >>"$W/s/log" 2>&1 &
+    DPID[s]=$!
+    BG+=("$!")
+    wait_for "the activation socket exists" 10 test -S "$W/activated.sock"
+    run "$ESCTL" --socket "$W/activated.sock" ping
+    check "esd started by socket activation answers ping on the passed socket" 0 "node s"
+    grep -q "control socket: listening on the socket passed by systemd" "$W/s/log" ||
+        fail "esd s uses the passed socket" "$(cat "$W/s/log")"
+    [ ! -e "$(dsock s)" ] || fail "esd s did not create its configured socket too"
+    stop_daemon s
+    [ "$DRC" -eq 0 ] || fail "esd s exits 0" "status $DRC" "$(tail -n 5 "$W/s/log")"
+    [ -S "$W/activated.sock" ] || fail "esd leaves the passed socket in place"
+    ok "socket activation: the passed socket is used, not created, and left in place at exit"
+else
+    echo "# skipped: (a2) socket activation (no systemd-socket-activate)"
+fi
 
 # ---- (b) journal fields ----
 why=""
