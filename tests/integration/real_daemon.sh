@@ -235,6 +235,10 @@ EOF
 ok "the merged rows are the recipe applied to the input: the same 256 ids in input order, the same texts"
 
 # ---- both daemons: the head up on their own port, started once ----
+job_complete_on() {
+    dstatus "$1"
+    [ "$(py '[x["state"] for x in j["jobs"]]' "$W/$1/status.json")" = "['complete']" ]
+}
 for n in "${NODES[@]}"; do
     dstatus "$n"
     got=$(py '"%s %s %s" % (j["ray"]["state"], j["ray"].get("address"), j["ray"]["restarts"])' \
@@ -243,8 +247,8 @@ for n in "${NODES[@]}"; do
         fail "esd $n reports its head up on 127.0.0.1:${PORT[$n]}, never restarted" "$got"
     [ "$(grep -c 'starting the ray head on' "$W/$n/log")" -eq 1 ] ||
         fail "esd $n started its head once" "$(grep 'ray head' "$W/$n/log")"
-    jstate=$(py '[x["state"] for x in j["jobs"]]' "$W/$n/status.json")
-    [ "$jstate" = "['complete']" ] || fail "esd $n sees the job complete" "$jstate"
+    # (the node that did not merge sees finalize.json at its next poll)
+    wait_for "esd $n sees the job complete" 20 job_complete_on "$n"
 done
 ok "esd a and b: ray up on 127.0.0.1:${PORT[a]} and :${PORT[b]}, restarts 0, one start each, job complete"
 
