@@ -711,3 +711,31 @@ jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len
         r->end += (size_t)got;
     }
 }
+
+/* Appends s[0..n) to out with every invalid UTF-8 sequence as U+FFFD. */
+void
+jsonl_utf8_clean(const char *s, size_t n, struct buf *out)
+{
+    size_t i = 0, bad;
+
+    while (i < n) {
+        if (jsonl_utf8_valid(s + i, n - i, &bad))
+            bad = n - i;
+        /* NUL bytes too: they would end the text in a C string */
+        for (size_t k = 0; k < bad; k++) {
+            if (s[i + k] == '\0') {
+                bad = k;
+                break;
+            }
+        }
+        buf_append(out, s + i, bad);
+        i += bad;
+        if (i == n)
+            break;
+        buf_append(out, "\xef\xbf\xbd", 3);
+        i++;
+        /* Skip the continuation bytes of the broken sequence. */
+        while (i < n && ((unsigned char)s[i] & 0xC0) == 0x80)
+            i++;
+    }
+}

@@ -93,6 +93,11 @@ void jsonl_unescape(const char *s, size_t n, struct buf *out);
 /* Strict UTF-8 check of a whole buffer; offset of the first bad byte. */
 bool jsonl_utf8_valid(const char *p, size_t n, size_t *ret_bad);
 
+/* Appends p[0..n) to out with every invalid UTF-8 sequence (and every NUL
+ * byte) replaced by U+FFFD: text from elsewhere made fit for a JSON string. */
+struct buf;
+void jsonl_utf8_clean(const char *p, size_t n, struct buf *out);
+
 /*
  * Streaming line reader over a file: yields records split on "\n" only,
  * with 1-based line numbers, in bounded memory (a record longer than

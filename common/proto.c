@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "json.h"
+#include "jsonl.h"
 
 /* The name json_parse_object() is given, and the prefix it then puts in
  * front of its messages, which a peer has no use for. */
@@ -152,9 +153,15 @@ proto_reply_error(long long id, const char *code, const char *message)
 {
     cJSON *m = reply_new(id, false);
     cJSON *e = must(cJSON_CreateObject());
+    struct buf b;
 
+    /* A message may quote a request cut at a byte limit: valid UTF-8 only. */
+    buf_init(&b);
+    if (message)
+        jsonl_utf8_clean(message, strlen(message), &b);
     json_add_str(e, "code", code);
-    json_add_str(e, "message", message ? message : "");
+    json_add_str(e, "message", b.p ? b.p : "");
+    buf_free(&b);
     cJSON_AddItemToObject(m, "error", e);
     return m;
 }

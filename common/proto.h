@@ -27,21 +27,42 @@
  * Events: long operations may send lines {"v":1,"id":N,"event":"progress",
  * ...} before their reply; the reply (a line with "ok") ends the request.
  *
- * Commands (PROTO_CMD_*):
- *   ping    result {"pong":true,"version":"<ESD_VERSION>","node":"<node>",
- *           "pid":N}; cheap, used to wait for readiness.
- *   status  result: the daemon's status object (esctl(1) describes it).
+ * Commands. The table in common/cmds.c is the list: each command's name,
+ * its arguments (an option --num-shards is the member "num_shards" of args;
+ * flags are booleans, strings strings, repeatable options arrays of
+ * strings, numbers integers; the positional job directory is "job_dir";
+ * paths must be absolute), and who may run it:
+ *   read  any peer that can connect: ping, version, list, status, verify,
+ *         logs, config;
+ *   node  root, esd's own uid, or a member of the control group
+ *         (socket_group): drain, resume;
+ *   job   as node, and the caller owns the job directory (root: any job
+ *         not owned by root): submit, prepare, retry, merge, cancel.
+ * A refusal is the error "denied", logged with the peer's uid and pid.
+ * Commands on a job directory (status with one, prepare, retry, merge,
+ * verify, logs, submit with --config) run in a child process that has the
+ * caller's identity (uid, gid, groups) when esd runs as root, so they can
+ * read and write only what the caller can; merge's output must be inside
+ * the job directory. esctl(1) describes every result.
  *
- * Connections. The daemon serves at most PROTO_MAX_CONNECTIONS at once; a
- * connection beyond that gets one "busy" error line (id -1) and is closed.
- * A connection idle for PROTO_IDLE_SECS (no complete request received, no
- * reply bytes taken) is closed; a partial line does not count. A
- * line longer than PROTO_MAX_MESSAGE gets a "too-large" error (id -1) and
- * the connection is closed after it; any other bad line gets an error reply
- * and the connection stays usable. The daemon reads the peer's credentials
- * (SO_PEERCRED) on every connection; commands that change state will need
- * root, the daemon's own uid or the control group, and answer "denied"
- * otherwise.
+ * Events: long operations send, before their reply,
+ *   {"v":1,"id":N,"event":"progress","phase":"scan"|"write"|"merge"|"verify",
+ *    "bytes_done":N,"bytes_total":N,"rows":N,"elapsed":S}
+ * and logs sends its text as {"v":1,"id":N,"event":"data","data":"..."}
+ * (invalid UTF-8 replaced by U+FFFD). A client that closes the connection
+ * cancels its running operation (a prepare or merge leaves nothing behind).
+ *
+ * Connections. The daemon serves at most PROTO_MAX_CONNECTIONS at once and
+ * PROTO_MAX_PER_UID of one uid; a connection beyond either gets one "busy"
+ * error line (id -1) and is closed. A connection idle for PROTO_IDLE_SECS
+ * (no complete request received, no reply bytes taken, no operation
+ * running for it) is closed; a partial line does not count. A line longer
+ * than PROTO_MAX_MESSAGE gets a "too-large" error (id -1) and the
+ * connection is closed after it; any other bad line gets an error reply and
+ * the connection stays usable. Requests on one connection are answered in
+ * order; one waits while the one before it runs. Replies have no size
+ * limit of their own (status --all of a large job is large); clients
+ * accept up to PROTO_MAX_REPLY bytes a line.
  */
 #ifndef ESD_PROTO_H
 #define ESD_PROTO_H
@@ -57,12 +78,11 @@
 
 #define PROTO_VERSION 1
 #define PROTO_MAX_MESSAGE (1024 * 1024) /* bytes in one line, "\n" excluded */
-#define PROTO_MAX_CONNECTIONS 64        /* served at once */
+#define PROTO_MAX_CONNECTIONS 256       /* served at once */
+#define PROTO_MAX_PER_UID 32            /* of them from one uid */
+#define PROTO_MAX_REPLY (256 * 1024 * 1024) /* bytes in one line a client takes */
 #define PROTO_IDLE_SECS 60              /* idle connection closed after */
 
-/* Command names. */
-#define PROTO_CMD_PING "ping"
-#define PROTO_CMD_STATUS "status"
 
 /* Error codes (error.code in a reply). */
 #define PROTO_E_BAD_REQUEST "bad-request"         /* not a valid request line */
@@ -72,7 +92,9 @@
 #define PROTO_E_TOO_LARGE "too-large"             /* line above PROTO_MAX_MESSAGE */
 #define PROTO_E_DENIED "denied"                   /* the peer may not do this */
 #define PROTO_E_NOT_FOUND "not-found"             /* the job (or other object) is unknown */
-#define PROTO_E_BUSY "busy"                       /* too many connections */
+#define PROTO_E_BUSY "busy"                       /* too many connections or operations */
+#define PROTO_E_FAILED "failed"                   /* the operation failed; message says why */
+#define PROTO_E_CONFLICT "conflict"               /* not now: e.g. the job is being merged */
 #define PROTO_E_INTERNAL "internal"               /* the daemon failed; see its log */
 
 /* A parsed request. cmd and args point into root. */

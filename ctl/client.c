@@ -1,7 +1,8 @@
 /*
- * client: esctl's side of the control socket: connect, send one request,
- * read lines until its reply (progress events are passed to a callback).
- * Everything is bounded by a timeout.
+ * client: esctl's side of the control socket (common/proto.h): connect,
+ * send one request, pass every event line to a callback and return the
+ * reply. The wait is bounded by a timeout unless the command may run for
+ * long, and ends early when the user interrupts.
  */
 #include <errno.h>
 #include <poll.h>
@@ -13,9 +14,11 @@
 #include <unistd.h>
 
 #include "esctl.h"
-#include "fsutil.h"
 #include "json.h"
+#include "ops.h"
 #include "proto.h"
+
+#define READ_CHUNK (256 * 1024)
 
 const char *
 client_socket_path(const struct call *c)
@@ -25,102 +28,172 @@ client_socket_path(const struct call *c)
     return path && *path ? path : ESD_SOCKET_DEFAULT;
 }
 
-int
-client_call(const struct call *c, const char *cmd, cJSON *args, double timeout,
-            void (*event)(void *ctx, const cJSON *ev), void *ctx, cJSON **ret_reply,
-            struct esd_err *err)
+static bool
+cancelled(const struct op_env *env)
 {
-    const char *path = client_socket_path(c);
+    return env && env->cancel && *env->cancel;
+}
+
+/* Writes all of p without SIGPIPE (esd may have gone). */
+static int
+send_all(int fd, const char *p, size_t n, const struct op_env *env)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+
+        if (w < 0 && errno == EINTR) {
+            if (cancelled(env))
+                return -ECANCELED;
+            continue;
+        }
+        if (w < 0)
+            return -errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int
+connect_to(const char *path, int *ret_fd, struct esd_err *err)
+{
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    int fd;
+
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return err_set(err, -ENAMETOOLONG, "socket path too long: %s", path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return err_sys(err, -errno, "socket");
+    while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        int e = errno;
+
+        if (e == EINTR)
+            continue;
+        close(fd);
+        return err_sys(err, -e, "cannot reach esd at %s", path);
+    }
+    *ret_fd = fd;
+    return 0;
+}
+
+/*
+ * Handles the complete lines in in[0..len): events to env, the reply (the
+ * line with "ok") into *ret_reply. Returns 1 once the reply is there, 0 to
+ * read on, or -EPROTO.
+ */
+static int
+take_lines(struct buf *in, size_t *scanned, long long id, const struct op_env *env,
+           cJSON **ret_reply, struct esd_err *err)
+{
+    char *nl;
+
+    while (in->len > *scanned && (nl = memchr(in->p + *scanned, '\n', in->len - *scanned))) {
+        size_t len = (size_t)(nl - in->p);
+        cJSON *msg = NULL;
+        long long mid;
+
+        if (json_parse_object(in->p, len, "esd's reply", &msg, err) < 0)
+            return -EPROTO;
+        memmove(in->p, nl + 1, in->len - len - 1);
+        in->len -= len + 1;
+        *scanned = 0;
+        if (json_get_int(msg, "id", &mid) == 0 && mid != id && mid != -1) {
+            cJSON_Delete(msg);
+            continue;
+        }
+        if (cJSON_GetObjectItemCaseSensitive(msg, "ok")) {
+            *ret_reply = msg;
+            return 1;
+        }
+        if (env && env->event)
+            env->event(env->ctx, msg);
+        else
+            cJSON_Delete(msg);
+    }
+    *scanned = in->len;
+    return 0;
+}
+
+int
+client_call(const struct call *c, const char *cmd, const cJSON *args, double timeout,
+            const struct op_env *env, cJSON **ret_reply, struct esd_err *err)
+{
+    static long long next_id = 1;
+    const char *path = client_socket_path(c);
     cJSON *req = cJSON_CreateObject();
     struct buf out, in;
     double deadline = time_mono() + timeout;
-    int fd, r = 0;
-    static long long next_id = 1;
     long long id = next_id++;
+    size_t scanned = 0;
+    char *chunk = NULL;
+    int fd = -1, r;
 
+    *ret_reply = NULL;
     buf_init(&out);
     buf_init(&in);
     json_add_int(req, "v", PROTO_VERSION);
     json_add_int(req, "id", id);
     json_add_str(req, "cmd", cmd);
     if (args)
-        cJSON_AddItemToObject(req, "args", args);
+        cJSON_AddItemToObject(req, "args", cJSON_Duplicate(args, true));
     proto_frame(req, &out);
     cJSON_Delete(req);
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        r = err_set(err, -ENAMETOOLONG, "socket path too long: %s", path);
+    if ((r = connect_to(path, &fd, err)) < 0)
+        goto out;
+    if ((r = send_all(fd, out.p, out.len, env)) < 0) {
+        if (r != -ECANCELED)
+            err_sys(err, r, "cannot talk to esd at %s", path);
+        else
+            err_set(err, r, "interrupted");
         goto out;
     }
-    strcpy(sa.sun_path, path);
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        r = err_sys(err, -errno, "socket");
-        goto out;
-    }
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        r = err_sys(err, -errno, "cannot reach esd at %s", path);
-        close(fd);
-        goto out;
-    }
-    if ((r = fs_write_all(fd, out.p, out.len)) < 0) {
-        err_sys(err, r, "cannot talk to esd at %s", path);
-        close(fd);
-        goto out;
-    }
+    chunk = xmalloc(READ_CHUNK);
     for (;;) {
-        char *nl = in.len ? memchr(in.p, '\n', in.len) : NULL;
         struct pollfd p = { .fd = fd, .events = POLLIN };
-        char chunk[65536];
         ssize_t n;
-        int ms;
+        int ms = -1;
 
-        if (nl) {
-            cJSON *msg = NULL;
-            long long mid;
-            size_t len = (size_t)(nl - in.p);
-
-            if (json_parse_object(in.p, len, "esd's reply", &msg, err) < 0) {
-                r = -EPROTO;
-                break;
-            }
-            memmove(in.p, nl + 1, in.len - len - 1);
-            in.len -= len + 1;
-            if (json_get_int(msg, "id", &mid) == 0 && mid != id && mid != -1) {
-                cJSON_Delete(msg);
-                continue;
-            }
-            if (cJSON_GetObjectItemCaseSensitive(msg, "ok")) {
-                *ret_reply = msg;
-                break;
-            }
-            if (event)
-                event(ctx, msg);
-            cJSON_Delete(msg);
-            continue;
-        }
-        ms = (int)((deadline - time_mono()) * 1000);
-        if (ms <= 0) {
-            r = err_set(err, -ETIMEDOUT, "esd at %s did not answer within %.0f s", path, timeout);
+        if ((r = take_lines(&in, &scanned, id, env, ret_reply, err)) != 0)
             break;
+        if (cancelled(env)) {
+            r = err_set(err, -ECANCELED, "interrupted");
+            break;
+        }
+        if (in.len > (size_t)PROTO_MAX_REPLY) {
+            r = err_set(err, -EMSGSIZE, "esd's reply is longer than %d bytes",
+                        PROTO_MAX_REPLY);
+            break;
+        }
+        if (timeout > 0) {
+            double left = deadline - time_mono();
+
+            if (left <= 0) {
+                r = err_set(err, -ETIMEDOUT, "esd at %s did not answer within %.0f s", path,
+                            timeout);
+                break;
+            }
+            ms = (int)(left * 1000) + 1;
         }
         if (poll(&p, 1, ms) <= 0)
-            continue;
-        n = read(fd, chunk, sizeof(chunk));
-        if (n < 0 && errno == EINTR)
+            continue; /* EINTR (checked above) or the deadline */
+        n = read(fd, chunk, READ_CHUNK);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (n <= 0) {
-            r = err_set(err, -ECONNRESET, "esd at %s closed the connection", path);
-            break;
-        }
-        if (in.len + (size_t)n > (size_t)PROTO_MAX_MESSAGE * 2) {
-            r = err_set(err, -EMSGSIZE, "esd's reply is too long");
+            r = err_set(err, -ECONNRESET, "esd at %s closed the connection without a reply",
+                        path);
             break;
         }
         buf_append(&in, chunk, (size_t)n);
     }
-    close(fd);
+    if (r == 1)
+        r = 0;
 out:
+    if (fd >= 0)
+        close(fd);
+    free(chunk);
     buf_free(&out);
     buf_free(&in);
     return r;

@@ -1,29 +1,32 @@
 /*
- * esctl: argument parsing, usage and help from the command table, and
- * dispatch. Options follow the reference's names (--job-dir, --num-shards,
- * …) and accept both "--opt value" and "--opt=value".
+ * esctl: argument parsing, usage and help from the command table of
+ * common/cmds.c, then call_run(). Options follow the reference's names
+ * (--job-dir, --num-shards, …) and accept both "--opt value" and
+ * "--opt=value"; the global options may come before the command or among
+ * its options.
  */
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "esctl.h"
 #include "json.h"
 #include "proto.h"
 
-
 static void
 usage(FILE *f)
 {
+    int width = 0;
+
+    for (size_t i = 0; i < CMD__COUNT; i++)
+        if ((int)strlen(cmd_table[i].name) > width)
+            width = (int)strlen(cmd_table[i].name);
     fprintf(f, "usage: esctl [--json] [--local] [--socket PATH] <command> [options]\n"
                "       esctl <command> --help\n\ncommands:\n");
-    for (size_t i = 0; i < esctl_ncmds; i++)
-        fprintf(f, "  %-8s %s\n", esctl_cmds[i].name, esctl_cmds[i].summary);
+    for (size_t i = 0; i < CMD__COUNT; i++)
+        fprintf(f, "  %-*s  %s\n", width, cmd_table[i].name, cmd_table[i].summary);
     fprintf(f, "\nexit status: 0 ok, 1 incomplete (status), 2 error or failed shards,\n"
                "3 cannot reach esd, 4 permission denied. See esctl(1).\n");
 }
@@ -31,9 +34,12 @@ usage(FILE *f)
 static void
 cmd_help(const struct cmd_def *cmd)
 {
-    printf("usage: esctl %s %s\n\n%s\n\noptions:\n", cmd->name, cmd->args, cmd->summary);
+    printf("usage: esctl %s%s%s\n\n%s\n", cmd->name, *cmd->args ? " " : "", cmd->args,
+           cmd->summary);
+    if (cmd->opts)
+        printf("\noptions:\n");
     for (int o = 0; o < O__COUNT; o++) {
-        const struct opt_def *d = &esctl_opts[o];
+        const struct opt_def *d = &cmd_opts[o];
         char left[64];
 
         if (!(cmd->opts & OPT(o)))
@@ -44,20 +50,11 @@ cmd_help(const struct cmd_def *cmd)
     }
 }
 
-static const struct cmd_def *
-find_cmd(const char *name)
-{
-    for (size_t i = 0; i < esctl_ncmds; i++)
-        if (strcmp(esctl_cmds[i].name, name) == 0)
-            return &esctl_cmds[i];
-    return NULL;
-}
-
 static int
 find_opt(const char *name, size_t len)
 {
     for (int o = 0; o < O__COUNT; o++)
-        if (strlen(esctl_opts[o].name) == len && strncmp(esctl_opts[o].name, name, len) == 0)
+        if (strlen(cmd_opts[o].name) == len && strncmp(cmd_opts[o].name, name, len) == 0)
             return o;
     return -1;
 }
@@ -66,8 +63,8 @@ find_opt(const char *name, size_t len)
 static int
 set_opt(struct call *c, int o, const char *value)
 {
-    const struct opt_def *d = &esctl_opts[o];
-    const char *cmd = c->cmd ? c->cmd->name : "";
+    const struct opt_def *d = &cmd_opts[o];
+    const char *cmd = c->cmd ? c->cmd->name : "esctl";
     long long v;
 
     switch (d->kind) {
@@ -78,9 +75,17 @@ set_opt(struct call *c, int o, const char *value)
             out_error("%s: --%s given twice", cmd, d->name);
             return EXIT_ERROR;
         }
+        if (!*value) {
+            out_error("%s: --%s needs a non-empty value", cmd, d->name);
+            return EXIT_ERROR;
+        }
         c->str[o] = value;
         break;
     case K_STRV:
+        if (!*value) {
+            out_error("%s: --%s needs a non-empty value", cmd, d->name);
+            return EXIT_ERROR;
+        }
         strv_push(&c->multi[o], value);
         break;
     case K_POSITIVE:
@@ -98,11 +103,13 @@ set_opt(struct call *c, int o, const char *value)
     return EXIT_OK;
 }
 
-/* Parses argv[i..] as options of c->cmd (global options allowed anywhere). */
+/*
+ * Parses argv[i..] as options of c->cmd (global options allowed anywhere).
+ * Returns EXIT_OK, EXIT_ERROR with a message, or -1 when --help was shown.
+ */
 static int
 parse_args(struct call *c, int argc, char **argv, int i)
 {
-    const uint64_t global = OPT(O_JSON) | OPT(O_LOCAL) | OPT(O_SOCKET);
     bool positional_done = false;
 
     for (; i < argc; i++) {
@@ -112,10 +119,10 @@ parse_args(struct call *c, int argc, char **argv, int i)
 
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             cmd_help(c->cmd);
-            exit(EXIT_OK);
+            return -1;
         }
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
-            if (c->cmd->positional_job && !positional_done && !c->set[O_JOB_DIR]) {
+            if (c->cmd->positional_job && !positional_done && !c->set[O_JOB_DIR] && *a) {
                 c->str[O_JOB_DIR] = a;
                 c->set[O_JOB_DIR] = positional_done = true;
                 continue;
@@ -127,14 +134,14 @@ parse_args(struct call *c, int argc, char **argv, int i)
         eq = strchr(a + 2, '=');
         len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
         o = find_opt(a + 2, len);
-        if (o < 0 || !((c->cmd->opts | global) & OPT(o))) {
+        if (o < 0 || !((c->cmd->opts | OPT_GLOBAL) & OPT(o))) {
             out_error("%s: unknown option '%.*s' (see esctl %s --help)", c->cmd->name,
                       (int)len + 2, a, c->cmd->name);
             return EXIT_ERROR;
         }
-        if (esctl_opts[o].kind == K_FLAG) {
+        if (cmd_opts[o].kind == K_FLAG) {
             if (eq) {
-                out_error("%s: --%s takes no value", c->cmd->name, esctl_opts[o].name);
+                out_error("%s: --%s takes no value", c->cmd->name, cmd_opts[o].name);
                 return EXIT_ERROR;
             }
         } else if (eq) {
@@ -142,7 +149,12 @@ parse_args(struct call *c, int argc, char **argv, int i)
         } else if (i + 1 < argc) {
             value = argv[++i];
         } else {
-            out_error("%s: --%s needs a value", c->cmd->name, esctl_opts[o].name);
+            out_error("%s: --%s needs a value", c->cmd->name, cmd_opts[o].name);
+            return EXIT_ERROR;
+        }
+        if (o == O_JOB_DIR && positional_done) {
+            out_error("%s: the job directory is given twice (positional and --job-dir)",
+                      c->cmd->name);
             return EXIT_ERROR;
         }
         if ((r = set_opt(c, o, value)) != EXIT_OK)
@@ -151,84 +163,81 @@ parse_args(struct call *c, int argc, char **argv, int i)
     for (int o = 0; o < O__COUNT; o++)
         if ((c->cmd->required & OPT(o)) && !c->set[o]) {
             out_error("%s: --%s is required (see esctl %s --help)", c->cmd->name,
-                      esctl_opts[o].name, c->cmd->name);
+                      cmd_opts[o].name, c->cmd->name);
             return EXIT_ERROR;
         }
     return EXIT_OK;
 }
 
-/*
- * Where a command runs: through esd when it has a daemon side (status
- * without a job directory, ping), in-process with --local or when it only
- * reads a job directory; a command that changes a job needs --local until
- * esd offers it.
- */
+/* The global options before the command; returns the index of the
+ * command, or -1 with *ret_exit set when there is nothing to run. */
 static int
-dispatch(struct call *c)
+parse_globals(struct call *c, int argc, char **argv, int *ret_exit)
 {
-    const struct cmd_def *cmd = c->cmd;
-    bool daemon_side = cmd->remote && (!cmd->local || !c->set[O_JOB_DIR]);
+    int i = 1;
 
-    if (c->set[O_LOCAL]) {
-        if (!cmd->local) {
-            out_error("%s has no local mode: it asks esd", cmd->name);
-            return EXIT_ERROR;
+    for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
+        const char *a = argv[i];
+
+        if (!strcmp(a, "--json")) {
+            c->set[O_JSON] = true;
+        } else if (!strcmp(a, "--local")) {
+            c->set[O_LOCAL] = true;
+        } else if (!strcmp(a, "--socket") || !strncmp(a, "--socket=", 9)) {
+            const char *v = a[8] == '=' ? a + 9 : i + 1 < argc ? argv[++i] : NULL;
+
+            if (!v) {
+                out_error("--socket needs a value");
+                *ret_exit = EXIT_ERROR;
+                return -1;
+            }
+            if (set_opt(c, O_SOCKET, v) != EXIT_OK) {
+                *ret_exit = EXIT_ERROR;
+                return -1;
+            }
+        } else if (!strcmp(a, "--help")) {
+            usage(stdout);
+            *ret_exit = EXIT_OK;
+            return -1;
+        } else if (!strcmp(a, "--version")) {
+            printf("esctl %s\n", ESD_VERSION);
+            *ret_exit = EXIT_OK;
+            return -1;
+        } else {
+            out_error("unknown option '%s'", a);
+            usage(stderr);
+            *ret_exit = EXIT_ERROR;
+            return -1;
         }
-        return cmd->local(c);
     }
-    if (daemon_side)
-        return cmd->remote(c);
-    if (cmd->reads_only)
-        return cmd->local(c);
-    out_error("%s: this esctl runs it only in-process: pass --local to work on the job "
-              "directory directly",
-              cmd->name);
-    return EXIT_UNREACHABLE;
+    if (i >= argc) {
+        usage(stderr);
+        *ret_exit = EXIT_ERROR;
+        return -1;
+    }
+    return i;
 }
 
 int
 main(int argc, char **argv)
 {
     struct call c;
-    int i = 1, r;
+    int i, r = EXIT_OK;
 
     memset(&c, 0, sizeof(c));
     json_init();
-    /* Global options before the command. */
-    for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
-        if (!strcmp(argv[i], "--json"))
-            c.set[O_JSON] = true;
-        else if (!strcmp(argv[i], "--local"))
-            c.set[O_LOCAL] = true;
-        else if (!strcmp(argv[i], "--socket") && i + 1 < argc)
-            c.str[O_SOCKET] = argv[++i], c.set[O_SOCKET] = true;
-        else if (!strncmp(argv[i], "--socket=", 9))
-            c.str[O_SOCKET] = argv[i] + 9, c.set[O_SOCKET] = true;
-        else if (!strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return EXIT_OK;
-        } else if (!strcmp(argv[i], "--version")) {
-            printf("esctl %s\n", ESD_VERSION);
-            return EXIT_OK;
-        } else {
-            out_error("unknown option '%s'", argv[i]);
-            usage(stderr);
-            return EXIT_ERROR;
-        }
-    }
-    if (i >= argc) {
-        usage(stderr);
-        return EXIT_ERROR;
-    }
+    if ((i = parse_globals(&c, argc, argv, &r)) < 0)
+        return r;
     if (!strcmp(argv[i], "help") || !strcmp(argv[i], "-h")) {
-        const struct cmd_def *cmd = i + 1 < argc ? find_cmd(argv[i + 1]) : NULL;
+        const struct cmd_def *cmd = i + 1 < argc ? cmd_find(argv[i + 1]) : NULL;
+
         if (cmd)
             cmd_help(cmd);
         else
             usage(stdout);
         return EXIT_OK;
     }
-    if (!(c.cmd = find_cmd(argv[i]))) {
+    if (!(c.cmd = cmd_find(argv[i]))) {
         out_error("unknown command '%s'", argv[i]);
         usage(stderr);
         return EXIT_ERROR;
@@ -239,7 +248,9 @@ main(int argc, char **argv)
         c.tty_out = isatty(STDOUT_FILENO);
         c.tty_err = isatty(STDERR_FILENO);
         c.color = c.tty_out && !getenv("NO_COLOR");
-        r = dispatch(&c);
+        r = call_run(&c);
+    } else if (r < 0) {
+        r = EXIT_OK; /* --help */
     }
     for (int o = 0; o < O__COUNT; o++)
         strv_free(&c.multi[o]);

@@ -1,8 +1,12 @@
 /*
- * esctl: the operator's command line. One command table (ctl/commands.c)
- * drives parsing, usage, help and dispatch; local mode (ctl/local.c,
- * ctl/worker.c) runs the job-directory engine of libesd in-process; ctl/output.c renders
- * tables, progress bars and colour for humans.
+ * esctl: the operator's command line. The one command table (common/cmds.c)
+ * drives parsing, usage and help (ctl/esctl.c) and bash completion
+ * (ctl/completion.c). ctl/call.c turns a parsed call into request arguments
+ * and runs it through esd (ctl/client.c) or in-process (common/ops.c, and
+ * ctl/worker.c for the worker); ctl/render.c shows a result the same way
+ * whichever ran it; ctl/watch.c holds the loops that repeat a request
+ * (status --watch, drain --wait), ctl/journal.c shows this node's journal
+ * for a job; ctl/output.c draws tables, progress and colour.
  */
 #ifndef ESCTL_H
 #define ESCTL_H
@@ -10,6 +14,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
+#include "cmds.h"
 #include "util.h"
 
 /* Exit codes (esctl(1)). */
@@ -19,71 +26,7 @@ enum {
     EXIT_ERROR = 2,
     EXIT_UNREACHABLE = 3,
     EXIT_DENIED = 4,
-};
-
-enum opt_id {
-    O_CONFIG,
-    O_DATASET_PATH,
-    O_JOB_DIR,
-    O_NUM_SHARDS,
-    O_LOCK_TIMEOUT,
-    O_MAX_RETRIES,
-    O_POLL_INTERVAL,
-    O_RAY_ADDRESS,
-    O_DJ_ROOT,
-    O_ALLOW_OP,
-    O_DENY_OP,
-    O_MAX_LINE_BYTES,
-    O_MAX_DEPTH,
-    O_ALL,
-    O_ALL_FAILED,
-    O_SHARD_ID,
-    O_OUTPUT,
-    O_OVERWRITE,
-    O_EXPECT_NODES,
-    O_NODE,
-    O_MAX_SHARDS,
-    O_LEASE_SECS,
-    O_MAX_INFRA,
-    O_PROCESSOR,
-    O_ATTEMPT_TIMEOUT,
-    O_VERBOSE,
-    O_ALLOW_MISMATCH,
-    O_JSON,
-    O_LOCAL,
-    O_SOCKET,
-    O__COUNT
-};
-
-enum opt_kind {
-    K_FLAG,     /* --x */
-    K_STR,      /* --x VALUE */
-    K_STRV,     /* --x VALUE, repeatable */
-    K_POSITIVE, /* integer > 0 */
-    K_NONNEG,   /* integer >= 0 */
-};
-
-struct opt_def {
-    const char *name; /* without the leading "--" */
-    enum opt_kind kind;
-    const char *metavar;
-    const char *help;
-};
-
-#define OPT(o) ((uint64_t)1 << (o))
-
-struct call;
-
-struct cmd_def {
-    const char *name;
-    const char *args;    /* synopsis of the arguments, for usage */
-    const char *summary; /* one line */
-    uint64_t opts;       /* options it accepts */
-    uint64_t required;   /* options it needs */
-    bool positional_job; /* a lone positional argument is --job-dir */
-    bool reads_only;     /* falls back to local mode when esd is unreachable */
-    int (*local)(struct call *c);  /* in-process; NULL: through the daemon only */
-    int (*remote)(struct call *c); /* through esd; NULL: local mode only */
+    EXIT_INTERRUPTED = 130,
 };
 
 /* Parsed arguments of one invocation. */
@@ -96,53 +39,104 @@ struct call {
     bool json;
     bool tty_out; /* stdout is a terminal */
     bool tty_err; /* stderr is a terminal (progress) */
-    bool color;
+    bool color;   /* stdout is a terminal and NO_COLOR is unset */
 };
 
-extern const struct opt_def esctl_opts[O__COUNT];
-extern const struct cmd_def esctl_cmds[];
-extern const size_t esctl_ncmds;
+/* Running a call (ctl/call.c). */
 
-/* Local-mode handlers (ctl/local.c). */
-int local_prepare(struct call *c);
-int local_status(struct call *c);
-int local_retry(struct call *c);
-int local_merge(struct call *c);
-int local_verify(struct call *c);
-int local_worker(struct call *c);
-/* --max-line-bytes and --max-depth over the defaults. */
-struct jsonl_limits;
-void limits_from(const struct call *c, struct jsonl_limits *lim);
+/* Runs the parsed call c to its end; returns the exit code. */
+int call_run(struct call *c);
+
+/*
+ * One request: command id with args (not taken; may be NULL), in-process
+ * when *local, else through esd. When esd cannot be reached and the
+ * command may read the job directory itself (CMDF_FALLBACK and a job_dir),
+ * says so on stderr, sets *local and runs it in-process. On success
+ * *ret_result is the result (caller frees) and EXIT_OK is returned;
+ * otherwise the failure has been shown (stderr, and stdout with --json)
+ * and its exit code is returned.
+ */
+int call_do(struct call *c, enum cmd_id id, const cJSON *args, bool *local, cJSON **ret_result);
+
+/* SIGINT, SIGTERM or SIGHUP arrived since call_run began. */
+bool call_interrupted(void);
 
 /* The daemon's control socket (ctl/client.c). */
 #define ESD_SOCKET_DEFAULT "/run/esd/esd.sock"
-struct cJSON;
+struct op_env;
+/* --socket, else $ESD_SOCKET, else ESD_SOCKET_DEFAULT. */
 const char *client_socket_path(const struct call *c);
 /*
- * Sends cmd (args taken over, may be NULL) and waits at most timeout
- * seconds for its reply (*ret_reply, the whole reply object: the caller
- * checks "ok"); event gets every progress line before it. Returns 0, or a
- * negative errno when esd cannot be reached or talked to (err says why).
+ * Sends command cmd with args (not taken; may be NULL) and waits for its
+ * reply (*ret_reply, the whole reply object, caller frees: the caller
+ * checks "ok"), at most timeout seconds (<= 0: no limit). Every event line
+ * before the reply goes to env->event (which takes it); env->cancel, once
+ * set, ends the wait. A reply line may hold up to PROTO_MAX_REPLY bytes.
+ * Returns 0; the connect(2) error (-ENOENT, -ECONNREFUSED, -EACCES, ...)
+ * when esd cannot be reached; -ETIMEDOUT, -ECONNRESET, -EPROTO or
+ * -EMSGSIZE when it was reached but did not answer properly; -ECANCELED.
+ * err says why.
  */
-int client_call(const struct call *c, const char *cmd, struct cJSON *args, double timeout,
-                void (*event)(void *ctx, const struct cJSON *ev), void *ctx,
-                struct cJSON **ret_reply, struct esd_err *err);
+int client_call(const struct call *c, const char *cmd, const cJSON *args, double timeout,
+                const struct op_env *env, cJSON **ret_reply, struct esd_err *err);
 
-/* Daemon commands (ctl/remote.c). */
-int remote_ping(struct call *c);
-int remote_status(struct call *c);
+/* Rendering results (ctl/render.c): the same for local and daemon results. */
+
+/*
+ * Shows the result of command id (run with args) on stdout: pretty JSON
+ * with --json, else the command's human text. Returns the exit code the
+ * result means (status: op_status_exit; otherwise EXIT_OK).
+ */
+int render_result(struct call *c, enum cmd_id id, const cJSON *args, const cJSON *result);
+/*
+ * A failed operation: "esctl: <message>" on stderr, and with --json
+ * {"ok": false, "code": code, "error": message} on stdout. Returns
+ * EXIT_DENIED for "denied", else exit_code.
+ */
+int render_error(const struct call *c, const char *code, const char *message, int exit_code);
+/* An event of a running operation (takes ev): "data" text to stdout,
+ * "phase" progress to stderr (terminal only). */
+void render_event(struct call *c, cJSON *ev);
+/* The versions of esctl and (result of "version", NULL when unreachable,
+ * then why says why) of esd. Returns the exit code. */
+int render_version(struct call *c, const cJSON *result, const char *why);
+/* One line on a job's progress for status --watch: a bar on a terminal
+ * ("[#####.....] 340/1024 shards, 1.2M rows"), else a summary. */
+void render_status_line(const struct call *c, const cJSON *result);
+
+/* Client-side loops (ctl/watch.c); each returns the exit code. */
+
+/* status --watch: repeats status every 2 s until the job is terminal. */
+int watch_status(struct call *c, const cJSON *args, bool local);
+/* drain --wait: polls esd's status every second until nothing runs. */
+int watch_drain(struct call *c, const cJSON *drain_result);
+
+/* logs without --shard: this node's journal for the job (ctl/journal.c).
+ * Replaces esctl with journalctl; returns only on failure (exit code). */
+int journal_show(struct call *c);
+
+/* esctl completion: the bash completion script on stdout
+ * (ctl/completion.c). Returns the exit code. */
+int completion_print(void);
+
+/* esctl worker (ctl/worker.c): claims and processes shards in-process. */
+int worker_run(struct call *c);
 
 /* Output helpers (ctl/output.c). */
 void out_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void out_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* A progress line on stderr (terminal only), redrawn at most 10 times a
- * second unless force; done/total in bytes. */
+/* A progress line on stderr (terminal only, never with --json), redrawn at
+ * most 10 times a second unless force; done/total in bytes. */
 void out_progress(struct call *c, const char *what, uint64_t done, uint64_t total, uint64_t rows,
                   double elapsed, bool force);
 void out_progress_end(struct call *c);
 /* Colour escape for a state name, or "" (no colour / not a terminal). */
 const char *out_color(const struct call *c, const char *state);
 const char *out_reset(const struct call *c);
+/* A count for humans: "950", "12.3k", "1.2M", "3.4G". */
+void out_count(double v, char out[32]);
+/* result as pretty JSON on stdout. */
+void out_json(const cJSON *result);
 
 /* A simple text table: add rows of cells, then print aligned. */
 struct table {

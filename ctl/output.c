@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "esctl.h"
+#include "json.h"
 
 void
 out_error(const char *fmt, ...)
@@ -37,7 +38,7 @@ out_warning(const char *fmt, ...)
 static double progress_last = -1;
 static bool progress_shown;
 /* Rates and ETAs are per phase ("scan", "write", …). */
-static const char *phase_what;
+static char phase_what[16];
 static double phase_start;
 
 void
@@ -50,8 +51,8 @@ out_progress(struct call *c, const char *what, uint64_t done, uint64_t total, ui
 
     if (!c->tty_err || c->json)
         return;
-    if (!phase_what || strcmp(phase_what, what) != 0) {
-        phase_what = what;
+    if (strncmp(phase_what, what, sizeof(phase_what) - 1) != 0) {
+        snprintf(phase_what, sizeof(phase_what), "%s", what);
         phase_start = elapsed;
         force = true;
     }
@@ -86,7 +87,34 @@ out_progress_end(struct call *c)
         progress_shown = false;
     }
     progress_last = -1;
-    phase_what = NULL;
+    phase_what[0] = '\0';
+}
+
+void
+out_count(double v, char out[32])
+{
+    static const char unit[] = "kMGTP";
+    int u = -1;
+
+    while (v >= 999.95 && u + 1 < (int)sizeof(unit) - 1) {
+        v /= 1000;
+        u++;
+    }
+    if (u < 0)
+        snprintf(out, 32, "%.0f", v);
+    else
+        snprintf(out, 32, "%.1f%c", v, unit[u]);
+}
+
+void
+out_json(const cJSON *result)
+{
+    struct buf b;
+
+    buf_init(&b);
+    json_dump(result, JSON_PRETTY, &b);
+    fwrite(b.p, 1, b.len, stdout);
+    buf_free(&b);
 }
 
 const char *

@@ -1,5 +1,5 @@
 /*
- * worker: `esctl worker --local`, a synchronous worker in the manner of the
+ * worker: `esctl worker`, a synchronous worker in the manner of the
  * reference's `shard_job.py worker`, on esd's engine: claim a shard, run
  * the processor in its own process group with its output in process.log,
  * renew the lease every lease/4, enforce the attempt timeout, validate and
@@ -27,6 +27,7 @@
 #include "esctl.h"
 #include "fsutil.h"
 #include "json.h"
+#include "jsonl.h"
 #include "manifest.h"
 #include "sha256.h"
 #include "spawn.h"
@@ -311,8 +312,19 @@ nap(double secs)
         poll(NULL, 0, 100);
 }
 
+/* --max-line-bytes and --max-depth over the defaults. */
+static void
+limits_from(const struct call *c, struct jsonl_limits *lim)
+{
+    *lim = jsonl_default_limits;
+    if (c->set[O_MAX_LINE_BYTES])
+        lim->max_line = (size_t)c->num[O_MAX_LINE_BYTES];
+    if (c->set[O_MAX_DEPTH])
+        lim->max_depth = (unsigned)(c->num[O_MAX_DEPTH] > 4096 ? 4096 : c->num[O_MAX_DEPTH]);
+}
+
 int
-local_worker(struct call *c)
+worker_run(struct call *c)
 {
     struct manifest m;
     struct claimer cl;

@@ -62,6 +62,10 @@ struct key {
     const char *help;
 };
 
+static const struct enum_name socket_modes[] = {
+    { "0600", 0600 }, { "0660", 0660 }, { "0666", 0666 }, { NULL, 0 },
+};
+
 static const struct enum_name ray_modes[] = {
     { "persistent", RAY_PERSISTENT },
     { "per-attempt", RAY_PER_ATTEMPT },
@@ -144,7 +148,11 @@ static const struct key keys[] = {
     { .name = "socket", .type = KT_PATH, .off = F(socket_path), .def = "/run/esd/esd.sock",
       .check = socket_rule, .help = "the control socket esctl talks to" },
     { .name = "socket_group", .type = KT_STR, .off = F(socket_group), .def = "esd",
-      .help = "group of the control socket (mode 0660), allowed to change jobs" },
+      .help = "group of the control socket; its members may change this node's work" },
+    { .name = "socket_mode", .type = KT_ENUM, .off = F(socket_mode), .def = "0660",
+      .names = socket_modes,
+      .help = "mode of the control socket: 0660 (root, esd and socket_group connect), 0666 "
+              "(any local user may also read status, list, logs), or 0600" },
     { .name = "spool_dir", .type = KT_PATH, .off = F(spool_dir),
       .help = "a shared directory where a job submitted on any node is registered for every "
               "node" },

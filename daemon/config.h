@@ -51,6 +51,7 @@ struct esd_conf {
     char *state_dir;         /* state_dir: default /var/lib/esd */
     char *socket_path;       /* socket: default /run/esd/esd.sock */
     char *socket_group;      /* socket_group: default "esd" */
+    int socket_mode;         /* socket_mode: 0600, 0660 (default) or 0666 */
     char *spool_dir;         /* spool_dir: shared job registrations; NULL */
     long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
     long drain_timeout_secs; /* drain_timeout_secs: default 60 */

@@ -1,19 +1,24 @@
 /*
  * ctl: the control server. A listening UNIX socket (created here with mode
  * 0660 before anyone can connect, or handed over by systemd) and up to
- * PROTO_MAX_CONNECTIONS connections, each an object that embeds its read and
- * write watchers and its idle timer. Requests are read as lines of at most
- * PROTO_MAX_MESSAGE bytes, answered from a command table, and the replies
- * are written without ever blocking: what the peer does not take yet waits
- * in the connection's buffer, and the connection reads nothing more until it
- * has gone out, so a peer that does not read cannot make esd hold more than
- * one reply for it. The protocol is defined in common/proto.h.
+ * PROTO_MAX_CONNECTIONS connections (PROTO_MAX_PER_UID of one uid), each an
+ * object that embeds its read and write watchers and its idle timer.
+ * Requests are read as lines of at most PROTO_MAX_MESSAGE bytes, checked
+ * against the command table (common/cmds.c: arguments, then who may run
+ * it), and answered: at once, or by an operation in a child process
+ * (daemon/opchild.c) whose events are passed on as they come. Replies are
+ * written without ever blocking: what the peer does not take yet waits in
+ * the connection's buffer, the connection reads no new request until it
+ * has gone out, and an operation's child is held while its client is
+ * behind. The protocol is defined in common/proto.h.
  */
 #include "ctl.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <pwd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,20 +28,32 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "cmds.h"
 #include "fsutil.h"
+#include "jobs.h"
 #include "json.h"
 #include "log.h"
+#include "opchild.h"
 #include "proto.h"
+#include "runner.h"
+#include "sched.h"
 
 #define READ_CHUNK 65536       /* bytes read at once from a connection */
 #define ACCEPT_BURST 64        /* connections accepted in one callback */
 #define ACCEPT_PAUSE_SECS 1.0  /* after running out of descriptors */
 #define KEEP_BUF (256 * 1024)  /* larger buffers are freed once empty */
+#define HOLD_BYTES (1024 * 1024) /* an operation waits while its client has
+                                    this much unread */
+#define HANGUP_CHECK_SECS 1.0  /* while an operation runs for a half-closed
+                                  connection: is the peer still there? */
+#define MAX_GROUPS 65536
 
 /* One client connection. */
 struct conn {
     int fd;
     struct ucred cred;  /* the peer, from SO_PEERCRED at accept */
+    gid_t *groups;      /* its supplementary groups (SO_PEERGROUPS) */
+    size_t ngroups;
     ev_io read_w;       /* readable: conn_read_cb */
     ev_io write_w;      /* writable while a reply is pending: conn_write_cb */
     ev_timer idle_w;    /* idle_secs without a complete request or a reply
@@ -48,18 +65,25 @@ struct conn {
     size_t sent;
     bool eof;           /* the peer will send nothing more */
     bool closing;       /* close once out has gone */
+    struct opchild *op; /* the operation running for the current request */
+    long long op_id;    /* its request id */
+    enum cmd_id op_cmd;
+    cJSON *then;        /* submit --config: the registration after prepare */
     struct conn *prev, *next;
 };
 
 /* The server: the listening socket and its connections. */
 static struct {
     struct ev_loop *loop;  /* NULL: not initialised */
+    const struct esd_conf *conf;
     int fd;
     bool activated;        /* fd came from systemd */
     char *path;            /* the socket file we created (NULL if activated) */
     struct stat st;        /* and its identity (device, inode, change time),
                               so that fini removes only that file */
     char *node;            /* for ping */
+    bool have_group;       /* the control group (socket_group) exists */
+    gid_t group;
     ev_io accept_w;        /* server_accept_cb */
     ev_timer resume_w;     /* server_resume_cb: accepting again after EMFILE */
     struct conn *conns;
@@ -68,22 +92,182 @@ static struct {
 
 static cJSON *(*status_fn)(void);
 static double idle_secs = PROTO_IDLE_SECS;
-
-/* Commands. run returns the result (the caller owns it), or NULL with
- * *ret_code set to a PROTO_E_* code and err to the message. */
-struct command {
-    const char *name;
-    cJSON *(*run)(const struct conn *c, const cJSON *args, const char **ret_code,
-                  struct esd_err *err);
-};
+static bool no_children; /* ctl_test_answer: commands never fork */
 
 static cJSON *
-cmd_ping(const struct conn *c, const cJSON *args, const char **ret_code, struct esd_err *err)
+must(cJSON *v)
 {
-    cJSON *r = cJSON_CreateObject();
-
-    if (!r)
+    if (!v)
         abort();
+    return v;
+}
+
+/* ---- who may do what ---- */
+
+static bool
+in_group(const struct conn *c, gid_t g)
+{
+    if (c->cred.gid == g)
+        return true;
+    for (size_t i = 0; i < c->ngroups; i++)
+        if (c->groups[i] == g)
+            return true;
+    return false;
+}
+
+/* Root, esd's own uid, or a member of the control group. */
+static bool
+privileged(const struct conn *c)
+{
+    return c->cred.uid == 0 || c->cred.uid == geteuid() ||
+           (server.have_group && in_group(c, server.group));
+}
+
+/* What a request on a job directory found out about it. */
+struct jobref {
+    char *dir;        /* resolved */
+    bool exists;
+    struct stat st;
+};
+
+static void
+jobref_free(struct jobref *jr)
+{
+    free(jr->dir);
+    jr->dir = NULL;
+}
+
+/* Resolves and stats job_dir with the caller's file system identity. */
+static int
+jobref_get(const struct conn *c, const char *job_dir, struct jobref *jr, const char **code,
+           struct esd_err *err)
+{
+    struct fsid prev;
+    int r;
+
+    memset(jr, 0, sizeof(*jr));
+    if (job_dir[0] != '/') {
+        *code = PROTO_E_BAD_ARGS;
+        return err_set(err, -EINVAL, "job_dir must be an absolute path, got %.200s", job_dir);
+    }
+    prev = jobs_fs_as(c->cred.uid, c->cred.gid);
+    r = fs_realpath_lax(job_dir, &jr->dir, err);
+    if (r == 0) {
+        if (stat(jr->dir, &jr->st) == 0)
+            jr->exists = S_ISDIR(jr->st.st_mode);
+        else if (errno != ENOENT && errno != ENOTDIR)
+            r = err_sys(err, -errno, "cannot reach the job directory %s", jr->dir);
+    }
+    jobs_fs_restore(prev);
+    if (r == 0 && !jr->exists && S_ISREG(jr->st.st_mode))
+        r = err_set(err, -ENOTDIR, "%s is not a directory", jr->dir);
+    if (r < 0) {
+        *code = r == -EACCES || r == -EPERM ? PROTO_E_DENIED : PROTO_E_NOT_FOUND;
+        jobref_free(jr);
+    }
+    return r;
+}
+
+/* The identity an operation on jr runs with (DESIGN.md "Security model"). */
+static void
+ident_for(const struct conn *c, const struct jobref *jr, struct ident *who)
+{
+    memset(who, 0, sizeof(*who));
+    if (geteuid() != 0)
+        return;
+    if (c->cred.uid != 0) {
+        who->change = true;
+        who->uid = c->cred.uid;
+        who->gid = c->cred.gid;
+        who->groups = c->groups;
+        who->ngroups = c->ngroups;
+    } else if (jr && jr->exists && jr->st.st_uid != 0) {
+        /* root acts on a user's job as that user: no root-owned files in it */
+        who->change = true;
+        who->uid = jr->st.st_uid;
+        who->gid = jr->st.st_gid;
+        who->group1 = jr->st.st_gid;
+        who->groups = &who->group1;
+        who->ngroups = 1;
+    }
+}
+
+static int
+deny(const struct conn *c, const struct cmd_def *cmd, const char **code, struct esd_err *err,
+     const char *why)
+{
+    log_notice(NULL, "control: %s from uid %u pid %d refused: %s", cmd->name,
+               (unsigned)c->cred.uid, (int)c->cred.pid, why);
+    *code = PROTO_E_DENIED;
+    return err_set(err, -EACCES, "%s", why);
+}
+
+/*
+ * May c run cmd with args? For commands on a job directory, jr is filled
+ * (resolved as the caller). Returns 0 or a negative errno with *code.
+ */
+static int
+authorise(const struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+          const char **code, struct esd_err *err)
+{
+    const char *dir = cmd_arg_str(args, O_JOB_DIR);
+    bool creates = cmd->id == CMD_PREPARE || (cmd->id == CMD_SUBMIT && cmd_arg_has(args, O_CONFIG));
+    char msg[512];
+    int r;
+
+    memset(jr, 0, sizeof(*jr));
+    if (cmd->auth != AUTH_READ && !privileged(c)) {
+        snprintf(msg, sizeof(msg), "%s changes this node's work: only root, uid %u (esd) or "
+                 "members of group %s may run it", cmd->name, (unsigned)geteuid(),
+                 server.conf && server.conf->socket_group ? server.conf->socket_group : "esd");
+        return deny(c, cmd, code, err, msg);
+    }
+    if (!dir)
+        return 0;
+    if ((r = jobref_get(c, dir, jr, code, err)) < 0)
+        return r;
+    if (cmd->auth != AUTH_JOB)
+        return 0;
+    if (!jr->exists && !creates && cmd->id != CMD_CANCEL) {
+        *code = PROTO_E_NOT_FOUND;
+        r = err_set(err, -ENOENT, "no job directory %s", jr->dir);
+        jobref_free(jr);
+        return r;
+    }
+    if (jr->exists && c->cred.uid != 0 && jr->st.st_uid != c->cred.uid) {
+        snprintf(msg, sizeof(msg), "%.300s is owned by uid %u, not by you (uid %u)", jr->dir,
+                 (unsigned)jr->st.st_uid, (unsigned)c->cred.uid);
+        r = deny(c, cmd, code, err, msg);
+        jobref_free(jr);
+        return r;
+    }
+    /* A non-root esd cannot read the caller's recipe and dataset as the
+     * caller, and must not read them as itself on the caller's behalf. */
+    if (creates && geteuid() != 0 && c->cred.uid != 0 && c->cred.uid != geteuid()) {
+        snprintf(msg, sizeof(msg), "esd runs as uid %u and cannot read your files as you; run "
+                 "`esctl prepare --local` yourself, then `esctl submit %.300s`",
+                 (unsigned)geteuid(), jr->dir);
+        r = deny(c, cmd, code, err, msg);
+        jobref_free(jr);
+        return r;
+    }
+    return 0;
+}
+
+/* ---- commands answered at once ---- */
+
+/* A command's handler: the result, or NULL with *code and err; or, for an
+ * operation started in a child, NULL with *code NULL (the reply comes
+ * later). */
+typedef cJSON *handler_fn(struct conn *c, const struct cmd_def *cmd, const cJSON *args,
+                          struct jobref *jr, const char **code, struct esd_err *err);
+
+static cJSON *
+cmd_ping(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+         const char **code, struct esd_err *err)
+{
+    cJSON *r = must(cJSON_CreateObject());
+
     json_add_bool(r, "pong", true);
     json_add_str(r, "version", ESD_VERSION);
     json_add_str(r, "node", server.node);
@@ -92,40 +276,312 @@ cmd_ping(const struct conn *c, const cJSON *args, const char **ret_code, struct 
 }
 
 static cJSON *
-cmd_status(const struct conn *c, const cJSON *args, const char **ret_code, struct esd_err *err)
+cmd_version(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+            const char **code, struct esd_err *err)
+{
+    cJSON *r = must(cJSON_CreateObject());
+
+    json_add_str(r, "version", ESD_VERSION);
+    json_add_int(r, "protocol", PROTO_VERSION);
+    json_add_str(r, "node", server.node);
+    json_add_int(r, "max_message", PROTO_MAX_MESSAGE);
+    json_add_int(r, "max_connections", PROTO_MAX_CONNECTIONS);
+    json_add_int(r, "max_connections_per_uid", PROTO_MAX_PER_UID);
+    json_add_int(r, "idle_secs", (long long)idle_secs);
+    return r;
+}
+
+static cJSON *
+daemon_status(const char **code, struct esd_err *err)
 {
     cJSON *r = status_fn ? status_fn() : NULL;
 
     if (!r) {
-        *ret_code = PROTO_E_INTERNAL;
+        *code = PROTO_E_INTERNAL;
         err_set(err, -ENODATA, "the daemon's status is not available");
     }
     return r;
 }
 
-static const struct command commands[] = {
-    { PROTO_CMD_PING, cmd_ping },
-    { PROTO_CMD_STATUS, cmd_status },
-};
-
-static const struct command *
-command_find(const char *name)
+static cJSON *
+cmd_list(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+         const char **code, struct esd_err *err)
 {
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (!strcmp(commands[i].name, name))
-            return &commands[i];
+    cJSON *r = must(cJSON_CreateObject());
+
+    json_add_str(r, "node", server.node);
+    cJSON_AddItemToObject(r, "jobs", jobs_status_json());
+    return r;
+}
+
+static cJSON *
+cmd_config(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+           const char **code, struct esd_err *err)
+{
+    if (!server.conf) {
+        *code = PROTO_E_INTERNAL;
+        err_set(err, -ENODATA, "no configuration");
+        return NULL;
+    }
+    return config_json(server.conf);
+}
+
+static cJSON *
+cmd_drain(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+          const char **code, struct esd_err *err)
+{
+    log_notice(NULL, "control: %s by uid %u pid %d", cmd->name, (unsigned)c->cred.uid,
+               (int)c->cred.pid);
+    if (cmd->id == CMD_DRAIN)
+        sched_hold(cmd_arg_flag(args, O_RELEASE));
+    else
+        sched_resume();
+    return daemon_status(code, err);
+}
+
+static cJSON *
+job_result(const struct job *j)
+{
+    cJSON *r = must(cJSON_CreateObject());
+
+    json_add_str(r, "job_dir", j->job_dir);
+    json_add_str(r, "key", j->key);
+    json_add_str(r, "output", j->output);
+    json_add_str(r, "state", job_state_name[j->state]);
+    return r;
+}
+
+static cJSON *
+cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+           const char **code, struct esd_err *err)
+{
+    bool everywhere = cmd_arg_flag(args, O_EVERYWHERE);
+    struct job *j = jobs_find(jr->dir);
+    cJSON *r;
+
+    if (!j && !everywhere) {
+        *code = PROTO_E_NOT_FOUND;
+        err_set(err, -ENOENT, "%s is not a job of this node (--everywhere cancels it on every "
+                "node through the job directory)", jr->dir);
+        return NULL;
+    }
+    if (j && (j->state == JOB_FINALIZING || j->state == JOB_COMPLETE)) {
+        *code = PROTO_E_CONFLICT;
+        err_set(err, -EBUSY, "job %s is %s; there is nothing left to cancel", jr->dir,
+                j->state == JOB_FINALIZING ? "being merged" : "complete");
+        return NULL;
+    }
+    if (everywhere) {
+        if (!jr->exists) {
+            *code = PROTO_E_NOT_FOUND;
+            err_set(err, -ENOENT, "no job directory %s", jr->dir);
+            return NULL;
+        }
+        if (jobs_cancel_everywhere(jr->dir, jr->st.st_uid, jr->st.st_gid, c->cred.uid, err) < 0) {
+            *code = PROTO_E_FAILED;
+            return NULL;
+        }
+    }
+    log_notice(NULL, "control: cancel %s%s by uid %u pid %d", jr->dir,
+               everywhere ? " on every node" : "", (unsigned)c->cred.uid, (int)c->cred.pid);
+    if (j) {
+        jobs_set_state(j, JOB_CANCELLED, everywhere ? "cancelled on every node" : "cancelled");
+        runner_stop_job(j);
+        r = job_result(j);
+    } else {
+        r = must(cJSON_CreateObject());
+        json_add_str(r, "job_dir", jr->dir);
+        json_add_str(r, "state", "cancelled");
+    }
+    json_add_bool(r, "everywhere", everywhere);
+    json_add_int(r, "stopping", j ? (long long)j->running : 0);
+    return r;
+}
+
+/* submit's checks of a job directory that exists, and its output. */
+static int
+submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, char **ret_out,
+             const char **code, struct esd_err *err)
+{
+    const char *out = cmd_arg_str(args, O_OUTPUT);
+    char *manifest;
+    struct stat st;
+    struct fsid prev;
+    int r = 0;
+
+    *ret_out = NULL;
+    *code = PROTO_E_BAD_ARGS;
+    if (geteuid() == 0 && jr->st.st_uid == 0) {
+        char msg[512];
+
+        snprintf(msg, sizeof(msg), "%.300s is owned by root, and esd never runs attempts as "
+                 "root; give it to the user the attempts should run as", jr->dir);
+        return deny(c, &cmd_table[CMD_SUBMIT], code, err, msg);
+    }
+    if (!(jr->st.st_mode & S_IWUSR))
+        return err_set(err, -EACCES, "%s is not writable by its owner", jr->dir);
+    manifest = fs_join(jr->dir, "manifest.json");
+    prev = jobs_fs_as(c->cred.uid, c->cred.gid);
+    if (stat(manifest, &st) < 0)
+        r = err_sys(err, -errno, "%s is not a prepared job directory: cannot find %s (prepare "
+                    "it, or pass --config and --num-shards to submit)", jr->dir, manifest);
+    if (r == 0 && out) {
+        if (out[0] != '/')
+            r = err_set(err, -EINVAL, "output must be an absolute path, got %.200s", out);
+        else if ((r = fs_realpath_lax(out, ret_out, err)) == 0 && !fs_is_inside(jr->dir, *ret_out))
+            r = err_set(err, -EACCES, "output %s is outside the job directory %s; esd merges "
+                        "only inside it", *ret_out, jr->dir);
+    }
+    jobs_fs_restore(prev);
+    free(manifest);
+    if (r < 0) {
+        free(*ret_out);
+        *ret_out = NULL;
+        if (r == -EACCES)
+            *code = PROTO_E_DENIED;
+        else if (r == -ENOENT)
+            *code = PROTO_E_NOT_FOUND;
+    }
+    return r;
+}
+
+static cJSON *
+submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr,
+                const char **code, struct esd_err *err)
+{
+    char *out = NULL;
+    struct job *j;
+
+    if (submit_check(c, args, jr, &out, code, err) < 0)
+        return NULL;
+    j = jobs_register(jr->dir, out, cmd_arg_flag(args, O_EVERYWHERE), err);
+    free(out);
+    if (!j) {
+        *code = PROTO_E_FAILED;
+        return NULL;
+    }
+    log_notice(&(struct log_ctx){ .job = j->key }, "control: job %s submitted by uid %u pid %d%s",
+               j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid,
+               cmd_arg_flag(args, O_EVERYWHERE) ? " for every node" : "");
+    sched_kick();
+    return job_result(j);
+}
+
+/* ---- operations in children ---- */
+
+static bool conn_flush(struct conn *c);
+static bool conn_process(struct conn *c);
+static void conn_close(struct conn *c, const char *why);
+
+static void
+op_event(void *ctx, cJSON *ev)
+{
+    struct conn *c = ctx;
+    cJSON *m = must(cJSON_CreateObject()), *x;
+
+    json_add_int(m, "v", PROTO_VERSION);
+    json_add_int(m, "id", c->op_id);
+    json_add_str(m, "event", cJSON_HasObjectItem(ev, "data") ? "data" : "progress");
+    while ((x = ev->child)) {
+        cJSON_DetachItemViaPointer(ev, x);
+        if (!strcmp(x->string, "v") || !strcmp(x->string, "id") || !strcmp(x->string, "event"))
+            cJSON_Delete(x);
+        else
+            cJSON_AddItemToObject(m, x->string, x);
+    }
+    cJSON_Delete(ev);
+    proto_frame(m, &c->out);
+    cJSON_Delete(m);
+    if (!conn_flush(c))
+        return;
+    if (c->op && c->out.len - c->sent > HOLD_BYTES) {
+        opchild_hold(c->op, true);
+        ev_io_start(server.loop, &c->write_w);
+    }
+}
+
+static void
+op_done(void *ctx, cJSON *result, const char *code, const char *message)
+{
+    struct conn *c = ctx;
+    cJSON *reply;
+
+    c->op = NULL;
+    if (c->then && result) {
+        /* submit --config: prepared; now the registration */
+        struct jobref jr = { 0 };
+        const char *code2 = PROTO_E_INTERNAL;
+        struct esd_err err;
+        cJSON *res;
+
+        err_clear(&err);
+        if (jobref_get(c, cmd_arg_str(c->then, O_JOB_DIR), &jr, &code2, &err) == 0 && !jr.exists)
+            err_set(&err, -ENOENT, "prepare left no job directory %s", jr.dir), code2 = PROTO_E_FAILED;
+        if (jr.dir && jr.exists && (res = submit_register(c, c->then, &jr, &code2, &err))) {
+            cJSON_AddItemToObject(res, "prepared", result);
+            reply = proto_reply_ok(c->op_id, res);
+        } else {
+            cJSON_Delete(result);
+            reply = proto_reply_error(c->op_id, code2, err.msg);
+        }
+        jobref_free(&jr);
+    } else if (result) {
+        reply = proto_reply_ok(c->op_id, result);
+    } else {
+        reply = proto_reply_error(c->op_id, code, message);
+    }
+    cJSON_Delete(c->then);
+    c->then = NULL;
+    proto_frame(reply, &c->out);
+    cJSON_Delete(reply);
+    /* requests are idle-timed again */
+    c->idle_w.repeat = idle_secs;
+    ev_timer_again(server.loop, &c->idle_w);
+    if (conn_flush(c))
+        conn_process(c);
+}
+
+static const struct opchild_ops op_callbacks = { op_event, op_done };
+
+static cJSON *
+start_op(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref *jr,
+         long long req_id, const char **code, struct esd_err *err)
+{
+    struct ident who;
+
+    if (no_children) {
+        *code = PROTO_E_INTERNAL;
+        err_set(err, -ENOSYS, "operations are not run here");
+        return NULL;
+    }
+    ident_for(c, jr, &who);
+    c->op = opchild_start(id, args, &who, &op_callbacks, c, code, err);
+    if (!c->op)
+        return NULL;
+    c->op_id = req_id;
+    c->op_cmd = id;
+    *code = NULL;
+    /* while it runs the connection is not idle; a hangup is looked for */
+    c->idle_w.repeat = HANGUP_CHECK_SECS;
+    ev_timer_again(server.loop, &c->idle_w);
+    log_info(NULL, "control: %s %s for uid %u pid %d", cmd_table[id].name,
+             jr && jr->dir ? jr->dir : "", (unsigned)c->cred.uid, (int)c->cred.pid);
     return NULL;
 }
 
-/* The reply to one request line (the caller owns it). */
+/* ---- dispatch ---- */
+
+/* The reply to one request line (the caller owns it), or NULL when an
+ * operation was started for it (its reply comes later). */
 static cJSON *
-conn_answer(const struct conn *c, const char *line, size_t len)
+conn_answer(struct conn *c, const char *line, size_t len)
 {
     struct proto_request req;
-    const struct command *cmd;
+    const struct cmd_def *cmd;
     const char *code = PROTO_E_INTERNAL;
+    struct jobref jr = { 0 };
     struct esd_err err;
-    cJSON *result, *reply;
+    cJSON *result = NULL, *reply = NULL;
     int r;
 
     err_clear(&err);
@@ -135,15 +591,89 @@ conn_answer(const struct conn *c, const char *line, size_t len)
                   (unsigned)c->cred.uid, (int)c->cred.pid, err.msg);
         return proto_reply_error(req.id, proto_error_code(r), err.msg);
     }
-    cmd = command_find(req.cmd);
-    if (!cmd) {
-        err_set(&err, -EINVAL, "unknown command \"%.100s\"", req.cmd);
+    cmd = cmd_find(req.cmd);
+    if (!cmd || !(cmd->flags & CMDF_DAEMON)) {
+        err_set(&err, -EINVAL, cmd ? "%.100s runs in esctl only, not in esd"
+                                   : "unknown command \"%.100s\"", req.cmd);
         reply = proto_reply_error(req.id, PROTO_E_UNKNOWN_COMMAND, err.msg);
-    } else if ((result = cmd->run(c, req.args, &code, &err))) {
-        reply = proto_reply_ok(req.id, result);
-    } else {
-        reply = proto_reply_error(req.id, code, err.msg);
+        goto out;
     }
+    if (cmd_args_check(cmd, req.args, &err) < 0) {
+        reply = proto_reply_error(req.id, PROTO_E_BAD_ARGS, err.msg);
+        goto out;
+    }
+    if (authorise(c, cmd, req.args, &jr, &code, &err) < 0) {
+        reply = proto_reply_error(req.id, code, err.msg);
+        goto out;
+    }
+    switch (cmd->id) {
+    case CMD_PING:
+        result = cmd_ping(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_VERSION:
+        result = cmd_version(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_LIST:
+        result = cmd_list(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_CONFIG:
+        result = cmd_config(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_DRAIN:
+    case CMD_RESUME:
+        result = cmd_drain(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_CANCEL:
+        result = cmd_cancel(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_STATUS:
+        /* a job's status is read in a child */
+        if (!jr.dir)
+            result = daemon_status(&code, &err);
+        else
+            start_op(c, cmd->id, req.args, &jr, req.id, &code, &err);
+        break;
+    case CMD_PREPARE:
+    case CMD_RETRY:
+    case CMD_MERGE:
+    case CMD_VERIFY:
+    case CMD_LOGS:
+        if (cmd->id == CMD_LOGS && !cmd_arg_has(req.args, O_SHARD)) {
+            code = PROTO_E_BAD_ARGS;
+            err_set(&err, -EINVAL, "logs through esd needs --shard (esctl reads the journal "
+                    "itself for a whole job)");
+            break;
+        }
+        start_op(c, cmd->id, req.args, &jr, req.id, &code, &err);
+        break;
+    case CMD_SUBMIT:
+        if (!cmd_arg_has(req.args, O_CONFIG)) {
+            result = submit_register(c, req.args, &jr, &code, &err);
+            break;
+        }
+        {
+            /* prepare first (in a child, as the caller), register after */
+            cJSON *pargs = must(cJSON_Duplicate(req.args, true));
+
+            cJSON_DeleteItemFromObjectCaseSensitive(pargs, "output");
+            cJSON_DeleteItemFromObjectCaseSensitive(pargs, "everywhere");
+            start_op(c, CMD_PREPARE, pargs, &jr, req.id, &code, &err);
+            cJSON_Delete(pargs);
+            if (c->op)
+                c->then = must(cJSON_Duplicate(req.args, true));
+        }
+        break;
+    default:
+        code = PROTO_E_UNKNOWN_COMMAND;
+        err_set(&err, -EINVAL, "%s is not answered by esd", cmd->name);
+        break;
+    }
+    if (result)
+        reply = proto_reply_ok(req.id, result);
+    else if (code)
+        reply = proto_reply_error(req.id, code, err.msg);
+out:
+    jobref_free(&jr);
     proto_request_free(&req);
     return reply;
 }
@@ -155,6 +685,12 @@ conn_close(struct conn *c, const char *why)
 
     log_debug(NULL, "control connection from uid %u pid %d closed: %s", (unsigned)c->cred.uid,
               (int)c->cred.pid, why);
+    if (c->op) {
+        log_info(NULL, "control: %s for uid %u pid %d cancelled: %s", cmd_table[c->op_cmd].name,
+                 (unsigned)c->cred.uid, (int)c->cred.pid, why);
+        opchild_cancel(c->op);
+        c->op = NULL;
+    }
     ev_io_stop(loop, &c->read_w);
     ev_io_stop(loop, &c->write_w);
     ev_timer_stop(loop, &c->idle_w);
@@ -168,6 +704,8 @@ conn_close(struct conn *c, const char *why)
     server.nconns--;
     buf_free(&c->in);
     buf_free(&c->out);
+    cJSON_Delete(c->then);
+    free(c->groups);
     free(c);
 }
 
@@ -190,32 +728,40 @@ conn_flush(struct conn *c)
         }
         c->sent += (size_t)n;
         /* A peer taking a long reply is not idle. */
-        ev_timer_again(server.loop, &c->idle_w);
+        if (!c->op)
+            ev_timer_again(server.loop, &c->idle_w);
     }
     if (c->out.cap > KEEP_BUF)
         buf_free(&c->out);
     buf_reset(&c->out);
     c->sent = 0;
+    if (c->op)
+        opchild_hold(c->op, false);
     return true;
 }
 
-/* Arms c's watchers for its state: reading only while no reply is pending,
- * writing while one is; closes c once it has nothing more to do. Returns
- * false if c was closed. */
+/* Arms c's watchers for its state: reading requests only while no reply
+ * is pending, reading (to see a hangup) while an operation runs, writing
+ * while a reply is pending; closes c once it has nothing more to do.
+ * Returns false if c was closed. */
 static bool
 conn_settle(struct conn *c)
 {
     struct ev_loop *loop = server.loop;
-    bool pending = c->sent < c->out.len;
+    bool pending = c->sent < c->out.len, reading;
 
-    if (!pending && (c->closing || c->eof)) {
+    if (!pending && !c->op && (c->closing || c->eof)) {
         conn_close(c, c->closing ? "after an error" : "end of input");
         return false;
     }
-    if (pending || c->closing || c->eof)
-        ev_io_stop(loop, &c->read_w);
+    if (c->op)
+        reading = !c->eof && !c->closing && c->in.len - c->pos <= PROTO_MAX_MESSAGE;
     else
+        reading = !pending && !c->closing && !c->eof;
+    if (reading)
         ev_io_start(loop, &c->read_w);
+    else
+        ev_io_stop(loop, &c->read_w);
     if (pending)
         ev_io_start(loop, &c->write_w);
     else
@@ -245,13 +791,13 @@ conn_too_large(struct conn *c)
 
 /*
  * Answers the complete lines received, one at a time, as long as each reply
- * goes out at once (the rest wait in c->in until the peer has taken it),
- * then settles the watchers. Returns false if c was closed.
+ * goes out at once and no operation runs (the rest wait in c->in), then
+ * settles the watchers. Returns false if c was closed.
  */
 static bool
 conn_process(struct conn *c)
 {
-    while (c->sent == c->out.len && !c->closing) {
+    while (c->sent == c->out.len && !c->closing && !c->op) {
         char *line, *nl = NULL;
         size_t len;
         cJSON *reply;
@@ -274,6 +820,8 @@ conn_process(struct conn *c)
         }
         ev_timer_again(server.loop, &c->idle_w);
         reply = conn_answer(c, line, len);
+        if (!reply)
+            continue; /* an operation runs; its reply comes later */
         proto_frame(reply, &c->out);
         cJSON_Delete(reply);
         if (!conn_flush(c))
@@ -292,6 +840,15 @@ conn_process(struct conn *c)
     return conn_settle(c);
 }
 
+/* Has the peer closed its end altogether (not just its writing half)? */
+static bool
+peer_gone(const struct conn *c)
+{
+    struct pollfd p = { .fd = c->fd, .events = 0 };
+
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+}
+
 static void
 conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
@@ -307,8 +864,14 @@ conn_read_cb(struct ev_loop *loop, ev_io *w, int revents)
         return;
     }
     if (n == 0) {
-        /* An unterminated last line is never answered. */
+        /* An unterminated last line is never answered. A peer that only
+         * shut its writing half still gets the reply of a running
+         * operation; one that is gone cancels it. */
         c->eof = true;
+        if (c->op && peer_gone(c)) {
+            conn_close(c, "the peer hung up");
+            return;
+        }
     } else {
         c->in.len += (size_t)n;
         c->in.p[c->in.len] = '\0';
@@ -328,23 +891,27 @@ conn_write_cb(struct ev_loop *loop, ev_io *w, int revents)
 static void
 conn_idle_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
+    struct conn *c = w->data;
     char why[64];
 
+    if (c->op) {
+        /* not idle: an operation runs for it; but is the peer still there? */
+        if (peer_gone(c))
+            conn_close(c, "the peer hung up");
+        return;
+    }
     snprintf(why, sizeof(why), "idle for %g s", idle_secs);
-    conn_close(w->data, why);
+    conn_close(c, why);
 }
 
-/* Answers a connection beyond the limit with one "busy" line and closes it.
+/* Answers a connection beyond a limit with one "busy" line and closes it.
  * The line is short and the socket new, so it fits in its buffer. */
 static void
-server_refuse(int fd, const struct ucred *cred)
+server_refuse(int fd, const struct ucred *cred, const char *msg)
 {
     struct buf b;
     cJSON *reply;
-    char msg[128];
 
-    snprintf(msg, sizeof(msg), "too many control connections (at most %d); try again later",
-             PROTO_MAX_CONNECTIONS);
     log_notice(NULL, "control connection from uid %u pid %d refused: %s", (unsigned)cred->uid,
                (int)cred->pid, msg);
     reply = proto_reply_error(-1, PROTO_E_BUSY, msg);
@@ -358,11 +925,37 @@ server_refuse(int fd, const struct ucred *cred)
     close(fd);
 }
 
+/* The peer's supplementary groups. */
+static void
+peer_groups(int fd, const struct ucred *cred, gid_t **ret, size_t *ret_n)
+{
+    socklen_t len = 64 * sizeof(gid_t);
+    gid_t *g = xmalloc(len);
+
+    *ret = NULL;
+    *ret_n = 0;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+        if (errno != ERANGE || len > MAX_GROUPS * sizeof(gid_t)) {
+            free(g);
+            return;
+        }
+        g = xrealloc(g, len);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+            free(g);
+            return;
+        }
+    }
+    *ret = g;
+    *ret_n = len / sizeof(gid_t);
+}
+
 static void
 server_admit(int fd)
 {
     socklen_t len = sizeof(struct ucred);
     struct ucred cred;
+    unsigned same = 0;
+    char msg[160];
     struct conn *c;
 
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred)) {
@@ -372,12 +965,23 @@ server_admit(int fd)
         return;
     }
     if (server.nconns >= PROTO_MAX_CONNECTIONS) {
-        server_refuse(fd, &cred);
+        snprintf(msg, sizeof(msg), "too many control connections (at most %d); try again later",
+                 PROTO_MAX_CONNECTIONS);
+        server_refuse(fd, &cred, msg);
+        return;
+    }
+    for (c = server.conns; c; c = c->next)
+        same += c->cred.uid == cred.uid;
+    if (same >= PROTO_MAX_PER_UID) {
+        snprintf(msg, sizeof(msg), "too many control connections of uid %u (at most %d); try "
+                 "again later", (unsigned)cred.uid, PROTO_MAX_PER_UID);
+        server_refuse(fd, &cred, msg);
         return;
     }
     c = xcalloc(1, sizeof(*c));
     c->fd = fd;
     c->cred = cred;
+    peer_groups(fd, &cred, &c->groups, &c->ngroups);
     buf_init(&c->in);
     buf_init(&c->out);
     ev_io_init(&c->read_w, conn_read_cb, fd, EV_READ);
@@ -472,7 +1076,7 @@ remove_stale(const struct sockaddr_un *sa, struct esd_err *err)
 
 /* Creates, binds (mode 0660 from the start) and listens on path. */
 static int
-socket_create(const char *path, const char *group, int *ret_fd, struct esd_err *err)
+socket_create(const char *path, const char *group, int mode, int *ret_fd, struct esd_err *err)
 {
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     struct esd_err why;
@@ -508,7 +1112,7 @@ socket_create(const char *path, const char *group, int *ret_fd, struct esd_err *
         close(fd);
         return err_sys(err, -e, "cannot bind the control socket %s", path);
     }
-    if (chmod(path, 0660) < 0) {
+    if (chmod(path, (mode_t)mode) < 0) {
         r = err_sys(err, -errno, "cannot set the mode of the control socket %s", path);
         goto fail;
     }
@@ -560,7 +1164,7 @@ ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
         fd = activated_fd;
         server.activated = true;
     } else {
-        r = socket_create(c->socket_path, c->socket_group, &fd, err);
+        r = socket_create(c->socket_path, c->socket_group, c->socket_mode ? c->socket_mode : 0660, &fd, err);
         if (r < 0)
             return r;
         server.path = xstrdup(c->socket_path);
@@ -568,12 +1172,23 @@ ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
     server.loop = loop;
     server.fd = fd;
     server.node = xstrdup(c->node_name ? c->node_name : "");
+    ctl_reconfigure(c);
     ev_io_init(&server.accept_w, server_accept_cb, fd, EV_READ);
     ev_timer_init(&server.resume_w, server_resume_cb, ACCEPT_PAUSE_SECS, 0.);
     ev_io_start(loop, &server.accept_w);
     log_info(NULL, "control socket: listening on %s",
              server.activated ? "the socket passed by systemd" : server.path);
     return 0;
+}
+
+void
+ctl_reconfigure(const struct esd_conf *c)
+{
+    struct group *gr = c->socket_group && *c->socket_group ? getgrnam(c->socket_group) : NULL;
+
+    server.conf = c;
+    server.have_group = gr != NULL;
+    server.group = gr ? gr->gr_gid : 0;
 }
 
 void
@@ -618,4 +1233,27 @@ void
 ctl_test_set_idle(double secs)
 {
     idle_secs = secs;
+}
+
+cJSON *
+ctl_test_answer(const struct ucred *peer, const gid_t *groups, size_t ngroups, const char *line,
+                size_t len)
+{
+    struct conn c;
+    cJSON *reply;
+
+    memset(&c, 0, sizeof(c));
+    c.fd = -1;
+    c.cred = *peer;
+    if (ngroups) {
+        c.groups = xmalloc(ngroups * sizeof(gid_t));
+        memcpy(c.groups, groups, ngroups * sizeof(gid_t));
+        c.ngroups = ngroups;
+    }
+    no_children = true;
+    reply = conn_answer(&c, line, len);
+    no_children = false;
+    free(c.groups);
+    cJSON_Delete(c.then);
+    return reply ? reply : proto_reply_error(-1, PROTO_E_INTERNAL, "no reply");
 }

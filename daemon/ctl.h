@@ -3,12 +3,15 @@
  * per line over a SOCK_STREAM UNIX socket. Request
  * {"v":1,"id":N,"cmd":"…","args":{…}}; reply {"v":1,"id":N,"ok":true,
  * "result":{…}} or {"v":1,"id":N,"ok":false,"error":{"code":"…",
- * "message":"…"}}. This version answers "ping" and "status"; the full
- * command set and its authorisation come with the control-protocol work.
- * Limits: 1 MiB a message, 64 connections, 60 s idle.
+ * "message":"…"}}. The commands, their arguments and who may run them
+ * come from the table in common/cmds.c; common/proto.h has the rest.
  */
 #ifndef ESD_CTL_H
 #define ESD_CTL_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+#include <sys/types.h>
 
 #include <cjson/cJSON.h>
 #include <ev.h>
@@ -27,6 +30,8 @@ int ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
 /* The daemon's status for the "status" command (the caller owns it). */
 void ctl_set_status(cJSON *(*fn)(void));
 
+/* A reloaded configuration: the control group is looked up again. */
+void ctl_reconfigure(const struct esd_conf *c);
 /* Closes every connection and the socket (the path is removed unless it
  * came from socket activation). */
 void ctl_fini(void);
@@ -34,5 +39,13 @@ void ctl_fini(void);
 /* Test only: closes connections idle for secs instead of PROTO_IDLE_SECS
  * (applies to connections accepted later). */
 void ctl_test_set_idle(double secs);
+/*
+ * Test and fuzz entry: the reply esd would give peer (with its groups)
+ * for one request line, without a socket. Operations that would run in a
+ * child are answered "internal" instead. The caller owns the reply; NULL
+ * never happens here.
+ */
+cJSON *ctl_test_answer(const struct ucred *peer, const gid_t *groups, size_t ngroups,
+                       const char *line, size_t len);
 
 #endif

@@ -94,6 +94,12 @@ jobs_fs_owner(const struct job *j)
 }
 
 struct fsid
+jobs_fs_as(uid_t uid, gid_t gid)
+{
+    return fs_switch(uid, gid);
+}
+
+struct fsid
 jobs_fs_self(void)
 {
     return fs_switch(geteuid(), getegid());
@@ -668,11 +674,14 @@ jobs_register(const char *job_dir, const char *output, bool spool, struct esd_er
     if (spool) {
         if (!J.spool_dir) {
             cJSON_Delete(o);
-            err_set(err, -EINVAL, "no spool_dir is configured");
+            err_set(err, -EINVAL, "no spool_dir is configured on this node, so --everywhere "
+                    "cannot register the job for every node");
             return NULL;
         }
         path = xasprintf("%s/%s.json", J.spool_dir, key);
+        struct fsid prev = jobs_fs_self();
         r = json_write_atomic(path, o, JSON_PRETTY, err);
+        jobs_fs_restore(prev);
         free(path);
         if (r < 0) {
             cJSON_Delete(o);
@@ -685,9 +694,138 @@ jobs_register(const char *job_dir, const char *output, bool spool, struct esd_er
         err_set(err, -EINVAL, "cannot register %s", job_dir);
         return NULL;
     }
-    if (added)
-        persist(j);
+    if (!added) {
+        /* Submitted again: the output given now, and a stopped job works
+         * again (a failed one after `esctl retry`). */
+        char *want = output ? xstrdup(output) : fs_join(j->job_dir, "merged.jsonl");
+
+        free(j->output);
+        j->output = want;
+        if (j->state == JOB_CANCELLED || j->state == JOB_FAILED) {
+            j->idle_valid = false;
+            j->next_claim = 0;
+            free(j->load_error);
+            j->load_error = NULL;
+            jobs_set_state(j, JOB_ACTIVE, NULL);
+        }
+    }
+    jobs_uncancel(j);
+    persist(j);
     return j;
+}
+
+struct job *
+jobs_find(const char *job_dir)
+{
+    char key[17];
+
+    job_key(job_dir, key);
+    return find(key);
+}
+
+/* <job>/state/esd/cancelled.json: the job is cancelled on every node. */
+static char *
+cancel_marker(const char *job_dir)
+{
+    return xasprintf("%s/state/esd/cancelled.json", job_dir);
+}
+
+int
+jobs_cancel_everywhere(const char *job_dir, uid_t uid, gid_t gid, uid_t by, struct esd_err *err)
+{
+    struct job owner = { .uid = uid, .gid = gid };
+    char *path = cancel_marker(job_dir), *dir = fs_dirname(path), now[40];
+    cJSON *o = cJSON_CreateObject();
+    char key[17];
+    int r;
+
+    time_iso_now(now, NULL);
+    json_add_str(o, "node", J.conf->node_name);
+    json_add_int(o, "uid", (long long)by);
+    json_add_str(o, "cancelled_at", now);
+    struct fsid prev = jobs_fs_owner(&owner);
+    r = fs_mkdir_p(dir, 0755, err);
+    if (r == 0)
+        r = json_write_atomic(path, o, JSON_PRETTY, err);
+    jobs_fs_restore(prev);
+    cJSON_Delete(o);
+    free(dir);
+    free(path);
+    /* The spool registration would only be adopted to be cancelled. */
+    if (r == 0 && J.spool_dir) {
+        job_key(job_dir, key);
+        path = xasprintf("%s/%s.json", J.spool_dir, key);
+        prev = jobs_fs_self();
+        if (unlink(path) < 0 && errno != ENOENT)
+            log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        jobs_fs_restore(prev);
+        free(path);
+    }
+    return r;
+}
+
+bool
+jobs_cancelled_everywhere(const struct job *j)
+{
+    char *path = cancel_marker(j->job_dir);
+    struct stat st;
+    bool yes;
+
+    struct fsid prev = jobs_fs_owner(j);
+    yes = stat(path, &st) == 0;
+    jobs_fs_restore(prev);
+    free(path);
+    return yes;
+}
+
+void
+jobs_uncancel(struct job *j)
+{
+    char *path = cancel_marker(j->job_dir);
+    struct stat st;
+
+    if (stat(j->job_dir, &st) == 0) {
+        j->uid = st.st_uid;
+        j->gid = st.st_gid;
+    }
+    struct fsid prev = jobs_fs_owner(j);
+    if (unlink(path) == 0)
+        log_notice(&(struct log_ctx){ .job = j->key }, "job %s: submitted again, so no longer "
+                   "cancelled on every node", j->job_dir);
+    jobs_fs_restore(prev);
+    free(path);
+}
+
+void
+jobs_rate(struct job *j, double *ret_shards_per_sec, double *ret_eta)
+{
+    double now = time_mono(), rate = -1, eta = -1;
+    size_t done, total;
+
+    jobs_progress(j, &done, &total);
+    if (!j->loaded) {
+        *ret_shards_per_sec = *ret_eta = -1;
+        return;
+    }
+    /* Two snapshots a window apart: the rate over the last one to two
+     * windows, so that it follows a fleet that grows or shrinks. */
+    if (j->rate_t1 == 0) {
+        j->rate_t0 = j->rate_t1 = now;
+        j->rate_d0 = j->rate_d1 = done;
+    } else if (now - j->rate_t1 >= RATE_WINDOW) {
+        j->rate_t0 = j->rate_t1;
+        j->rate_d0 = j->rate_d1;
+        j->rate_t1 = now;
+        j->rate_d1 = done;
+    }
+    if (now - j->rate_t0 >= 1 && done >= j->rate_d0)
+        rate = (double)(done - j->rate_d0) / (now - j->rate_t0);
+    if (rate > 0 && total >= done)
+        eta = (double)(total - done) / rate;
+    else if (total == done)
+        eta = 0;
+    *ret_shards_per_sec = rate;
+    *ret_eta = eta;
 }
 
 void
@@ -720,6 +858,20 @@ jobs_status_json(void)
         json_add_int(o, "done_here", (long long)j->done_here);
         json_add_int(o, "failed_here", (long long)j->failed_here);
         json_add_int(o, "rows_here", (long long)j->rows_here);
+        if (j->loaded) {
+            double rate, eta;
+
+            jobs_rate(j, &rate, &eta);
+            json_add_int(o, "total_rows", j->m.total_rows);
+            if (rate >= 0) {
+                json_add_float(o, "shards_per_sec", rate);
+                if (j->m.nshards)
+                    json_add_float(o, "rows_per_sec",
+                                   rate * (double)j->m.total_rows / (double)j->m.nshards);
+            }
+            if (eta >= 0 && (j->state == JOB_ACTIVE || j->state == JOB_DRAINING))
+                json_add_float(o, "eta_secs", eta);
+        }
         if (j->error)
             json_add_str(o, "error", j->error);
         if (j->load_error)

@@ -54,6 +54,8 @@ struct job {
     unsigned long long rows_here;
     void *finalize;  /* finalize.c's state while finalizing */
     bool seen;       /* rescan bookkeeping */
+    double rate_t0, rate_t1; /* jobs_rate's snapshots (monotonic) */
+    size_t rate_d0, rate_d1;
 };
 
 /* Reads the registry (and the spool). Start-up errors only. */
@@ -103,6 +105,8 @@ struct fsid {
 };
 struct fsid jobs_fs_owner(const struct job *j);
 struct fsid jobs_fs_self(void);
+/* Any uid and gid: the control socket resolves a caller's paths as the caller. */
+struct fsid jobs_fs_as(uid_t uid, gid_t gid);
 void jobs_fs_restore(struct fsid prev);
 
 /* Records a new state (and error), persists it, logs it once. */
@@ -116,6 +120,23 @@ void jobs_set_state(struct job *j, enum job_state state, const char *error);
 struct job *jobs_register(const char *job_dir, const char *output, bool spool,
                           struct esd_err *err);
 
+/* The job of job_dir (resolved), or NULL. */
+struct job *jobs_find(const char *job_dir);
+/*
+ * cancel --everywhere: writes <job_dir>/state/esd/cancelled.json as the
+ * directory's owner (uid, gid), which every node's rescan sees, and
+ * removes the job's spool registration. by is the caller, recorded.
+ */
+int jobs_cancel_everywhere(const char *job_dir, uid_t uid, gid_t gid, uid_t by,
+                           struct esd_err *err);
+/* Whether that marker exists. */
+bool jobs_cancelled_everywhere(const struct job *j);
+/* Removes it (submit again). */
+void jobs_uncancel(struct job *j);
+/* Shards done per second over the last minute or two, fleet-wide, and the
+ * seconds left at that rate; -1 when not known yet. */
+#define RATE_WINDOW 60.0
+void jobs_rate(struct job *j, double *ret_shards_per_sec, double *ret_eta);
 /* The status of every job, for the control socket. */
 cJSON *jobs_status_json(void);
 

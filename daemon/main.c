@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <ev.h>
@@ -22,6 +23,7 @@
 #include "json.h"
 #include "log.h"
 #include "notify.h"
+#include "opchild.h"
 #include "proto.h"
 #include "ray.h"
 #include "runner.h"
@@ -127,9 +129,10 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
         strcmp(next->spool_dir ? next->spool_dir : "", old->spool_dir ? old->spool_dir : "") ||
         strcmp(next->socket_group ? next->socket_group : "",
                old->socket_group ? old->socket_group : "") ||
-        next->log_target != old->log_target)
-        log_warning(NULL, "reload: state_dir, socket, socket_group, node_name, spool_dir and "
-                          "log.target take effect at the next restart");
+        next->socket_mode != old->socket_mode || next->log_target != old->log_target)
+        log_warning(NULL, "reload: state_dir, socket, socket_group, socket_mode, node_name, "
+                          "spool_dir and log.target take effect at the next restart (the "
+                          "control group's members are looked up again now)");
     free(next->state_dir);
     next->state_dir = xstrdup(old->state_dir);
     free(next->socket_path);
@@ -143,12 +146,28 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
     finalize_reconfigure(next);
     jobs_reconfigure(next);
     sched_reconfigure(next);
+    opchild_reconfigure(next);
+    ctl_reconfigure(next);
     log_set_level(next->log_level);
     M.conf = next;
     config_free(old);
     free(old);
     log_notice(NULL, "reloaded %s", M.path);
     notify_ready();
+}
+
+/* Room for every control connection, attempt and child: the soft limit
+ * of open files up to the hard one (systemd's default soft limit is 1024). */
+static void
+raise_fd_limit(void)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max > 65536 ? 65536 : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+            fprintf(stderr, "esd: cannot raise the limit of open files: %s\n", strerror(errno));
+    }
 }
 
 int
@@ -213,6 +232,7 @@ main(int argc, char **argv)
         return 0;
     }
     signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit();
     log_init(M.conf->log_target, M.conf->log_level, foreground, M.conf->node_name);
     M.loop = ev_default_loop(EVFLAG_AUTO);
     if (!M.loop) {
@@ -227,6 +247,13 @@ main(int argc, char **argv)
     ev_signal_start(M.loop, &M.hup_w);
 
     notify_init(M.loop);
+    /* Tests: idle control connections are closed sooner. */
+    if (getenv("ESD_TEST_IDLE_SECS")) {
+        long long secs;
+
+        if (parse_int(getenv("ESD_TEST_IDLE_SECS"), 1, 3600, &secs) == 0)
+            ctl_test_set_idle((double)secs);
+    }
     if (hang_watchdog)
         notify_test_stop_watchdog();
     if (ctl_init(M.loop, M.conf, notify_listen_fd(), &err) < 0 ||
@@ -237,6 +264,7 @@ main(int argc, char **argv)
     }
     runner_init(M.loop, M.conf);
     finalize_init(M.loop, M.conf);
+    opchild_init(M.loop, M.conf);
     sched_init(M.loop, M.conf);
     ctl_set_status(sched_status_json);
     log_notice(NULL, "esd %s started: node %s, %ld slot(s), ray %s, state in %s, socket %s",
@@ -247,12 +275,13 @@ main(int argc, char **argv)
     ev_run(M.loop, 0);
 
     log_notice(NULL, "stopped");
+    ctl_fini();
+    opchild_fini();
     sched_fini();
     finalize_fini();
     runner_fini();
     jobs_fini();
     ray_fini();
-    ctl_fini();
     notify_fini();
     config_free(M.conf);
     free(M.conf);

@@ -577,8 +577,14 @@ run_finish(struct run *r)
 void
 runner_stop_all(void)
 {
+    runner_stop_job(NULL);
+}
+
+void
+runner_stop_job(const struct job *j)
+{
     for (struct run *r = R.head; r; r = r->next)
-        if (r->running && !r->exited) {
+        if ((!j || r->job == j) && r->running && !r->exited) {
             r->stopped = true;
             run_kill(r);
         }

@@ -39,6 +39,8 @@ void runner_start(struct job *j, struct claim *cl);
 /* Stops every attempt (SIGTERM, then SIGKILL); they end "released",
  * their claims given back without counting a failure. */
 void runner_stop_all(void);
+/* The same for the attempts of job j only (cancel). */
+void runner_stop_job(const struct job *j);
 
 /* Attempts in flight (running or finishing). */
 size_t runner_count(void);

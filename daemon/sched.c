@@ -5,6 +5,7 @@
 #include "sched.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "finalize.h"
+#include "fsutil.h"
 #include "jobs.h"
 #include "json.h"
 #include "log.h"
@@ -37,7 +39,9 @@ static struct {
     ev_timer rescan_w; /* the registry */
     ev_timer drain_w;  /* drain_timeout_secs */
     struct job *rr;    /* the job that got the last claim */
-    bool draining;
+    bool draining;       /* SIGTERM: stopping */
+    bool held;           /* esctl drain: no new claims until resume */
+    char *held_path;     /* <state_dir>/drained: the hold survives restarts */
     void (*drained)(void);
     double started;
     unsigned long claims;
@@ -125,7 +129,7 @@ fill(void)
 {
     double now = time_mono(), next = INFINITY;
 
-    while (!S.draining && ray_ready() && runner_count() < (size_t)S.conf->slots &&
+    while (!S.draining && !S.held && ray_ready() && runner_count() < (size_t)S.conf->slots &&
            now >= S.paused_until) {
         struct job *j = next_job(now);
         struct claim cl;
@@ -168,7 +172,7 @@ fill(void)
     if (isfinite(next) && next < S.paused_until)
         next = S.paused_until;
     ev_timer_stop(S.loop, &S.poll_w);
-    if (!S.draining && isfinite(next)) {
+    if (!S.draining && !S.held && isfinite(next)) {
         ev_timer_set(&S.poll_w, next > now ? next - now : 0.05, 0);
         ev_timer_start(S.loop, &S.poll_w);
     }
@@ -207,9 +211,79 @@ sched_rescan_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)revents;
     jobs_rescan();
+    sched_check_cancelled();
     w->repeat = jitter((double)S.conf->poll_interval_secs);
     ev_timer_again(loop, w);
     sched_kick();
+}
+
+void
+sched_check_cancelled(void)
+{
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        if (j->state != JOB_ACTIVE && j->state != JOB_DRAINING)
+            continue;
+        if (!jobs_cancelled_everywhere(j))
+            continue;
+        jobs_set_state(j, JOB_CANCELLED, "cancelled on every node (esctl cancel --everywhere)");
+        if (j->running) {
+            log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key },
+                       "stopping %zu attempt(s) of the cancelled job; their claims are released",
+                       j->running);
+            runner_stop_job(j);
+        }
+    }
+}
+
+static void
+write_held(bool held)
+{
+    struct esd_err err;
+    int fd;
+
+    if (!held) {
+        if (unlink(S.held_path) < 0 && errno != ENOENT)
+            log_warning(NULL, "cannot remove %s: %s; esd will start drained", S.held_path,
+                        strerror(errno));
+        return;
+    }
+    fd = open(S.held_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        err_sys(&err, -errno, "cannot create %s", S.held_path);
+        log_warning(NULL, "%s; the drain is not kept across a restart", err.msg);
+        return;
+    }
+    close(fd);
+}
+
+void
+sched_hold(bool release)
+{
+    if (!S.held)
+        log_notice(NULL, "drained by the operator: no new claims; %zu attempt(s) %s",
+                   runner_count(), release ? "stopped and released" : "finish");
+    S.held = true;
+    write_held(true);
+    ev_timer_stop(S.loop, &S.poll_w);
+    if (release)
+        runner_stop_all();
+    status_line();
+}
+
+void
+sched_resume(void)
+{
+    if (S.held)
+        log_notice(NULL, "resumed by the operator: claiming again");
+    S.held = false;
+    write_held(false);
+    sched_kick();
+}
+
+bool
+sched_held(void)
+{
+    return S.held;
 }
 
 static void
@@ -301,9 +375,16 @@ sched_drain(void (*drained)(void))
 void
 sched_init(struct ev_loop *loop, const struct esd_conf *c)
 {
+    struct stat st;
+
     S.loop = loop;
     S.conf = c;
     S.started = time_mono();
+    S.held_path = fs_join(c->state_dir, "drained");
+    if (stat(S.held_path, &st) == 0) {
+        S.held = true;
+        log_notice(NULL, "drained (%s exists): no claims until esctl resume", S.held_path);
+    }
     srandom((unsigned)getpid() ^ (unsigned)time(NULL));
     ev_timer_init(&S.kick_w, sched_kick_cb, 0, 0);
     ev_timer_init(&S.poll_w, sched_poll_cb, 0, 0);
@@ -334,6 +415,8 @@ sched_fini(void)
     ev_timer_stop(S.loop, &S.poll_w);
     ev_timer_stop(S.loop, &S.rescan_w);
     ev_timer_stop(S.loop, &S.drain_w);
+    free(S.held_path);
+    S.held_path = NULL;
 }
 
 /* systemd's STATUS=: "1/2 slots busy; job a 340/1024 done; ray up". */
@@ -344,7 +427,9 @@ status_line(void)
     size_t shown = 0;
 
     buf_init(&b);
-    buf_printf(&b, "%s%zu/%ld slots busy", S.draining ? "draining; " : "", runner_count(),
+    buf_printf(&b, "%s%zu/%ld slots busy",
+               S.draining ? "draining; " : S.held ? "drained by the operator; " : "",
+               runner_count(),
                S.conf->slots);
     for (struct job *j = jobs_first(); j; j = j->next) {
         size_t done, total;
@@ -378,7 +463,9 @@ sched_status_json(void)
     json_add_str(o, "version", ESD_VERSION);
     json_add_str(o, "node", S.conf->node_name);
     json_add_int(o, "pid", (long long)getpid());
-    json_add_str(o, "state", S.draining ? "draining" : "running");
+    json_add_str(o, "state", S.draining ? "draining" : S.held ? "drained" : "running");
+    json_add_bool(o, "held", S.held);
+    json_add_int(o, "merging", (long long)finalize_running());
     json_add_float(o, "uptime_secs", time_mono() - S.started);
     json_add_int(o, "slots", S.conf->slots);
     json_add_int(o, "busy", (long long)runner_count());

@@ -31,6 +31,17 @@ void sched_kick(void);
  */
 void sched_drain(void (*drained)(void));
 
+/*
+ * esctl drain: no new claims until sched_resume (kept across restarts in
+ * <state_dir>/drained); with release, running attempts are stopped now
+ * and their claims released without counting a failure.
+ */
+void sched_hold(bool release);
+void sched_resume(void);
+bool sched_held(void);
+/* Cancels the jobs cancelled on every node (their marker file) and stops
+ * their attempts here. Runs at every rescan. */
+void sched_check_cancelled(void);
 /* The daemon's status for the control socket (caller owns it). */
 cJSON *sched_status_json(void);
 

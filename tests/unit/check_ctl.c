@@ -548,26 +548,26 @@ END_TEST
 
 START_TEST(test_connection_limit)
 {
-    struct client *cl[PROTO_MAX_CONNECTIONS], *extra;
+    struct client *cl[PROTO_MAX_PER_UID], *extra;
     double deadline;
     bool served = false;
     cJSON *r;
 
     start();
-    for (int i = 0; i < PROTO_MAX_CONNECTIONS; i++) {
+    for (int i = 0; i < PROTO_MAX_PER_UID; i++) {
         cl[i] = client_open();
         expect_ping(cl[i], i);
     }
-    /* The 65th is answered "busy" and closed. */
+    /* One more of the same uid is answered "busy" and closed. */
     extra = client_open();
     r = client_line(extra);
-    ck_assert_ptr_nonnull(strstr(expect_error(r, -1, PROTO_E_BUSY), "64"));
+    ck_assert_ptr_nonnull(strstr(expect_error(r, -1, PROTO_E_BUSY), "of uid 0 (at most 32)"));
     cJSON_Delete(r);
     client_expect_eof(extra);
     client_close(extra);
     /* The others are still served. */
     expect_ping(cl[0], 100);
-    expect_ping(cl[PROTO_MAX_CONNECTIONS - 1], 101);
+    expect_ping(cl[PROTO_MAX_PER_UID - 1], 101);
 
     /* Once one leaves, there is room again (the server may see the new
      * connection before the old one's end, so "busy" may come first). */
@@ -584,7 +584,7 @@ START_TEST(test_connection_limit)
         client_close(extra);
     }
     ck_assert(served);
-    for (int i = 1; i < PROTO_MAX_CONNECTIONS; i++)
+    for (int i = 1; i < PROTO_MAX_PER_UID; i++)
         client_close(cl[i]);
 }
 END_TEST

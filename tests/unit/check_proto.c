@@ -275,7 +275,9 @@ START_TEST(test_constants)
 {
     ck_assert_int_eq(PROTO_VERSION, 1);
     ck_assert_int_eq(PROTO_MAX_MESSAGE, 1048576);
-    ck_assert_int_eq(PROTO_MAX_CONNECTIONS, 64);
+    ck_assert_int_eq(PROTO_MAX_CONNECTIONS, 256);
+    ck_assert_int_eq(PROTO_MAX_PER_UID, 32);
+    ck_assert_int_eq(PROTO_MAX_REPLY, 256 * 1024 * 1024);
     ck_assert_int_eq(PROTO_IDLE_SECS, 60);
     ck_assert_str_eq(ESD_VERSION, "0.1.0");
     ck_assert_str_eq(PROTO_E_BAD_REQUEST, "bad-request");

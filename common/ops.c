@@ -1,0 +1,622 @@
+/*
+ * ops: prepare, status, retry, merge, verify and logs on a job directory,
+ * arguments and results in JSON (ops.h).
+ */
+#include "ops.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "attempt.h"
+#include "djversion.h"
+#include "fsutil.h"
+#include "json.h"
+#include "jsonl.h"
+#include "manifest.h"
+#include "merge.h"
+#include "prepare.h"
+#include "recipe.h"
+#include "retry.h"
+#include "status.h"
+
+#define LOG_CHUNK 65536        /* bytes of a log in one event */
+#define FOLLOW_POLL_NS 250000000L
+
+static void
+emit(const struct op_env *env, cJSON *ev)
+{
+    if (env->event)
+        env->event(env->ctx, ev);
+    else
+        cJSON_Delete(ev);
+}
+
+/* A path argument: absolute when confined, resolved as the CLI resolves. */
+static int
+path_arg(const struct op_env *env, const cJSON *args, enum opt_id o, char **ret,
+         struct esd_err *err)
+{
+    const char *p = cmd_arg_str(args, o);
+
+    *ret = NULL;
+    if (!p)
+        return 0;
+    if (env->confined && p[0] != '/')
+        return err_set(err, -EINVAL, "--%s must be an absolute path through esd, got %s",
+                       cmd_opts[o].name, p);
+    return fs_resolve_cli(p, ret, err);
+}
+
+static void
+limits_from(const cJSON *args, struct jsonl_limits *lim)
+{
+    long long d = cmd_arg_num(args, O_MAX_DEPTH, 0);
+
+    *lim = jsonl_default_limits;
+    if (cmd_arg_has(args, O_MAX_LINE_BYTES))
+        lim->max_line = (size_t)cmd_arg_num(args, O_MAX_LINE_BYTES, 0);
+    if (d > 0)
+        lim->max_depth = (unsigned)(d > 4096 ? 4096 : d);
+}
+
+static int
+load_job(const struct op_env *env, const cJSON *args, struct manifest *m, struct esd_err *err)
+{
+    char *dir;
+    int r;
+
+    if ((r = path_arg(env, args, O_JOB_DIR, &dir, err)) < 0)
+        return r;
+    if (!dir)
+        return err_set(err, -EINVAL, "no job directory given");
+    r = manifest_load(dir, m, err);
+    free(dir);
+    return r;
+}
+
+static cJSON *
+progress_event(const char *phase, uint64_t done, uint64_t total, uint64_t rows, double elapsed)
+{
+    cJSON *ev = cJSON_CreateObject();
+
+    json_add_str(ev, "phase", phase);
+    json_add_int(ev, "bytes_done", (long long)done);
+    json_add_int(ev, "bytes_total", (long long)total);
+    json_add_int(ev, "rows", (long long)rows);
+    json_add_float(ev, "elapsed", elapsed);
+    return ev;
+}
+
+/* Progress events at most 10 a second, and the last one of a phase. */
+struct pace {
+    const struct op_env *env;
+    double last;
+    int phase;
+};
+
+static bool
+pace_due(struct pace *p, int phase, bool last)
+{
+    double now = time_mono();
+
+    if (!last && phase == p->phase && now - p->last < 0.1)
+        return false;
+    p->last = now;
+    p->phase = phase;
+    return true;
+}
+
+static void
+prepare_progress(void *ctx, const struct prepare_progress *pr)
+{
+    struct pace *p = ctx;
+
+    if (pace_due(p, pr->phase, pr->bytes_done == pr->bytes_total))
+        emit(p->env, progress_event(pr->phase == 1 ? "scan" : "write", pr->bytes_done,
+                                    pr->bytes_total, pr->rows, pr->elapsed));
+}
+
+static int
+op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err *err)
+{
+    struct prepare_opts o;
+    struct prepare_result res;
+    struct recipe_policy pol = { 0 };
+    struct attempt_opts ao = { 0 };
+    struct strv processor, allow, deny;
+    struct jsonl_limits lim;
+    struct pace pace = { env, 0, 0 };
+    char *config = NULL, *dataset = NULL, *job_dir = NULL, *dj_root = NULL;
+    char *dj_version = NULL;
+    cJSON *j, *w;
+    int r;
+
+    strv_init(&processor);
+    strv_init(&allow);
+    strv_init(&deny);
+    if ((r = path_arg(env, args, O_CONFIG, &config, err)) < 0 ||
+        (r = path_arg(env, args, O_DATASET_PATH, &dataset, err)) < 0 ||
+        (r = path_arg(env, args, O_JOB_DIR, &job_dir, err)) < 0 ||
+        (r = path_arg(env, args, O_DJ_ROOT, &dj_root, err)) < 0)
+        goto out;
+    if (!config || !job_dir || !cmd_arg_has(args, O_NUM_SHARDS)) {
+        r = err_set(err, -EINVAL, "prepare needs --config, --job-dir and --num-shards");
+        goto out;
+    }
+    prepare_opts_init(&o);
+    limits_from(args, &lim);
+    cmd_arg_strv(args, O_ALLOW_OP, &allow);
+    cmd_arg_strv(args, O_DENY_OP, &deny);
+    pol.allow = &allow;
+    pol.deny = &deny;
+    o.config = config;
+    o.dataset_path = dataset;
+    o.job_dir = job_dir;
+    o.num_shards = cmd_arg_num(args, O_NUM_SHARDS, 0);
+    o.lock_timeout_secs = cmd_arg_num(args, O_LOCK_TIMEOUT, o.lock_timeout_secs);
+    o.max_retries = cmd_arg_num(args, O_MAX_RETRIES, o.max_retries);
+    o.poll_interval_secs = cmd_arg_num(args, O_POLL_INTERVAL, o.poll_interval_secs);
+    if (cmd_arg_str(args, O_RAY_ADDRESS))
+        o.ray_address = cmd_arg_str(args, O_RAY_ADDRESS);
+    o.dj_root = dj_root ? dj_root : env->dj_root;
+    /* The Data-Juicer that this node's workers would run. */
+    if (cmd_arg_str(args, O_PROCESSOR))
+        strv_split(&processor, cmd_arg_str(args, O_PROCESSOR));
+    ao.processor = processor.n ? (const char *const *)processor.v : env->processor;
+    ao.dj_root = o.dj_root;
+    djversion_detect(&ao, &dj_version, &o.dj_dirty);
+    o.dj_commit = dj_version;
+    o.policy = &pol;
+    o.limits = &lim;
+    o.progress = prepare_progress;
+    o.progress_ctx = &pace;
+    o.cancel = env->cancel;
+    if ((r = prepare_run(&o, &res, err)) < 0)
+        goto out;
+    j = cJSON_CreateObject();
+    json_add_bool(j, "ok", true);
+    json_add_str(j, "job_dir", res.job_dir);
+    json_add_bool(j, "unchanged", res.unchanged);
+    json_add_int(j, "num_shards", res.num_shards);
+    if (!res.unchanged) {
+        json_add_int(j, "rows", (long long)res.rows);
+        json_add_int(j, "normalized_bytes", (long long)res.bytes);
+    }
+    w = cJSON_AddArrayToObject(j, "warnings");
+    for (size_t i = 0; i < res.warnings.n; i++)
+        cJSON_AddItemToArray(w, cJSON_CreateString(res.warnings.v[i]));
+    prepare_result_free(&res);
+    *ret = j;
+out:
+    free(config);
+    free(dataset);
+    free(job_dir);
+    free(dj_root);
+    free(dj_version);
+    strv_free(&processor);
+    strv_free(&allow);
+    strv_free(&deny);
+    return r;
+}
+
+static int
+op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err *err)
+{
+    struct manifest m;
+    struct job_status st;
+    long long rows_done = 0;
+    cJSON *j, *owners;
+    int r;
+
+    if ((r = load_job(env, args, &m, err)) < 0)
+        return r;
+    if ((r = status_compute(&m, cmd_arg_num(args, O_LOCK_TIMEOUT, 0), true, &st, err)) < 0) {
+        manifest_free(&m);
+        return r;
+    }
+    j = status_json(&m, &st);
+    /* Per node: shards done there, and shards its locks hold now. */
+    struct node_count {
+        const char *name;
+        long long n[3]; /* done, running, stale */
+    } *nodes = NULL;
+    size_t nnodes = 0;
+
+    for (size_t i = 0; i < st.total; i++) {
+        const struct shard_status *s = &st.shards[i];
+        int k = s->state == ST_DONE ? 0 : s->state == ST_RUNNING ? 1 : s->state == ST_STALE ? 2 : -1;
+        size_t x;
+
+        if (s->state == ST_DONE)
+            rows_done += m.shards[i].rows;
+        if (k < 0 || !s->owner)
+            continue;
+        for (x = 0; x < nnodes && strcmp(nodes[x].name, s->owner); x++)
+            ;
+        if (x == nnodes) {
+            nodes = xrealloc(nodes, (nnodes + 1) * sizeof(*nodes));
+            memset(&nodes[nnodes], 0, sizeof(*nodes));
+            nodes[nnodes++].name = s->owner;
+        }
+        nodes[x].n[k]++;
+    }
+    owners = cJSON_AddObjectToObject(j, "nodes");
+    for (size_t x = 0; x < nnodes; x++) {
+        cJSON *node = cJSON_AddObjectToObject(owners, nodes[x].name);
+
+        json_add_int(node, "done", nodes[x].n[0]);
+        json_add_int(node, "running", nodes[x].n[1]);
+        json_add_int(node, "stale", nodes[x].n[2]);
+    }
+    free(nodes);
+    json_add_int(j, "total_rows", m.total_rows);
+    json_add_int(j, "rows_done", rows_done);
+    json_add_str(j, "ray_address", m.ray_address);
+    status_free(&st);
+    manifest_free(&m);
+    *ret = j;
+    return 0;
+}
+
+static int
+op_retry(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err *err)
+{
+    struct manifest m;
+    struct strv ids, done;
+    bool all = cmd_arg_flag(args, O_ALL_FAILED);
+    cJSON *j, *a;
+    int r;
+
+    strv_init(&ids);
+    cmd_arg_strv(args, O_SHARD_ID, &ids);
+    if (all == (ids.n > 0)) {
+        strv_free(&ids);
+        return err_set(err, -EINVAL, "retry: give exactly one of --all-failed or --shard-id");
+    }
+    if ((r = load_job(env, args, &m, err)) < 0) {
+        strv_free(&ids);
+        return r;
+    }
+    strv_init(&done);
+    r = retry_run(&m, all, &ids, &done, err);
+    manifest_free(&m);
+    strv_free(&ids);
+    if (r < 0) {
+        strv_free(&done);
+        return r;
+    }
+    j = cJSON_CreateObject();
+    json_add_bool(j, "ok", true);
+    a = cJSON_AddArrayToObject(j, "requeued");
+    for (size_t i = 0; i < done.n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateString(done.v[i]));
+    strv_free(&done);
+    *ret = j;
+    return 0;
+}
+
+static void
+merge_progress(void *ctx, const struct merge_progress *pr)
+{
+    struct pace *p = ctx;
+    int phase = p->phase; /* 3 merge, 4 verify (op_merge); pace_due keeps it */
+
+    if (pace_due(p, phase, pr->shards_done == pr->shards_total))
+        emit(p->env, progress_event(phase == 4 ? "verify" : "merge", pr->bytes_done,
+                                    pr->bytes_total, pr->rows, pr->elapsed));
+}
+
+static cJSON *
+merge_json(const struct merge_result *res, const char *output)
+{
+    cJSON *j = cJSON_CreateObject(), *owners = cJSON_AddObjectToObject(j, "owners");
+
+    json_add_bool(j, "ok", true);
+    if (output)
+        json_add_str(j, "output_path", output);
+    json_add_int(j, "num_shards", (long long)res->nshards);
+    json_add_int(j, "rows", (long long)res->rows);
+    json_add_int(j, "bytes", (long long)res->bytes);
+    json_add_str(j, "sha256", res->sha256);
+    for (size_t i = 0; i < res->nowners; i++)
+        json_add_int(owners, res->owners[i].hostname, (long long)res->owners[i].shards);
+    return j;
+}
+
+static int
+op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **ret,
+         struct esd_err *err)
+{
+    struct manifest m;
+    struct merge_opts o = { 0 };
+    struct merge_result res;
+    struct jsonl_limits lim;
+    struct pace pace = { env, 0, id == CMD_VERIFY ? 4 : 3 };
+    char *output = NULL;
+    int r;
+
+    if ((r = load_job(env, args, &m, err)) < 0)
+        return r;
+    limits_from(args, &lim);
+    o.lock_timeout = cmd_arg_num(args, O_LOCK_TIMEOUT, 0);
+    o.limits = &lim;
+    o.progress = merge_progress;
+    o.progress_ctx = &pace;
+    o.cancel = env->cancel;
+    if (id == CMD_VERIFY) {
+        long long want = cmd_arg_num(args, O_EXPECT_NODES, 0);
+
+        r = merge_verify(&m, &o, &res, err);
+        manifest_free(&m);
+        if (r < 0)
+            return r;
+        if (want > 0 && res.nowners < (size_t)want) {
+            r = err_set(err, -EINVAL, "Only %zu node(s) completed shards; expected at least %lld",
+                        res.nowners, want);
+            merge_result_free(&res);
+            return r;
+        }
+        *ret = merge_json(&res, NULL);
+        json_add_bool(*ret, "merged_output_checked", res.checked_output);
+        merge_result_free(&res);
+        return 0;
+    }
+    if (cmd_arg_str(args, O_OUTPUT)) {
+        r = path_arg(env, args, O_OUTPUT, &output, err);
+    } else {
+        char *dflt = fs_join(m.job_dir, "merged.jsonl");
+
+        r = fs_resolve_cli(dflt, &output, err);
+        free(dflt);
+    }
+    if (r == 0 && env->confined && !fs_is_inside(m.job_dir, output))
+        r = err_set(err, -EACCES, "output %s is outside the job directory %s; through esd a "
+                    "merge writes only inside it (esctl merge --local writes anywhere you may)",
+                    output, m.job_dir);
+    if (r < 0) {
+        free(output);
+        manifest_free(&m);
+        return r;
+    }
+    o.output = output;
+    o.overwrite = cmd_arg_flag(args, O_OVERWRITE);
+    r = merge_run(&m, &o, &res, err);
+    manifest_free(&m);
+    if (r == 0) {
+        *ret = merge_json(&res, output);
+        merge_result_free(&res);
+    }
+    free(output);
+    return r;
+}
+
+/* The attempt number of an attempt directory's name "NNNN-<uuid>", or -1. */
+static long
+attempt_number(const char *name)
+{
+    char *end;
+    long n;
+
+    if (name[0] < '0' || name[0] > '9')
+        return -1;
+    n = strtol(name, &end, 10);
+    return *end == '-' && n >= 0 && n < LONG_MAX ? n : -1;
+}
+
+int
+op_latest_log(const char *job_dir, const char *shard, char **ret_path, struct esd_err *err)
+{
+    char *rel, *dir = NULL, *best = NULL;
+    long best_n = -1;
+    struct dirent *de;
+    DIR *d;
+    int r;
+
+    *ret_path = NULL;
+    if (!*shard || strchr(shard, '/') || !strcmp(shard, ".") || !strcmp(shard, ".."))
+        return err_set(err, -EINVAL, "not a shard id: %s", shard);
+    rel = xasprintf("attempts/%s", shard);
+    r = fs_join_inside(job_dir, rel, &dir, err);
+    free(rel);
+    if (r < 0)
+        return r;
+    if (!(d = opendir(dir))) {
+        r = errno == ENOENT ? err_set(err, -ENOENT, "shard %s of %s has no attempt yet", shard,
+                                      job_dir)
+                            : err_sys(err, -errno, "cannot read %s", dir);
+        free(dir);
+        return r;
+    }
+    while ((de = readdir(d))) {
+        long n = attempt_number(de->d_name);
+
+        if (n > best_n) {
+            best_n = n;
+            free(best);
+            best = xstrdup(de->d_name);
+        }
+    }
+    closedir(d);
+    if (!best) {
+        r = err_set(err, -ENOENT, "shard %s of %s has no attempt yet", shard, job_dir);
+        free(dir);
+        return r;
+    }
+    *ret_path = xasprintf("%s/%s/process.log", dir, best);
+    free(best);
+    free(dir);
+    return 0;
+}
+
+static void
+emit_data(const struct op_env *env, const char *p, size_t n)
+{
+    struct buf b;
+    cJSON *ev;
+
+    buf_init(&b);
+    jsonl_utf8_clean(p, n, &b);
+    ev = cJSON_CreateObject();
+    cJSON_AddItemToObject(ev, "data", cJSON_CreateString(b.p ? b.p : ""));
+    buf_free(&b);
+    emit(env, ev);
+}
+
+/* Sends fd's bytes from *pos on, whole lines (a line longer than a chunk
+ * in pieces); an unterminated last line only when flush_partial. */
+static int
+send_from(const struct op_env *env, int fd, off_t *pos, bool flush_partial)
+{
+    char *buf = xmalloc(LOG_CHUNK);
+    int r = 0;
+
+    while (!(env->cancel && *env->cancel)) {
+        ssize_t n = pread(fd, buf, LOG_CHUNK, *pos);
+        size_t cut;
+        char *nl;
+
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            r = -errno;
+            break;
+        }
+        if (n == 0)
+            break;
+        nl = memrchr(buf, '\n', (size_t)n);
+        if (nl)
+            cut = (size_t)(nl - buf) + 1;
+        else if (n == LOG_CHUNK || flush_partial)
+            cut = (size_t)n;
+        else
+            break;
+        emit_data(env, buf, cut);
+        *pos += (off_t)cut;
+    }
+    free(buf);
+    return r;
+}
+
+/* The offset where the last `lines` lines of fd (size bytes) begin. */
+static off_t
+tail_offset(int fd, off_t size, long long lines)
+{
+    char buf[65536];
+    off_t end = size;
+    long long seen = 0;
+
+    while (end > 0) {
+        off_t start = end > (off_t)sizeof(buf) ? end - (off_t)sizeof(buf) : 0;
+        ssize_t n = pread(fd, buf, (size_t)(end - start), start);
+
+        if (n <= 0)
+            return 0;
+        for (ssize_t i = n - 1; i >= 0; i--) {
+            /* The newline ending the file does not begin a line. */
+            if (buf[i] == '\n' && start + i != size - 1 && ++seen == lines)
+                return start + i + 1;
+        }
+        end = start;
+    }
+    return 0;
+}
+
+static int
+op_logs(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err *err)
+{
+    const char *shard = cmd_arg_str(args, O_SHARD);
+    struct manifest m;
+    char *path = NULL;
+    struct stat st;
+    off_t pos = 0;
+    int fd, r;
+
+    if (!shard)
+        return err_set(err, -EINVAL, "logs reads a shard's process.log: give --shard ID");
+    if ((r = load_job(env, args, &m, err)) < 0)
+        return r;
+    if (manifest_find(&m, shard) < 0) {
+        r = err_set(err, -ENOENT, "job %s has no shard %s", m.job_dir, shard);
+        manifest_free(&m);
+        return r;
+    }
+    r = op_latest_log(m.job_dir, shard, &path, err);
+    manifest_free(&m);
+    if (r < 0)
+        return r;
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        r = err_sys(err, -errno, "cannot open %s", path);
+        free(path);
+        return r;
+    }
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+        r = err_set(err, -EINVAL, "%s is not a regular file", path);
+        goto out;
+    }
+    if (cmd_arg_has(args, O_LINES))
+        pos = tail_offset(fd, st.st_size, cmd_arg_num(args, O_LINES, 0));
+    if ((r = send_from(env, fd, &pos, !cmd_arg_flag(args, O_FOLLOW))) < 0) {
+        err_sys(err, r, "cannot read %s", path);
+        goto out;
+    }
+    while (cmd_arg_flag(args, O_FOLLOW) && !(env->cancel && *env->cancel)) {
+        struct timespec ts = { 0, FOLLOW_POLL_NS };
+
+        nanosleep(&ts, NULL);
+        if ((r = send_from(env, fd, &pos, false)) < 0) {
+            err_sys(err, r, "cannot read %s", path);
+            goto out;
+        }
+    }
+    *ret = cJSON_CreateObject();
+    json_add_str(*ret, "path", path);
+    json_add_int(*ret, "offset", (long long)pos);
+    r = 0;
+out:
+    close(fd);
+    free(path);
+    return r;
+}
+
+int
+op_run(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **ret,
+       struct esd_err *err)
+{
+    *ret = NULL;
+    switch (id) {
+    case CMD_PREPARE:
+        return op_prepare(args, env, ret, err);
+    case CMD_STATUS:
+        return op_status(args, env, ret, err);
+    case CMD_RETRY:
+        return op_retry(args, env, ret, err);
+    case CMD_MERGE:
+    case CMD_VERIFY:
+        return op_merge(id, args, env, ret, err);
+    case CMD_LOGS:
+        return op_logs(args, env, ret, err);
+    default:
+        return err_set(err, -EINVAL, "%s is not a job-directory operation", cmd_table[id].name);
+    }
+}
+
+int
+op_status_exit(const cJSON *result)
+{
+    const cJSON *counts = cJSON_GetObjectItemCaseSensitive(result, "counts");
+    long long failed = 0;
+
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(result, "complete")))
+        return 0;
+    json_get_int(counts, "failed", &failed);
+    return failed ? 2 : 1;
+}

@@ -1,0 +1,327 @@
+/*
+ * call: runs a parsed command line. The options that have a request key
+ * become the request's arguments (paths made absolute); the command then
+ * runs in-process (common/ops.c) with --local or when it has no daemon
+ * side, otherwise through esd, falling back to in-process for commands
+ * that only read a job directory when esd cannot be reached. Events and
+ * results are shown by ctl/render.c whichever ran the command.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "esctl.h"
+#include "fsutil.h"
+#include "json.h"
+#include "ops.h"
+#include "proto.h"
+
+#define PLAIN_TIMEOUT 30.0 /* seconds for a command that is not CMDF_LONG */
+
+/* Set by SIGINT, SIGTERM and SIGHUP: operations and loops stop cleanly. */
+static volatile sig_atomic_t interrupted;
+
+static void
+on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static void
+catch_signals(void)
+{
+    struct sigaction sa;
+
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+bool
+call_interrupted(void)
+{
+    return interrupted != 0;
+}
+
+static void
+event_cb(void *ctx, cJSON *ev)
+{
+    render_event(ctx, ev);
+}
+
+/*
+ * The request arguments of c: every option given that has a key, paths
+ * made absolute (esd refuses relative ones: its working directory is not
+ * the caller's). *ret is the object (caller frees).
+ */
+static int
+build_args(const struct call *c, cJSON **ret, struct esd_err *err)
+{
+    cJSON *a = cJSON_CreateObject(), *v;
+    char *abs;
+    int r;
+
+    for (int o = 0; o < O__COUNT; o++) {
+        const struct opt_def *d = &cmd_opts[o];
+
+        if (!c->set[o] || !d->key)
+            continue;
+        switch (d->kind) {
+        case K_FLAG:
+            json_add_bool(a, d->key, true);
+            break;
+        case K_STR:
+            if (!d->path) {
+                json_add_str(a, d->key, c->str[o]);
+                break;
+            }
+            if ((r = fs_resolve_cli(c->str[o], &abs, err)) < 0) {
+                cJSON_Delete(a);
+                return r;
+            }
+            json_add_str(a, d->key, abs);
+            free(abs);
+            break;
+        case K_STRV:
+            v = cJSON_AddArrayToObject(a, d->key);
+            for (size_t i = 0; i < c->multi[o].n; i++) {
+                if (!d->path) {
+                    cJSON_AddItemToArray(v, cJSON_CreateString(c->multi[o].v[i]));
+                    continue;
+                }
+                if ((r = fs_resolve_cli(c->multi[o].v[i], &abs, err)) < 0) {
+                    cJSON_Delete(a);
+                    return r;
+                }
+                cJSON_AddItemToArray(v, cJSON_CreateString(abs));
+                free(abs);
+            }
+            break;
+        case K_POSITIVE:
+        case K_NONNEG:
+            /* A plain number: cmd_arg_num() reads those (json_add_int
+             * would make a raw node). */
+            cJSON_AddNumberToObject(a, d->key, (double)c->num[o]);
+            break;
+        }
+    }
+    *ret = a;
+    return 0;
+}
+
+/* A failed operation: its PROTO_E_* code and message. */
+struct failure {
+    char code[32];
+    struct esd_err err;
+};
+
+/* Runs id in-process. Returns 0 (*ret result), or 1 (f says why). */
+static int
+run_local(struct call *c, enum cmd_id id, const cJSON *args, cJSON **ret, struct failure *f)
+{
+    struct op_env env = { .event = event_cb, .ctx = c, .cancel = &interrupted };
+    int r;
+
+    r = op_run(id, args, &env, ret, &f->err);
+    out_progress_end(c);
+    if (r == 0)
+        return 0;
+    snprintf(f->code, sizeof(f->code), "%s",
+             r == -EACCES || r == -EPERM ? PROTO_E_DENIED : PROTO_E_FAILED);
+    return 1;
+}
+
+/*
+ * Runs id through esd. Returns 0 (*ret result), 1 (esd answered with an
+ * error: f), or client_call's negative errno (f->err says why).
+ */
+static int
+run_daemon(struct call *c, enum cmd_id id, const cJSON *args, cJSON **ret, struct failure *f)
+{
+    struct op_env env = { .event = event_cb, .ctx = c, .cancel = &interrupted };
+    bool long_op = (cmd_table[id].flags & CMDF_LONG) ||
+                   (id == CMD_LOGS && cmd_arg_flag(args, O_FOLLOW));
+    cJSON *reply = NULL, *e;
+    const char *code, *msg;
+    int r;
+
+    r = client_call(c, cmd_table[id].name, args, long_op ? 0 : PLAIN_TIMEOUT, &env, &reply,
+                    &f->err);
+    out_progress_end(c);
+    if (r < 0)
+        return r;
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply, "ok"))) {
+        *ret = cJSON_DetachItemFromObjectCaseSensitive(reply, "result");
+        if (!*ret)
+            *ret = cJSON_CreateObject();
+        cJSON_Delete(reply);
+        return 0;
+    }
+    e = cJSON_GetObjectItemCaseSensitive(reply, "error");
+    code = json_get_str(e, "code");
+    msg = json_get_str(e, "message");
+    snprintf(f->code, sizeof(f->code), "%s", code ? code : PROTO_E_INTERNAL);
+    err_set(&f->err, -EREMOTEIO, "%s", msg ? msg : "esd refused the request without a reason");
+    cJSON_Delete(reply);
+    return 1;
+}
+
+/* connect(2) failed in a way that means "no esd for this user here". */
+static bool
+unreachable(int r)
+{
+    return r == -ENOENT || r == -ECONNREFUSED || r == -EACCES;
+}
+
+/* esd could not be reached or talked to (r from client_call). */
+static int
+daemon_failed(const struct call *c, int r, const struct esd_err *err)
+{
+    const char *path = client_socket_path(c);
+    const struct cmd_def *cmd = c->cmd;
+    char msg[ESD_ERR_MAX + 256];
+
+    if (r == -ECANCELED) {
+        out_error("interrupted%s", cmd->flags & CMDF_CHILD ? "; esd stops the operation" : "");
+        return EXIT_INTERRUPTED;
+    }
+    if (r == -EACCES) {
+        snprintf(msg, sizeof(msg),
+                 "permission denied on esd's control socket %s: only members of its group "
+                 "(socket_group in esd.yaml) may connect%s",
+                 path, cmd->flags & CMDF_LOCAL ? "; --local works on the job directory directly"
+                                               : "");
+        return render_error(c, PROTO_E_DENIED, msg, EXIT_DENIED);
+    }
+    if (unreachable(r) && (cmd->flags & CMDF_LOCAL))
+        snprintf(msg, sizeof(msg), "%s; pass --local to run %s in-process on the job directory",
+                 err->msg, cmd->name);
+    else
+        snprintf(msg, sizeof(msg), "%s", err->msg);
+    return render_error(c, "unreachable", msg, EXIT_UNREACHABLE);
+}
+
+int
+call_do(struct call *c, enum cmd_id id, const cJSON *args, bool *local, cJSON **ret_result)
+{
+    const struct cmd_def *cmd = &cmd_table[id];
+    struct failure f = { "", { 0, "" } };
+    int r;
+
+    *ret_result = NULL;
+    if (*local) {
+        r = run_local(c, id, args, ret_result, &f);
+    } else {
+        r = run_daemon(c, id, args, ret_result, &f);
+        if (r < 0 && unreachable(r) && (cmd->flags & CMDF_FALLBACK) &&
+            cmd_arg_has(args, O_JOB_DIR)) {
+            fprintf(stderr, "esctl: esd is not reachable at %s (%s); reading the job directory "
+                            "directly\n",
+                    client_socket_path(c), strerror(-r));
+            *local = true;
+            r = run_local(c, id, args, ret_result, &f);
+        }
+    }
+    if (r == 0)
+        return EXIT_OK;
+    if (r > 0)
+        return render_error(c, f.code, f.err.msg, EXIT_ERROR);
+    return daemon_failed(c, r, &f.err);
+}
+
+/* version: esctl's own version even when esd cannot be reached. */
+static int
+run_version(struct call *c)
+{
+    struct failure f = { "", { 0, "" } };
+    cJSON *res = NULL;
+    char why[ESD_ERR_MAX + 64];
+    int r, rc;
+
+    r = run_daemon(c, CMD_VERSION, NULL, &res, &f);
+    if (r > 0)
+        return render_error(c, f.code, f.err.msg, EXIT_ERROR);
+    if (r == -ECANCELED)
+        return daemon_failed(c, r, &f.err);
+    if (r < 0) {
+        if (unreachable(r))
+            snprintf(why, sizeof(why), "%s (%s)", client_socket_path(c), strerror(-r));
+        else
+            snprintf(why, sizeof(why), "%s (%s)", client_socket_path(c), f.err.msg);
+        rc = render_version(c, NULL, why);
+        return r == -EACCES ? EXIT_DENIED : rc;
+    }
+    rc = render_version(c, res, NULL);
+    cJSON_Delete(res);
+    return rc;
+}
+
+int
+call_run(struct call *c)
+{
+    const struct cmd_def *cmd = c->cmd;
+    bool local = c->set[O_LOCAL] || !(cmd->flags & CMDF_DAEMON);
+    struct esd_err err;
+    cJSON *args = NULL, *res = NULL;
+    int rc;
+
+    if (local && !(cmd->flags & CMDF_LOCAL)) {
+        out_error("%s has no local mode: it asks esd", cmd->name);
+        return EXIT_ERROR;
+    }
+    switch (cmd->id) {
+    case CMD_COMPLETION:
+        return completion_print();
+    case CMD_WORKER:
+        return worker_run(c);
+    case CMD_LOGS:
+        if (!c->set[O_SHARD])
+            return journal_show(c);
+        break;
+    case CMD_STATUS:
+        if (local && !c->set[O_JOB_DIR]) {
+            out_error("status --local needs a job directory (without one, status asks esd)");
+            return EXIT_ERROR;
+        }
+        if (c->set[O_WATCH] && !c->set[O_JOB_DIR]) {
+            out_error("status --watch needs a job directory");
+            return EXIT_ERROR;
+        }
+        break;
+    default:
+        break;
+    }
+    catch_signals();
+    if (cmd->id == CMD_VERSION)
+        return run_version(c);
+    if (build_args(c, &args, &err) < 0) {
+        rc = render_error(c, PROTO_E_BAD_ARGS, err.msg, EXIT_ERROR);
+        return rc;
+    }
+    if (cmd->id == CMD_STATUS && c->set[O_WATCH]) {
+        cJSON_DeleteItemFromObjectCaseSensitive(args, "watch");
+        rc = watch_status(c, args, local);
+        cJSON_Delete(args);
+        return rc;
+    }
+    if (cmd->id == CMD_DRAIN)
+        cJSON_DeleteItemFromObjectCaseSensitive(args, "wait");
+    rc = call_do(c, cmd->id, args, &local, &res);
+    if (rc == EXIT_OK) {
+        rc = render_result(c, cmd->id, args, res);
+        if (rc == EXIT_OK && cmd->id == CMD_DRAIN && c->set[O_WAIT])
+            rc = watch_drain(c, res);
+        /* logs --follow ends when interrupted, with its result */
+        if (rc == EXIT_OK && call_interrupted())
+            rc = EXIT_INTERRUPTED;
+    }
+    cJSON_Delete(res);
+    cJSON_Delete(args);
+    return rc;
+}

@@ -1,0 +1,493 @@
+/*
+ * render: one renderer per command turns its result into what a person
+ * reads; the result is the same JSON whether esd or esctl itself ran the
+ * command, so both look alike. --json prints the result object instead.
+ * The texts of prepare, status, retry, merge and verify are the
+ * reference's (shard_job.py), which scripts may read.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "esctl.h"
+#include "json.h"
+#include "ops.h"
+#include "proto.h"
+#include "status.h"
+
+static long long
+num(const cJSON *o, const char *key)
+{
+    long long v = 0;
+
+    json_get_int(o, key, &v);
+    return v;
+}
+
+static const char *
+str(const cJSON *o, const char *key)
+{
+    const char *s = json_get_str(o, key);
+
+    return s ? s : "";
+}
+
+static bool
+flag(const cJSON *o, const char *key)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+static int
+cmp_member(const void *a, const void *b)
+{
+    return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
+}
+
+/* The named members of object o in byte order of their names; the caller
+ * frees the array (not the members). */
+static const cJSON **
+sorted_members(const cJSON *o, size_t *ret_n)
+{
+    const cJSON **v = xcalloc((size_t)cJSON_GetArraySize(o) + 1, sizeof(*v));
+    const cJSON *m;
+    size_t n = 0;
+
+    cJSON_ArrayForEach(m, o)
+    {
+        if (m->string)
+            v[n++] = m;
+    }
+    qsort(v, n, sizeof(*v), cmp_member);
+    *ret_n = n;
+    return v;
+}
+
+/* ---- commands on a job directory ---- */
+
+static int
+render_prepare(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const cJSON *w;
+
+    if (flag(res, "unchanged")) {
+        printf("Job is already prepared and unchanged: %s\n", str(res, "job_dir"));
+        return EXIT_OK;
+    }
+    printf("Prepared %lld shards from %lld records (%lld normalized bytes) in %s\n",
+           num(res, "num_shards"), num(res, "rows"), num(res, "normalized_bytes"),
+           str(res, "job_dir"));
+    /* As the reference: the warnings of a fresh prepare only. */
+    fflush(stdout);
+    cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(res, "warnings"))
+    {
+        if (cJSON_IsString(w))
+            out_warning("%s", w->valuestring);
+    }
+    return EXIT_OK;
+}
+
+static void
+nodes_table(struct call *c, const cJSON *nodes)
+{
+    size_t n;
+    const cJSON **v = sorted_members(nodes, &n);
+    struct table t;
+
+    table_init(&t, 4);
+    table_add(&t, NULL, "NODE", "DONE", "RUNNING", "STALE");
+    for (size_t i = 0; i < n; i++) {
+        char d[24], r[24], s[24];
+
+        snprintf(d, sizeof(d), "%lld", num(v[i], "done"));
+        snprintf(r, sizeof(r), "%lld", num(v[i], "running"));
+        snprintf(s, sizeof(s), "%lld", num(v[i], "stale"));
+        table_add(&t, NULL, v[i]->string, d, r, s);
+    }
+    if (t.nrows > 1) {
+        putchar('\n');
+        table_print(c, &t);
+    }
+    table_free(&t);
+    free(v);
+}
+
+static void
+shards_table(struct call *c, const cJSON *args, const cJSON *res)
+{
+    bool all = cmd_arg_flag(args, O_ALL);
+    const cJSON *x;
+    struct table t;
+
+    table_init(&t, 6);
+    table_add(&t, NULL, "SHARD", "STATE", "ROWS", "OWNER", "LOCK AGE", "ERROR");
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))
+    {
+        const char *state = str(x, "status"), *owner = json_get_str(x, "owner");
+        const char *error = json_get_str(x, "error");
+        bool bad_meta = flag(x, "metadata_error");
+        char rows[32], age[32] = "", who[320] = "";
+        double secs;
+        long long pid;
+
+        /* Without --all only the shards that need attention. */
+        if (!all && strcmp(state, "running") && strcmp(state, "stale") &&
+            strcmp(state, "failed") && !bad_meta)
+            continue;
+        snprintf(rows, sizeof(rows), "%lld", num(x, "rows"));
+        if (json_get_num(x, "lock_age_secs", &secs) == 0)
+            fmt_duration(secs, age);
+        if (owner && json_get_int(x, "pid", &pid) == 0)
+            snprintf(who, sizeof(who), "%s:%lld", owner, pid);
+        else if (owner)
+            snprintf(who, sizeof(who), "%s", owner);
+        table_add(&t, out_color(c, state), str(x, "shard_id"), state, rows, who, age,
+                  bad_meta ? "unreadable metadata" : error ? error : "");
+    }
+    if (t.nrows > 1) {
+        putchar('\n');
+        table_print(c, &t);
+    }
+    table_free(&t);
+}
+
+static int
+render_job_status(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const cJSON *counts = cJSON_GetObjectItemCaseSensitive(res, "counts");
+    struct buf b;
+
+    buf_init(&b);
+    for (int k = 0; k < ST__COUNT; k++)
+        buf_printf(&b, "%s%s=%lld", k ? " " : "", status_state_name[k],
+                   num(counts, status_state_name[k]));
+    printf("Job %s: executor=ray ray_address=%s total=%lld %s\n", str(res, "job_id"),
+           str(res, "ray_address"), num(res, "total"), b.p);
+    buf_free(&b);
+    printf("  %lld of %lld shards done, %lld of %lld input rows%s\n", num(counts, "done"),
+           num(res, "total"), num(res, "rows_done"), num(res, "total_rows"),
+           flag(res, "complete")   ? "; complete"
+           : flag(res, "terminal") ? "; terminal with failures"
+                                   : "");
+    nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
+    shards_table(c, args, res);
+    return op_status_exit(res);
+}
+
+static int
+render_daemon_status(struct call *c, const cJSON *res)
+{
+    const cJSON *ray = cJSON_GetObjectItemCaseSensitive(res, "ray"), *x;
+    struct table t;
+
+    printf("esd %s on node %s (pid %lld): %s, %lld/%lld slots busy, ray %s%s%s\n",
+           str(res, "version"), str(res, "node"), num(res, "pid"), str(res, "state"),
+           num(res, "busy"), num(res, "slots"), str(ray, "state"),
+           json_get_str(ray, "address") ? " at " : "", str(ray, "address"));
+    table_init(&t, 5);
+    table_add(&t, NULL, "JOB", "STATE", "DONE", "HERE", "DIRECTORY / ERROR");
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "jobs"))
+    {
+        const char *err = json_get_str(x, "error");
+        const char *id = json_get_str(x, "job_id");
+        char d[64], h[64];
+
+        if (!err)
+            err = json_get_str(x, "load_error");
+        snprintf(d, sizeof(d), "%lld/%lld", num(x, "done"), num(x, "shards"));
+        snprintf(h, sizeof(h), "%lld done, %lld running", num(x, "done_here"),
+                 num(x, "running_here"));
+        table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"),
+                  d, h, err ? err : str(x, "job_dir"));
+    }
+    if (t.nrows > 1) {
+        putchar('\n');
+        table_print(c, &t);
+    }
+    table_free(&t);
+    return EXIT_OK;
+}
+
+static int
+render_status(struct call *c, const cJSON *args, const cJSON *res)
+{
+    if (cmd_arg_has(args, O_JOB_DIR))
+        return render_job_status(c, args, res);
+    return render_daemon_status(c, res);
+}
+
+static int
+render_retry(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(res, "requeued"), *id;
+
+    if (cJSON_GetArraySize(ids) == 0)
+        printf("No failed shards selected\n");
+    cJSON_ArrayForEach(id, ids)
+    {
+        if (cJSON_IsString(id))
+            printf("Requeued %s\n", id->valuestring);
+    }
+    return EXIT_OK;
+}
+
+static int
+render_merge(struct call *c, const cJSON *args, const cJSON *res)
+{
+    printf("Merged %lld shards and %lld rows into %s\n", num(res, "num_shards"),
+           num(res, "rows"), str(res, "output_path"));
+    return EXIT_OK;
+}
+
+static int
+render_verify(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(res, "owners");
+    size_t n;
+    const cJSON **owners = sorted_members(o, &n);
+
+    printf("Shard owners:\n");
+    for (size_t i = 0; i < n; i++)
+        printf("  %s: %lld shard(s)\n", owners[i]->string, num(o, owners[i]->string));
+    printf("PASS: %lld shards were completed by %zu node(s); %lld rows, sha256 %s%s\n",
+           num(res, "num_shards"), n, num(res, "rows"), str(res, "sha256"),
+           flag(res, "merged_output_checked") ? "; merged output matches merge.json" : "");
+    free(owners);
+    return EXIT_OK;
+}
+
+/* ---- commands of the daemon ---- */
+
+static int
+render_ping(struct call *c, const cJSON *args, const cJSON *res)
+{
+    printf("esd %s on node %s (pid %lld) at %s\n", str(res, "version"), str(res, "node"),
+           num(res, "pid"), client_socket_path(c));
+    return EXIT_OK;
+}
+
+static int
+render_submit(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const cJSON *prepared = cJSON_GetObjectItemCaseSensitive(res, "prepared");
+
+    if (cJSON_IsObject(prepared))
+        render_prepare(c, args, prepared);
+    printf("Submitted %s (key %s) \xe2\x86\x92 output %s\n", str(res, "job_dir"),
+           str(res, "key"), str(res, "output"));
+    return EXIT_OK;
+}
+
+static int
+render_list(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const cJSON *x;
+    struct table t;
+
+    table_init(&t, 6);
+    table_add(&t, NULL, "JOB", "STATE", "DONE/TOTAL", "ROWS/S", "ETA", "DIRECTORY");
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "jobs"))
+    {
+        const char *id = json_get_str(x, "job_id");
+        char done[64], rate[32] = "-", eta[32] = "-";
+        double v;
+
+        snprintf(done, sizeof(done), "%lld/%lld", num(x, "done"), num(x, "shards"));
+        if (json_get_num(x, "rows_per_sec", &v) == 0)
+            out_count(v, rate);
+        if (json_get_num(x, "eta_secs", &v) == 0)
+            fmt_duration(v, eta);
+        table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"),
+                  done, rate, eta, str(x, "job_dir"));
+    }
+    if (t.nrows > 1)
+        table_print(c, &t);
+    else
+        printf("No jobs on this node\n");
+    table_free(&t);
+    return EXIT_OK;
+}
+
+static int
+render_cancel(struct call *c, const cJSON *args, const cJSON *res)
+{
+    printf("Cancelled %s %s (state %s)\n", str(res, "job_dir"),
+           flag(res, "everywhere") ? "on every node" : "on this node", str(res, "state"));
+    return EXIT_OK;
+}
+
+static int
+render_drain(struct call *c, const cJSON *args, const cJSON *res)
+{
+    printf("draining: %lld attempt(s) running\n", num(res, "busy"));
+    return EXIT_OK;
+}
+
+static int
+render_resume(struct call *c, const cJSON *args, const cJSON *res)
+{
+    printf("resumed\n");
+    return EXIT_OK;
+}
+
+/* "key: value" lines, nested objects as "section.key: value". */
+static void
+config_lines(const char *prefix, const cJSON *o)
+{
+    size_t n;
+    const cJSON **v = sorted_members(o, &n);
+
+    for (size_t i = 0; i < n; i++) {
+        const cJSON *m = v[i];
+        char *name = *prefix ? xasprintf("%s.%s", prefix, m->string) : xstrdup(m->string);
+
+        if (cJSON_IsObject(m)) {
+            config_lines(name, m);
+        } else if (cJSON_IsString(m)) {
+            printf("%s: %s\n", name, m->valuestring);
+        } else {
+            struct buf b;
+
+            buf_init(&b);
+            json_dump(m, JSON_COMPACT, &b);
+            printf("%s: %.*s\n", name, (int)b.len, b.p ? b.p : "");
+            buf_free(&b);
+        }
+        free(name);
+    }
+    free(v);
+}
+
+static int
+render_config(struct call *c, const cJSON *args, const cJSON *res)
+{
+    config_lines("", res);
+    return EXIT_OK;
+}
+
+static int
+render_nothing(struct call *c, const cJSON *args, const cJSON *res)
+{
+    return EXIT_OK;
+}
+
+/* One renderer per command; version, worker and completion print for
+ * themselves (render_version, ctl/worker.c, ctl/completion.c). */
+static int (*const renderers[CMD__COUNT])(struct call *, const cJSON *, const cJSON *) = {
+    [CMD_PING] = render_ping,       [CMD_VERSION] = render_nothing,
+    [CMD_SUBMIT] = render_submit,   [CMD_LIST] = render_list,
+    [CMD_STATUS] = render_status,   [CMD_PREPARE] = render_prepare,
+    [CMD_RETRY] = render_retry,     [CMD_MERGE] = render_merge,
+    [CMD_VERIFY] = render_verify,   [CMD_CANCEL] = render_cancel,
+    [CMD_DRAIN] = render_drain,     [CMD_RESUME] = render_resume,
+    [CMD_LOGS] = render_nothing,    [CMD_CONFIG] = render_config,
+    [CMD_WORKER] = render_nothing,  [CMD_COMPLETION] = render_nothing,
+};
+
+int
+render_result(struct call *c, enum cmd_id id, const cJSON *args, const cJSON *result)
+{
+    int rc;
+
+    /* logs' text went out as its events; its result is only where it read */
+    if (id == CMD_LOGS)
+        return EXIT_OK;
+    if (!c->json) {
+        rc = renderers[id](c, args, result);
+        fflush(stdout);
+        return rc;
+    }
+    out_json(result);
+    fflush(stdout);
+    return id == CMD_STATUS && cmd_arg_has(args, O_JOB_DIR) ? op_status_exit(result) : EXIT_OK;
+}
+
+int
+render_error(const struct call *c, const char *code, const char *message, int exit_code)
+{
+    out_error("%s", message);
+    if (c->json) {
+        cJSON *j = cJSON_CreateObject();
+
+        json_add_bool(j, "ok", false);
+        json_add_str(j, "code", code);
+        json_add_str(j, "error", message);
+        out_json(j);
+        cJSON_Delete(j);
+        fflush(stdout);
+    }
+    return !strcmp(code, PROTO_E_DENIED) ? EXIT_DENIED : exit_code;
+}
+
+void
+render_event(struct call *c, cJSON *ev)
+{
+    const char *data = json_get_str(ev, "data"), *phase = json_get_str(ev, "phase");
+    double elapsed = 0;
+
+    if (data) {
+        fputs(data, stdout);
+        fflush(stdout);
+    } else if (phase) {
+        json_get_num(ev, "elapsed", &elapsed);
+        out_progress(c, phase, (uint64_t)num(ev, "bytes_done"), (uint64_t)num(ev, "bytes_total"),
+                     (uint64_t)num(ev, "rows"), elapsed, false);
+    }
+    cJSON_Delete(ev);
+}
+
+int
+render_version(struct call *c, const cJSON *result, const char *why)
+{
+    if (c->json) {
+        cJSON *j = cJSON_CreateObject(), *me = cJSON_AddObjectToObject(j, "esctl");
+
+        json_add_str(me, "version", ESD_VERSION);
+        json_add_int(me, "protocol", PROTO_VERSION);
+        if (result)
+            cJSON_AddItemToObject(j, "esd", cJSON_Duplicate(result, true));
+        else
+            cJSON_AddNullToObject(j, "esd");
+        if (why) {
+            char *msg = xasprintf("esd is not reachable at %s", why);
+
+            json_add_str(j, "error", msg);
+            free(msg);
+        }
+        out_json(j);
+        cJSON_Delete(j);
+    } else {
+        printf("esctl %s (protocol %d)\n", ESD_VERSION, PROTO_VERSION);
+        if (result)
+            printf("esd %s (protocol %lld) on node %s at %s\n", str(result, "version"),
+                   num(result, "protocol"), str(result, "node"), client_socket_path(c));
+        else
+            printf("esd: not reachable at %s\n", why);
+    }
+    fflush(stdout);
+    return result ? EXIT_OK : EXIT_UNREACHABLE;
+}
+
+void
+render_status_line(const struct call *c, const cJSON *res)
+{
+    const cJSON *counts = cJSON_GetObjectItemCaseSensitive(res, "counts");
+    long long total = num(res, "total"), done = num(counts, "done");
+    char rows[32];
+
+    out_count((double)num(res, "rows_done"), rows);
+    if (c->tty_out) {
+        int width = 40, fill = total > 0 ? (int)(done * width / total) : 0;
+
+        printf("[%.*s%.*s] %lld/%lld shards, %s rows\n", fill,
+               "########################################", width - fill,
+               "........................................", done, total, rows);
+    } else {
+        char now[40];
+
+        time_iso_now(now, NULL);
+        printf("%s %s: %lld/%lld shards done, running=%lld stale=%lld failed=%lld, %s rows\n",
+               now, str(res, "job_id"), done, total, num(counts, "running"),
+               num(counts, "stale"), num(counts, "failed"), rows);
+    }
+}

@@ -1,0 +1,124 @@
+/*
+ * watch: the loops that repeat a request on the client's side: status
+ * --watch redraws a job's status every 2 seconds until the job is
+ * terminal, drain --wait polls esd's status every second until nothing
+ * runs on the node. Both keep to a monotonic schedule and end at once on
+ * Ctrl-C (exit status 130).
+ */
+#include <poll.h>
+#include <stdio.h>
+
+#include "esctl.h"
+#include "json.h"
+#include "ops.h"
+
+#define WATCH_SECS 2.0
+#define DRAIN_POLL_SECS 1.0
+
+/* Waits until the monotonic time at; false when interrupted. */
+static bool
+wait_until(double at)
+{
+    double left;
+
+    while (!call_interrupted() && (left = at - time_mono()) > 0)
+        poll(NULL, 0, (int)(left * 1000) + 1);
+    return !call_interrupted();
+}
+
+static bool
+job_terminal(const cJSON *res)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "complete")) ||
+           cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "terminal"));
+}
+
+static void
+show_round(struct call *c, const cJSON *args, const cJSON *res)
+{
+    if (c->json) {
+        /* one compact document a line (JSON Lines), for scripts */
+        struct buf b;
+
+        buf_init(&b);
+        json_dump(res, JSON_COMPACT, &b);
+        printf("%.*s\n", (int)b.len, b.p ? b.p : "");
+        buf_free(&b);
+    } else if (c->tty_out) {
+        fputs("\033[H\033[J", stdout);
+        render_status_line(c, res);
+        render_result(c, CMD_STATUS, args, res);
+    } else {
+        render_status_line(c, res);
+    }
+    fflush(stdout);
+}
+
+int
+watch_status(struct call *c, const cJSON *args, bool local)
+{
+    double next = time_mono();
+
+    for (;;) {
+        cJSON *res = NULL;
+        int rc = call_do(c, CMD_STATUS, args, &local, &res);
+
+        if (rc != EXIT_OK)
+            return rc;
+        if (call_interrupted()) {
+            cJSON_Delete(res);
+            return EXIT_INTERRUPTED;
+        }
+        show_round(c, args, res);
+        if (job_terminal(res)) {
+            rc = op_status_exit(res);
+            cJSON_Delete(res);
+            return rc;
+        }
+        cJSON_Delete(res);
+        /* Keep to the schedule; after a slow round, start the next at once. */
+        next += WATCH_SECS;
+        if (next < time_mono())
+            next = time_mono();
+        if (!wait_until(next))
+            return EXIT_INTERRUPTED;
+    }
+}
+
+/* Nothing runs: no attempt ("busy"), and no merge ("merging", when esd
+ * reports it). */
+static bool
+drained(const cJSON *status)
+{
+    long long busy = 1, merging = 0;
+
+    json_get_int(status, "busy", &busy);
+    json_get_int(status, "merging", &merging);
+    return busy == 0 && merging == 0;
+}
+
+int
+watch_drain(struct call *c, const cJSON *drain_result)
+{
+    double next = time_mono();
+    bool local = false;
+    bool done = drained(drain_result);
+
+    while (!done) {
+        cJSON *res = NULL;
+        int rc;
+
+        next += DRAIN_POLL_SECS;
+        if (!wait_until(next))
+            return EXIT_INTERRUPTED;
+        if ((rc = call_do(c, CMD_STATUS, NULL, &local, &res)) != EXIT_OK)
+            return rc;
+        done = drained(res);
+        cJSON_Delete(res);
+    }
+    if (!c->json) {
+        printf("drained\n");
+        fflush(stdout);
+    }
+    return EXIT_OK;
+}
