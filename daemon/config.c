@@ -165,6 +165,11 @@ static const struct key keys[] = {
     { .name = "max_infra_failures", .type = KT_INT, .off = F(max_infra_failures), .def = "10",
       .min = 1, .max = 1000,
       .help = "infrastructure failures of one shard (lease lost, node down) before it fails" },
+    { .name = "metrics.path", .type = KT_PATH, .off = F(metrics_path),
+      .help = "a Prometheus textfile-collector file esd rewrites atomically (e.g. "
+              "/var/lib/prometheus/node-exporter/esd.prom); empty: no metrics" },
+    { .name = "metrics.interval_secs", .type = KT_INT, .off = F(metrics_interval_secs),
+      .def = "15", .min = 1, .max = 3600, .help = "how often the metrics file is rewritten" },
     { .name = "log.target", .type = KT_ENUM, .off = F(log_target), .def = "auto",
       .names = log_targets,
       .help = "auto: journald under systemd, stderr otherwise; journal; stderr" },

@@ -57,6 +57,8 @@ struct esd_conf {
     long drain_timeout_secs; /* drain_timeout_secs: default 60 */
     long max_infra_failures; /* max_infra_failures: default 10 */
     enum log_target log_target; /* log.target: auto (default), journal, stderr */
+    char *metrics_path;      /* metrics.path: textfile-collector file; NULL: none */
+    long metrics_interval_secs; /* metrics.interval_secs: default 15 */
     int log_level;           /* log.level: err, warning, notice, info (default), debug */
 };
 

@@ -22,6 +22,7 @@
 #include "jobs.h"
 #include "json.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "opchild.h"
 #include "proto.h"
@@ -147,6 +148,7 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
     jobs_reconfigure(next);
     sched_reconfigure(next);
     opchild_reconfigure(next);
+    metrics_reconfigure(next);
     ctl_reconfigure(next);
     log_set_level(next->log_level);
     M.conf = next;
@@ -265,6 +267,7 @@ main(int argc, char **argv)
     runner_init(M.loop, M.conf);
     finalize_init(M.loop, M.conf);
     opchild_init(M.loop, M.conf);
+    metrics_init(M.loop, M.conf);
     sched_init(M.loop, M.conf);
     ctl_set_status(sched_status_json);
     log_notice(NULL, "esd %s started: node %s, %ld slot(s), ray %s, state in %s, socket %s",
@@ -277,6 +280,7 @@ main(int argc, char **argv)
     log_notice(NULL, "stopped");
     ctl_fini();
     opchild_fini();
+    metrics_fini();
     sched_fini();
     finalize_fini();
     runner_fini();

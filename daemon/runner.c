@@ -19,6 +19,7 @@
 #include "fsutil.h"
 #include "json.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "ray.h"
 #include "spawn.h"
@@ -433,6 +434,7 @@ finish_child(struct run *r, int fd)
     json_add_bool(rep, "shard_done", fin.shard_done);
     json_add_bool(rep, "shard_failed", fin.shard_failed);
     json_add_int(rep, "rows", have_result ? (long long)res.rows : 0);
+    json_add_int(rep, "bytes", have_result ? (long long)res.size_bytes : 0);
     json_add_float(rep, "duration", out.duration);
     if (out.error)
         json_add_str(rep, "error", out.error);
@@ -454,7 +456,7 @@ run_report(struct run *r)
     const char *status = "", *error, *cls;
     bool ok = false, done = false, failed = false;
     double duration = time_mono() - r->started, dv;
-    long long rows = 0;
+    long long rows = 0, bytes = 0;
 
     if (WIFEXITED(r->fin_status) && WEXITSTATUS(r->fin_status) == 0 &&
         json_parse_object(r->fin_out.p ? r->fin_out.p : "", r->fin_out.len, "report", &rep,
@@ -464,6 +466,7 @@ run_report(struct run *r)
         json_get_bool(rep, "shard_done", &done);
         json_get_bool(rep, "shard_failed", &failed);
         json_get_int(rep, "rows", &rows);
+        json_get_int(rep, "bytes", &bytes);
         if (json_get_num(rep, "duration", &dv) == 0)
             duration = dv;
         error = json_get_str(rep, "error");
@@ -482,6 +485,7 @@ run_report(struct run *r)
             log_warning(&r->ctx, "%s: %s", status, error ? error : "");
         }
         snprintf(fin.status, sizeof(fin.status), "%s", status);
+        metrics_attempt(status, cls, duration, (uint64_t)rows, (uint64_t)bytes);
     } else {
         const char *why = rep ? json_get_str(rep, "finish_error") : NULL;
 

@@ -19,6 +19,7 @@
 #include "jobs.h"
 #include "json.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "proto.h"
 #include "ray.h"
@@ -154,6 +155,8 @@ fill(void)
         }
         S.rr = j;
         S.claims++;
+        if (cl.took_over)
+            metrics_takeover();
         if (cl.took_over)
             log_notice(&(struct log_ctx){ .job = j->m.job_id, .shard = cl.shard_id,
                                           .attempt = cl.attempt_number },
