@@ -178,6 +178,15 @@ $(FUZZ_BUILD)/%: tests/fuzz/%.c $(COMMON_SRC)
 	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -g -O1 -Icommon $(PKG_CFLAGS) \
 		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 		-o $@ $< $(COMMON_SRC) $(PKG_LIBS) -lm -pthread
+# fuzz_ctl drives the control server's dispatcher, so it has the daemon's
+# modules (all but main.c) and their libraries too.
+FUZZ_DAEMON_SRC := $(filter-out daemon/main.c,$(DAEMON_SRC))
+$(FUZZ_BUILD)/fuzz_ctl: tests/fuzz/fuzz_ctl.c $(COMMON_SRC) $(FUZZ_DAEMON_SRC)
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  FUZZ    $<")
+	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -g -O1 -Icommon -iquote daemon $(PKG_CFLAGS) $(SD_CFLAGS) \
+		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+		-o $@ $< $(COMMON_SRC) $(FUZZ_DAEMON_SRC) $(PKG_LIBS) $(DAEMON_LIBS) -lm -pthread
 fuzz-build: deps $(FUZZ_BINS)
 fuzz: fuzz-build
 	$(Q)for f in $(FUZZ_BINS); do \

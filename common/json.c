@@ -634,9 +634,9 @@ check_text(const char *s, size_t n, struct numtok *t, const char **why)
             in_str = true;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             /* The run cJSON takes for a number; all of it must be one. */
-            k = strspn(s + i, "0123456789+-.eE");
-            if (k > n - i)
-                k = n - i;
+            /* (bounded by n: the text need not end in a NUL) */
+            for (k = 0; i + k < n && strchr("0123456789+-.eE", s[i + k]) && s[i + k]; k++)
+                ;
             if (number_len(s + i, k) != k) {
                 *why = "invalid number";
                 return i + 1;

@@ -241,26 +241,25 @@ collect_owners(struct ctx *c, struct merge_result *res)
         qsort(res->owners, res->nowners, sizeof(*res->owners), cmp_owner);
 }
 
-/* Steps 1 and 2 of spec §11, before anything is created: completeness,
- * then (merge only) an existing output. */
-/* An output inside the job's own files (shards, attempts, state, metadata)
- * would destroy what it is made from. out is resolved, like job_dir. */
-static bool
-output_clobbers_job(const struct manifest *m, const char *out)
+bool
+merge_output_clobbers(const char *job_dir, const char *out)
 {
     static const char *const owned[] = { "shards", "attempts", "state", "cache",
                                          "manifest.json", "recipe.yaml", "merge.json" };
 
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
-        char *p = fs_join(m->job_dir, owned[i]);
+        char *p = fs_join(job_dir, owned[i]);
         bool in = fs_is_inside(p, out);
 
         free(p);
         if (in)
             return true;
     }
-    return strcmp(out, m->job_dir) == 0;
+    return strcmp(out, job_dir) == 0;
 }
+
+/* Steps 1 and 2 of spec §11, before anything is created: completeness,
+ * then (merge only) an existing output. */
 
 static int
 check_ready(struct ctx *c, struct esd_err *err)
@@ -281,7 +280,7 @@ check_ready(struct ctx *c, struct esd_err *err)
         return r;
     }
     status_free(&st);
-    if (c->o->output && output_clobbers_job(c->m, c->o->output))
+    if (c->o->output && merge_output_clobbers(c->m->job_dir, c->o->output))
         return err_set(err, -EINVAL,
                        "Output %s would overwrite part of the job directory; choose another path",
                        c->o->output);

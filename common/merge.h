@@ -66,6 +66,11 @@ struct merge_result {
  * safe, for a process that stops a merge from a signal handler. */
 void merge_abort(void);
 
+/* Whether out (resolved) is the job directory itself or inside the job's
+ * own files (shards, attempts, state, cache, manifest.json, recipe.yaml,
+ * merge.json): a merge there would destroy what it is made from. */
+bool merge_output_clobbers(const char *job_dir, const char *out);
+
 int merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
               struct esd_err *err);
 

@@ -33,6 +33,7 @@
 #include "jobs.h"
 #include "json.h"
 #include "log.h"
+#include "merge.h"
 #include "opchild.h"
 #include "proto.h"
 #include "runner.h"
@@ -196,10 +197,17 @@ static int
 deny(const struct conn *c, const struct cmd_def *cmd, const char **code, struct esd_err *err,
      const char *why)
 {
-    log_notice(NULL, "control: %s from uid %u pid %d refused: %s", cmd->name,
-               (unsigned)c->cred.uid, (int)c->cred.pid, why);
     *code = PROTO_E_DENIED;
     return err_set(err, -EACCES, "%s", why);
+}
+
+/* Every refusal is logged with the peer, whichever check made it. */
+static void
+log_refusal(const struct conn *c, const char *cmd, const char *code, const char *why)
+{
+    if (code && !strcmp(code, PROTO_E_DENIED))
+        log_notice(NULL, "control: %s from uid %u pid %d refused: %s", cmd,
+                   (unsigned)c->cred.uid, (int)c->cred.pid, why);
 }
 
 /*
@@ -359,6 +367,17 @@ cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
     struct job *j = jobs_find(jr->dir);
     cJSON *r;
 
+    /* The directory is gone: only its recorded owner (or root, or esd's
+     * uid) may cancel what is registered under its name. */
+    if (!jr->exists && c->cred.uid != 0 && c->cred.uid != geteuid() &&
+        (!j || !j->loaded || j->uid != c->cred.uid)) {
+        char msg[512];
+
+        snprintf(msg, sizeof(msg), "%.300s does not exist, so its owner cannot be checked; "
+                 "only root or the job's owner may cancel it", jr->dir);
+        deny(c, cmd, code, err, msg);
+        return NULL;
+    }
     if (!j && !everywhere) {
         *code = PROTO_E_NOT_FOUND;
         err_set(err, -ENOENT, "%s is not a job of this node (--everywhere cancels it on every "
@@ -372,9 +391,22 @@ cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
         return NULL;
     }
     if (everywhere) {
-        if (!jr->exists) {
+        char *manifest = jr->exists ? fs_join(jr->dir, "manifest.json") : NULL;
+        struct stat st;
+        struct fsid prev = jobs_fs_as(c->cred.uid, c->cred.gid);
+        bool is_job = manifest && stat(manifest, &st) == 0 && S_ISREG(st.st_mode);
+
+        jobs_fs_restore(prev);
+        free(manifest);
+        if (!is_job) {
             *code = PROTO_E_NOT_FOUND;
-            err_set(err, -ENOENT, "no job directory %s", jr->dir);
+            err_set(err, -ENOENT, "%s is not a prepared job directory (no manifest.json)",
+                    jr->dir);
+            return NULL;
+        }
+        if (geteuid() == 0 && jr->st.st_uid == 0) {
+            deny(c, cmd, code, err, "a job directory owned by root is not a job esd works; "
+                 "not writing into it");
             return NULL;
         }
         if (jobs_cancel_everywhere(jr->dir, jr->st.st_uid, jr->st.st_gid, c->cred.uid, err) < 0) {
@@ -385,6 +417,7 @@ cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
     log_notice(NULL, "control: cancel %s%s by uid %u pid %d", jr->dir,
                everywhere ? " on every node" : "", (unsigned)c->cred.uid, (int)c->cred.pid);
     if (j) {
+        j->cancelled_everywhere = everywhere;
         jobs_set_state(j, JOB_CANCELLED, everywhere ? "cancelled on every node" : "cancelled");
         runner_stop_job(j);
         r = job_result(j);
@@ -431,6 +464,9 @@ submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, c
         else if ((r = fs_realpath_lax(out, ret_out, err)) == 0 && !fs_is_inside(jr->dir, *ret_out))
             r = err_set(err, -EACCES, "output %s is outside the job directory %s; esd merges "
                         "only inside it", *ret_out, jr->dir);
+        else if (r == 0 && merge_output_clobbers(jr->dir, *ret_out))
+            r = err_set(err, -EINVAL, "output %s would overwrite part of the job directory; "
+                        "choose another path", *ret_out);
     }
     jobs_fs_restore(prev);
     free(manifest);
@@ -522,12 +558,14 @@ op_done(void *ctx, cJSON *result, const char *code, const char *message)
             reply = proto_reply_ok(c->op_id, res);
         } else {
             cJSON_Delete(result);
+            log_refusal(c, "submit", code2, err.msg);
             reply = proto_reply_error(c->op_id, code2, err.msg);
         }
         jobref_free(&jr);
     } else if (result) {
         reply = proto_reply_ok(c->op_id, result);
     } else {
+        log_refusal(c, cmd_table[c->op_cmd].name, code, message);
         reply = proto_reply_error(c->op_id, code, message);
     }
     cJSON_Delete(c->then);
@@ -603,6 +641,7 @@ conn_answer(struct conn *c, const char *line, size_t len)
         goto out;
     }
     if (authorise(c, cmd, req.args, &jr, &code, &err) < 0) {
+        log_refusal(c, cmd->name, code, err.msg);
         reply = proto_reply_error(req.id, code, err.msg);
         goto out;
     }
@@ -668,10 +707,12 @@ conn_answer(struct conn *c, const char *line, size_t len)
         err_set(&err, -EINVAL, "%s is not answered by esd", cmd->name);
         break;
     }
-    if (result)
+    if (result) {
         reply = proto_reply_ok(req.id, result);
-    else if (code)
+    } else if (code) {
+        log_refusal(c, cmd->name, code, err.msg);
         reply = proto_reply_error(req.id, code, err.msg);
+    }
 out:
     jobref_free(&jr);
     proto_request_free(&req);

@@ -128,6 +128,8 @@ persist(struct job *j)
     json_add_str(o, "state", job_state_name[j->state]);
     if (j->error)
         json_add_str(o, "error", j->error);
+    if (j->state == JOB_CANCELLED && j->cancelled_everywhere)
+        json_add_bool(o, "cancelled_everywhere", true);
     json_add_str(o, "updated_at", now);
     struct fsid prev = jobs_fs_self();
     if (json_write_atomic(j->reg_path, o, JSON_PRETTY, &err) < 0)
@@ -238,6 +240,7 @@ add(const cJSON *o, const char *from, bool *ret_new)
     j->state = st && state_parse(st) >= 0 ? (enum job_state)state_parse(st) : JOB_ACTIVE;
     if (json_get_str(o, "error"))
         j->error = xstrdup(json_get_str(o, "error"));
+    json_get_bool(o, "cancelled_everywhere", &j->cancelled_everywhere);
     /* draining and finalizing are this process's business, not a restart's */
     if (j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
         j->state = JOB_ACTIVE;
@@ -282,6 +285,14 @@ scan(const char *dir, bool spool)
 
             if ((j = add(o, path, &added))) {
                 j->seen = true;
+                /* cancelled everywhere, then submitted everywhere again */
+                if (spool && !added && j->state == JOB_CANCELLED && j->cancelled_everywhere &&
+                    !jobs_cancelled_everywhere(j)) {
+                    jobs_reset(j);
+                    jobs_set_state(j, JOB_ACTIVE, NULL);
+                    log_notice(&(struct log_ctx){ .job = j->key }, "job %s: submitted again on "
+                               "every node", j->job_dir);
+                }
                 /* adopted from the spool: this node's own record from now on */
                 if (spool && added)
                     persist(j);
@@ -701,17 +712,40 @@ jobs_register(const char *job_dir, const char *output, bool spool, struct esd_er
 
         free(j->output);
         j->output = want;
-        if (j->state == JOB_CANCELLED || j->state == JOB_FAILED) {
-            j->idle_valid = false;
-            j->next_claim = 0;
-            free(j->load_error);
-            j->load_error = NULL;
+        if (j->state == JOB_CANCELLED || j->state == JOB_FAILED || j->state == JOB_COMPLETE) {
+            /* read again from the directory: it may have been prepared
+             * anew at the same path (a complete job stays complete: its
+             * merge record is found again) */
+            if (!jobs_reset(j)) {
+                j->idle_valid = false;
+                j->next_claim = 0;
+            }
             jobs_set_state(j, JOB_ACTIVE, NULL);
         }
     }
     jobs_uncancel(j);
     persist(j);
     return j;
+}
+
+bool
+jobs_reset(struct job *j)
+{
+    if (j->running || j->finalize)
+        return false;
+    if (j->loaded) {
+        claimer_free(&j->claimer);
+        manifest_free(&j->m);
+        j->loaded = false;
+    }
+    free(j->load_error);
+    j->load_error = NULL;
+    j->idle_valid = false;
+    j->next_claim = 0;
+    j->rate_t0 = j->rate_t1 = 0;
+    j->rate_d0 = j->rate_d1 = 0;
+    j->cancelled_everywhere = false;
+    return true;
 }
 
 struct job *

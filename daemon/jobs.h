@@ -54,6 +54,7 @@ struct job {
     unsigned long long rows_here;
     void *finalize;  /* finalize.c's state while finalizing */
     bool seen;       /* rescan bookkeeping */
+    bool cancelled_everywhere; /* by the job dir's marker (persisted) */
     double rate_t0, rate_t1; /* jobs_rate's snapshots (monotonic) */
     size_t rate_d0, rate_d1;
 };
@@ -120,6 +121,9 @@ void jobs_set_state(struct job *j, enum job_state state, const char *error);
 struct job *jobs_register(const char *job_dir, const char *output, bool spool,
                           struct esd_err *err);
 
+/* Forgets what was loaded of j (manifest, claims seen) so that it is read
+ * again; false (nothing done) while attempts or a merge of j run. */
+bool jobs_reset(struct job *j);
 /* The job of job_dir (resolved), or NULL. */
 struct job *jobs_find(const char *job_dir);
 /*

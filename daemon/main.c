@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,6 +236,13 @@ main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
+    /* As root esd acts in job directories with their owners' file system
+     * identity (setfsuid), which keeps the supplementary groups: root's
+     * own (sudo esd -f) must not lend their access. */
+    if (geteuid() == 0 && setgroups(0, NULL) < 0) {
+        fprintf(stderr, "esd: cannot drop the supplementary groups: %s\n", strerror(errno));
+        return 1;
+    }
     log_init(M.conf->log_target, M.conf->log_level, foreground, M.conf->node_name);
     M.loop = ev_default_loop(EVFLAG_AUTO);
     if (!M.loop) {

@@ -228,6 +228,7 @@ sched_check_cancelled(void)
             continue;
         if (!jobs_cancelled_everywhere(j))
             continue;
+        j->cancelled_everywhere = true;
         jobs_set_state(j, JOB_CANCELLED, "cancelled on every node (esctl cancel --everywhere)");
         if (j->running) {
             log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key },
