@@ -43,7 +43,7 @@ export LC_ALL=C
 
 new_workdir
 unset_knobs
-{ [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+need_daemon_tools
 text_dataset 480
 
 finalized() { [ -e "$1/state/esd/finalize.json" ]; }

@@ -31,7 +31,7 @@ NSHARDS=24
 
 new_workdir
 unset_knobs
-{ [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+need_daemon_tools
 
 # The ray command: fake-ray, whose next start waits as many seconds as the
 # file knobs/slow-start says (read once, then removed).

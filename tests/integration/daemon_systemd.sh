@@ -63,7 +63,7 @@ JOURNALD=${JOURNALD:-/lib/systemd/systemd-journald}
 new_workdir
 unset_knobs NOTIFY_SOCKET WATCHDOG_USEC WATCHDOG_PID JOURNAL_STREAM INVOCATION_ID LISTEN_FDS \
     LISTEN_PID LISTEN_FDNAMES
-{ [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+need_daemon_tools
 text_dataset 200
 
 # ---- the notify receiver ----

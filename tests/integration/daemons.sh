@@ -37,7 +37,7 @@ NSHARDS=40
 
 new_workdir
 unset_knobs
-{ [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+need_daemon_tools
 
 # 25 rows a shard, 10 ms a row: a quarter of a second a shard, so that
 # several daemons work at once.
@@ -47,15 +47,6 @@ text_dataset 1000
 # finalized JOB: the job's merge record says it is complete.
 finalized() {
     [ -e "$1/state/esd/finalize.json" ] && [ "$(py 'j["status"]' "$1/state/esd/finalize.json")" = complete ]
-}
-# job_state NODE JOB_DIR: the state of JOB_DIR in NODE's status.
-job_state() {
-    dstatus "$1"
-    python3 - "$W/$1/status.json" "$2" <<'EOF'
-import json, sys
-st, job = json.load(open(sys.argv[1])), sys.argv[2]
-print(" ".join(j["state"] for j in st["jobs"] if j["job_dir"] == job) or "absent")
-EOF
 }
 complete_on() { [ "$(job_state "$1" "$2")" = complete ]; }
 

@@ -70,7 +70,7 @@ export LC_ALL=C
 
 new_workdir
 unset_knobs
-{ [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+need_daemon_tools
 T0=$(date +%s)
 
 ROOT=false
@@ -135,14 +135,6 @@ jout() { python3 -c 'import json,sys; j = json.loads(sys.stdin.read()); print(ev
 
 # Daemon state, through esd's status --json.
 # job_state NODE DIR: the job's state on NODE ("absent" if not there).
-job_state() {
-    dstatus "$1"
-    python3 - "$W/$1/status.json" "$2" <<'EOF'
-import json, sys
-st, job = json.load(open(sys.argv[1])), sys.argv[2]
-print(" ".join(j["state"] for j in st["jobs"] if j["job_dir"] == job) or "absent")
-EOF
-}
 state_is() { [ "$(job_state "$1" "$2")" = "$3" ]; }
 # attempt_pid NODE DIR: the pid of NODE's running attempt of DIR, or "".
 attempt_pid() {

@@ -311,6 +311,19 @@ dstatus() {
     "$ESCTL" --json --socket "$(dsock "$1")" status >"$W/$1/status.json" 2>"$W/$1/status.err" ||
         fail "status of esd $1" "$(cat "$W/$1/status.err")"
 }
+# job_state NODE JOB_DIR: the state of JOB_DIR in NODE's status ("absent").
+job_state() {
+    dstatus "$1"
+    python3 - "$W/$1/status.json" "$2" <<'EOF'
+import json, sys
+st, job = json.load(open(sys.argv[1])), sys.argv[2]
+print(" ".join(j["state"] for j in st["jobs"] if j["job_dir"] == job) or "absent")
+EOF
+}
+# need_daemon_tools: the daemon tests' programs are built.
+need_daemon_tools() {
+    { [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+}
 give_job() {
     [ "$(id -u)" -eq 0 ] || return 0
     chmod 755 "$W"

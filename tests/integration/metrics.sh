@@ -23,7 +23,7 @@ export LC_ALL=C
 
 new_workdir
 unset_knobs
-{ [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"
+need_daemon_tools
 
 text_dataset 120
 PROM=$W/textfile/esd.prom
