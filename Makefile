@@ -5,7 +5,8 @@
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
 #   make bench               benchmarks in bench/ (print ratios)
 #   make valgrind            unit suites under valgrind
-#   make install             PREFIX, DESTDIR, BINDIR, MANDIR
+#   make install             PREFIX, DESTDIR, BINDIR, SBINDIR, MANDIR, DATADIR, SYSCONFDIR,
+#                            UNITDIR, SYSUSERSDIR, BASHCOMPDIR (make uninstall: the same)
 #
 # Knobs: V=1 (echo commands), WERROR=1, SANITIZE=address,undefined,
 # CC, CFLAGS, LDFLAGS, PKG_CONFIG.
@@ -15,8 +16,13 @@ PKG_CONFIG  ?= pkg-config
 PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 SBINDIR     ?= $(PREFIX)/sbin
-MANDIR      ?= $(PREFIX)/share/man
+DATADIR     ?= $(PREFIX)/share
+MANDIR      ?= $(DATADIR)/man
 SYSCONFDIR  ?= /etc
+# systemd's own directories (systemd.pc), whatever PREFIX is.
+UNITDIR     ?= $(shell $(PKG_CONFIG) --variable=systemdsystemunitdir systemd 2>/dev/null || echo /lib/systemd/system)
+SYSUSERSDIR ?= $(shell $(PKG_CONFIG) --variable=sysusersdir systemd 2>/dev/null || echo /usr/lib/sysusers.d)
+BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 DESTDIR     ?=
 FUZZ_SECONDS ?= 60
 CLANG       ?= clang
@@ -202,19 +208,37 @@ bench: all tools $(BENCH_BINS)
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) CLAIMER=$(CURDIR)/$(BUILD)/bench/claimer bench/claim
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/daemon
 
+# The units get the installed esd's path. esd.yaml is installed only where
+# there is none yet, and uninstalled only if it is still the sample.
+# No tmpfiles.d snippet: esd.service's RuntimeDirectory=, StateDirectory=
+# and ConfigurationDirectory= make its directories (systemd/README.md).
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 \
-		$(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+		$(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSCONFDIR)/esd \
+		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(BASHCOMPDIR)
 	install -m 0755 $(ESCTL) $(DESTDIR)$(BINDIR)/esctl
 	install -m 0755 $(ESD) $(DESTDIR)$(SBINDIR)/esd
 	install -m 0644 man/esctl.1 $(DESTDIR)$(MANDIR)/man1/esctl.1
 	install -m 0644 man/esd.yaml.5 $(DESTDIR)$(MANDIR)/man5/esd.yaml.5
 	install -m 0644 man/esd.8 $(DESTDIR)$(MANDIR)/man8/esd.8
+	[ -e $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml ] || \
+		install -m 0644 etc/esd.yaml $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml
+	sed 's|@SBINDIR@|$(SBINDIR)|g' systemd/esd.service >$(BUILD)/esd.service
+	install -m 0644 $(BUILD)/esd.service $(DESTDIR)$(UNITDIR)/esd.service
+	install -m 0644 systemd/esd.socket $(DESTDIR)$(UNITDIR)/esd.socket
+	install -m 0644 systemd/esd.sysusers $(DESTDIR)$(SYSUSERSDIR)/esd.conf
+	$(ESCTL) completion >$(BUILD)/esctl.bash
+	install -m 0644 $(BUILD)/esctl.bash $(DESTDIR)$(BASHCOMPDIR)/esctl
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/esctl $(DESTDIR)$(SBINDIR)/esd \
 		$(DESTDIR)$(MANDIR)/man1/esctl.1 $(DESTDIR)$(MANDIR)/man5/esd.yaml.5 \
-		$(DESTDIR)$(MANDIR)/man8/esd.8
+		$(DESTDIR)$(MANDIR)/man8/esd.8 $(DESTDIR)$(UNITDIR)/esd.service \
+		$(DESTDIR)$(UNITDIR)/esd.socket $(DESTDIR)$(SYSUSERSDIR)/esd.conf \
+		$(DESTDIR)$(BASHCOMPDIR)/esctl
+	! cmp -s etc/esd.yaml $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml || \
+		rm -f $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml
+	rmdir $(DESTDIR)$(SYSCONFDIR)/esd 2>/dev/null || true
 
 clean:
 	rm -rf build esctl esd
