@@ -2,6 +2,8 @@
 #
 #   make                     build common/libesd.a and ctl/esctl
 #   make check               unit tests (check) and integration scripts
+#   make demo                two daemons as two nodes on the real Data-Juicer and Ray
+#                            (STANDIN=1: the test stand-in mini-dj, in seconds)
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
 #   make bench               benchmarks in bench/ (print ratios)
 #   make valgrind            unit suites under valgrind
@@ -91,7 +93,7 @@ TOOL_BINS   := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tools/%)
 INTEGRATION := $(sort $(wildcard tests/integration/*.sh))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all deps tools check unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
+.PHONY: all deps test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
 all: deps $(ESCTL) $(ESD)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
 	$(Q)ln -sf $(CURDIR)/$(ESD) esd
@@ -146,8 +148,26 @@ $(BUILD)/bench/%: bench/%.c $(LIBESD)
 
 # check: every unit suite (check prints its own summary line), then every
 # integration script. All of them run even if one fails; the target fails
-# if any did.
+# if any did. It installs what the tests need first (test-deps).
 check: all unit integration
+
+# What the tests need beyond the build: the tools (mandoc, valgrind,
+# faketime, systemd-container, debhelper, lintian, …; as root, or the
+# apt-get line to run) and the real Data-Juicer and Ray in .venv
+# (scripts/venv: the first run downloads them, later runs take a second).
+# NO_REAL=1 leaves the venv out; the real-stack tests then say they skip.
+test-deps: deps
+	$(Q)scripts/deps --tools
+	$(Q)$(if $(NO_REAL),echo "esd: NO_REAL=1: the real Data-Juicer and Ray are not installed; their tests skip",scripts/venv)
+
+# The newcomer's demo (scripts/demo): two esd daemons as two nodes work one
+# job of etc/recipes/cpu-text.yaml on the real Data-Juicer and Ray, which
+# scripts/venv installs into .venv on the first run. STANDIN=1: the test
+# stand-in mini-dj instead (not Data-Juicer), in seconds. DEMO_KEEP=1 keeps
+# its workspace.
+demo: all $(if $(STANDIN),tools)
+	$(Q)ESD=$(CURDIR)/$(ESD) ESCTL=$(CURDIR)/$(ESCTL) TOOLS=$(CURDIR)/$(BUILD)/tools \
+		STANDIN=$(STANDIN) scripts/demo
 
 unit: deps $(UNIT_BINS)
 	$(Q)fail=0; for t in $(UNIT_BINS); do \
@@ -166,7 +186,7 @@ valgrind: deps $(UNIT_BINS)
 		CK_DEFAULT_TIMEOUT=600 ESD_TEST_DATA=$(CURDIR)/tests/data $(VALGRIND) $$t || fail=1; \
 	done; exit $$fail
 
-integration: all tools
+integration: all tools test-deps
 	$(Q)fail=0; for t in $(INTEGRATION); do \
 		echo "== $$t"; \
 		ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOP=$(CURDIR) \

@@ -223,7 +223,8 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
         return r;
     }
     j = status_json(&m, &st);
-    /* Per node: shards done there, and shards its locks hold now. */
+    /* Per node (esd's node name, else the host name the reference
+     * records): shards done there, and shards its locks hold now. */
     struct node_count {
         const char *name;
         long long n[3]; /* done, running, stale */
@@ -237,14 +238,16 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
 
         if (s->state == ST_DONE)
             rows_done += m.shards[i].rows;
-        if (k < 0 || !s->owner)
+        const char *who = s->node ? s->node : s->owner;
+
+        if (k < 0 || !who)
             continue;
-        for (x = 0; x < nnodes && strcmp(nodes[x].name, s->owner); x++)
+        for (x = 0; x < nnodes && strcmp(nodes[x].name, who); x++)
             ;
         if (x == nnodes) {
             nodes = xrealloc(nodes, (nnodes + 1) * sizeof(*nodes));
             memset(&nodes[nnodes], 0, sizeof(*nodes));
-            nodes[nnodes++].name = s->owner;
+            nodes[nnodes++].name = who;
         }
         nodes[x].n[k]++;
     }

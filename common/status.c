@@ -41,6 +41,8 @@ read_record(const char *path, struct shard_status *s, bool want_error)
     }
     if ((h = json_get_str(j, "hostname")))
         s->owner = xstrdup(h);
+    if ((h = json_get_str(j, "node")))
+        s->node = xstrdup(h);
     if (want_error && (h = json_get_str(j, "last_error")))
         s->error = xstrdup(h);
     else if (!want_error)
@@ -137,6 +139,7 @@ status_free(struct job_status *st)
 {
     for (size_t i = 0; st->shards && i < st->total; i++) {
         free(st->shards[i].owner);
+        free(st->shards[i].node);
         free(st->shards[i].error);
         cJSON_Delete(st->shards[i].owner_value);
         cJSON_Delete(st->shards[i].pid_value);
@@ -171,6 +174,8 @@ status_json(const struct manifest *m, const struct job_status *st)
             cJSON_AddItemToObject(x, "owner", cJSON_Duplicate(s->owner_value, true));
         if (s->pid_value)
             cJSON_AddItemToObject(x, "pid", cJSON_Duplicate(s->pid_value, true));
+        if (s->node)
+            json_add_str(x, "node", s->node);
         if (s->has_age)
             json_add_float(x, "lock_age_secs", s->lock_age);
         if (s->state == ST_FAILED) {

@@ -24,6 +24,8 @@ extern const char *const status_state_name[ST__COUNT];
 struct shard_status {
     enum shard_state state;
     char *owner;      /* hostname of the done record or lock; NULL if unknown */
+    char *node;       /* esd's node name in it ("node"); NULL if none (the
+                         reference writes none; several nodes may share a host) */
     long long pid;    /* from the lock */
     bool has_pid;
     double lock_age;  /* seconds, >= 0 */

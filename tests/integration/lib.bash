@@ -89,6 +89,7 @@
 
 # ---- tool lookup ----
 TOP=${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}
+export TOP
 ESCTL=${ESCTL:-$TOP/esctl}
 case $ESCTL in /*) ;; *) ESCTL=$(pwd)/$ESCTL ;; esac
 TOOLS=${TOOLS:-$(dirname "${JSONL_CHECK:-$TOP/build/default/tools/jsonl-check}")}

@@ -200,26 +200,9 @@ ok "merged.jsonl is valid JSONL ($(wc -l <"$JOB/merged.jsonl") records)"
 # digits, CJK ideographs and spaces, when at least 2 of them), texts
 # shorter than 20 characters dropped.
 python3 - "$SAMPLE" "$JOB/merged.jsonl" <<'EOF' || fail "the merged rows are the recipe applied to the input"
-import json, re, sys
-ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufffc"
-LINK = re.compile(r"(?i)\b(?:(?:https?|ftp)://|www\d{0,3}\.)[^\s()<>]*[^\s`!()\[\]{};:'\".,<>?«»“”‘’]")
-EMAIL = re.compile(r"[A-Za-z0-9.+_-]+@[A-Za-z0-9.+_-]+\.[A-Za-z]+")
-SENTENCE_END = re.compile(r"(?:(?<=[.!?。！？])|(?<=[.!?。！？][’”]))(?=[^’”])")
-def recipe(t):
-    t = "".join(" " if (c.isspace() and c != "\n") or c in ZERO_WIDTH else c for c in t.strip())
-    t = LINK.sub("", t)
-    t = EMAIL.sub("", t)
-    seen, lines = set(), []
-    for line in t.split("\n"):
-        kept = ""
-        for s in SENTENCE_END.split(line) if line else []:
-            key = re.sub(r"[^0-9A-Za-z\u4e00-\u9fa5\t ]", "", s.strip())
-            if len(key) < 2 or key not in seen:
-                kept += s
-                seen.add(key)
-        lines.append(kept)
-    t = "\n".join(lines)
-    return t if len(t) >= 20 else None
+import json, os, re, sys
+sys.path.insert(0, os.environ["TOP"] + "/tests/tools")
+from cpu_text_model import recipe
 src = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
 want = [dict(r, text=recipe(r["text"])) for r in src if recipe(r["text"]) is not None]
 got = [json.loads(l) for l in open(sys.argv[2], encoding="utf-8")]
