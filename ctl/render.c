@@ -194,7 +194,10 @@ render_daemon_status(struct call *c, const cJSON *res)
 
         if (!err)
             err = json_get_str(x, "load_error");
-        snprintf(d, sizeof(d), "%lld/%lld", num(x, "done"), num(x, "shards"));
+        if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
+            snprintf(d, sizeof(d), "-");
+        else
+            snprintf(d, sizeof(d), "%lld/%lld", num(x, "done"), num(x, "shards"));
         snprintf(h, sizeof(h), "%lld done, %lld running", num(x, "done_here"),
                  num(x, "running_here"));
         table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"),
@@ -292,7 +295,11 @@ render_list(struct call *c, const cJSON *args, const cJSON *res)
         char done[64], rate[32] = "-", eta[32] = "-";
         double v;
 
-        snprintf(done, sizeof(done), "%lld/%lld", num(x, "done"), num(x, "shards"));
+        /* a job esd has not read since it started: its counts are unknown */
+        if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
+            snprintf(done, sizeof(done), "-");
+        else
+            snprintf(done, sizeof(done), "%lld/%lld", num(x, "done"), num(x, "shards"));
         if (json_get_num(x, "rows_per_sec", &v) == 0)
             out_count(v, rate);
         if (json_get_num(x, "eta_secs", &v) == 0)

@@ -885,6 +885,8 @@ jobs_status_json(void)
             json_add_str(o, "job_id", j->m.job_id);
         json_add_str(o, "output", j->output);
         json_add_str(o, "state", job_state_name[j->state]);
+        /* not loaded (not claimed from since esd started): counts unknown */
+        json_add_bool(o, "loaded", j->loaded);
         json_add_int(o, "shards", (long long)total);
         json_add_int(o, "done", (long long)done);
         json_add_int(o, "failed", j->loaded ? (long long)j->claimer.nfailed : 0);

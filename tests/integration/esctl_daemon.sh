@@ -672,9 +672,12 @@ dstatus n1
     fail "n1 is still drained after a restart" "$(cat "$W/n1/status.json")"
 [ "$(job_state n1 "$JD")" = active ] || fail "n1 remembers djob"
 ok "restarted, n1 is still drained and remembers djob"
-# BUG: a job that a drained node has not loaded yet is listed by its key
-# with DONE/TOTAL 0/0 (so is a complete job after a restart), although
-# its manifest is readable; not asserted either way here.
+# A job the restarted, drained node has not read yet: its counts are
+# unknown, and list says so rather than 0/0.
+run "$ESCTL" --socket "$(dsock n1)" list
+check "list on the drained n1" 0
+grep -Eq "^[^ ]+ +active +- +" <<<"$OUT" || fail "list shows '-' for a job not read yet" "$OUT"
+ok "list shows '-' for the counts of a job the node has not read since its restart"
 HE=$HOME_DIR/hangjob-ev
 orun "$ESCTL" prepare --config "$REC" --dataset-path "$DATA" --job-dir "$HE" --num-shards 4
 check "prepare hangjob-ev" 0
