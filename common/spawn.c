@@ -4,6 +4,7 @@
  */
 #include "spawn.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdbool.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -179,4 +181,27 @@ spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
         ;
     *ret_status = status;
     return 0;
+}
+
+void
+spawn_close_sockets(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int self;
+
+    if (!d)
+        return;
+    self = dirfd(d);
+    while ((e = readdir(d))) {
+        struct stat st;
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+
+        if (*end || end == e->d_name || fd <= 2 || fd == self)
+            continue;
+        if (fstat((int)fd, &st) == 0 && S_ISSOCK(st.st_mode))
+            close((int)fd);
+    }
+    closedir(d);
 }

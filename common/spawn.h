@@ -57,4 +57,13 @@ void spawn_signal(const struct spawned *s, int sig);
  */
 void spawn_describe(int status, char out[64], int *ret_code);
 
+/*
+ * In a child forked without exec (a daemon's helper process): closes every
+ * socket above descriptor 2, so that it holds none of its parent's
+ * (the listening control socket, whose path a restarted daemon must be
+ * able to take over; clients; the journal), while the files it may need
+ * (a claimer's clock file) stay open.
+ */
+void spawn_close_sockets(void);
+
 #endif

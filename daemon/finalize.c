@@ -17,6 +17,7 @@
 #include "fsutil.h"
 #include "json.h"
 #include "log.h"
+#include "spawn.h"
 #include "merge.h"
 
 struct fin {
@@ -390,6 +391,7 @@ fin_elect(struct fin *f)
     }
     if (pid == 0) {
         close(fds[0]);
+        spawn_close_sockets();
         fin_merge_child(f, fds[1]);
     }
     close(fds[1]);

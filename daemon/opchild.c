@@ -19,6 +19,7 @@
 #include "log.h"
 #include "ops.h"
 #include "proto.h"
+#include "spawn.h"
 
 #define READ_CHUNK 65536
 #define MAX_LINE ((size_t)PROTO_MAX_MESSAGE * 4) /* one line from a child */
@@ -116,6 +117,9 @@ child_main(enum cmd_id id, const cJSON *args, const struct ident *who, int fd)
     int r = 0;
 
     child_fd = fd;
+    /* Nothing of the parent's: not the control socket (a restarted esd
+     * would find it still listening), not its clients, not job locks. */
+    spawn_close_sockets();
     /* The loop's signal watchers are the parent's; here SIGTERM cancels. */
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);

@@ -563,6 +563,7 @@ run_finish(struct run *r)
     }
     if (pid == 0) {
         close(fds[0]);
+        spawn_close_sockets();
         finish_child(r, fds[1]);
     }
     close(fds[1]);

@@ -560,7 +560,18 @@ check "logs of an unknown shard" 2 "" "job $J1 has no shard part-00042-of-00004"
 run "$ESCTL" --json logs "$J1" --shard part-00042-of-00004
 check "logs --json of an unknown shard: code not-found" 2 '"code": "not-found"'
 RC=0
-{ timeout --preserve-status -s INT 3 "$ESCTL" logs "$J1" --shard "$SH" --follow >"$W/stdout" 2>"$W/stderr"; } || RC=$?
+timeout --preserve-status -s INT 5 "$ESCTL" logs "$J1" --shard "$SH" --follow >"$W/stdout" 2>"$W/stderr" &
+FOLLOW=$!
+# While it follows, esd's child for it holds nothing of esd's: no socket
+# (not the control socket, which a restarted esd would find still
+# listening, nor any client's), only its report pipe and stdio.
+op_child() { pgrep -P "$N1PID" -x esd >/dev/null; }
+wait_for "esd runs the logs --follow operation in a child" 5 op_child
+CHILD=$(pgrep -P "$N1PID" -x esd | head -n 1)
+SOCKS=$(find "/proc/$CHILD/fd" -mindepth 1 -lname 'socket:*' 2>/dev/null | wc -l)
+[ "$SOCKS" -eq 0 ] || fail "the operation's child has no socket open" "$(ls -l "/proc/$CHILD/fd")"
+ok "the operation's child (pid $CHILD) has no socket of esd's open"
+wait "$FOLLOW" || RC=$?
 OUT=$(cat "$W/stdout") ERR=$(cat "$W/stderr")
 check "logs --follow shows the log until interrupted (130)" 130 "mini-dj: wrote "
 # Without --shard esctl runs journalctl itself; there may be no journal.
