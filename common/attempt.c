@@ -221,8 +221,7 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
                 const struct attempt_opts *o, struct attempt_cmd *ret, struct esd_err *err)
 {
     static const struct attempt_opts none = { 0 };
-    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(m->json, "recipe");
-    const char *snapshot = json_get_str(recipe, "snapshot_path");
+    const char *snapshot = m->recipe_snapshot;
     struct strv argv, env;
     char *config = NULL, *dataset = NULL, *job_id, *work, *resolved_work, *tmp;
     char *meta_path = NULL, *export_rel;

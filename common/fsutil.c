@@ -279,18 +279,24 @@ fs_create_excl(const char *path, const void *data, size_t len, mode_t mode, int 
     return r;
 }
 
-int
-fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err)
+/* fs_open_job, following a symbolic link when follow is true. */
+static int
+open_regular(const char *path, int flags, mode_t mode, size_t max, bool follow,
+             struct stat *ret_st, struct esd_err *err)
 {
     struct stat st;
-    size_t len = 0, cap;
-    char *data;
-    int fd, r = 0;
+    int fd, r;
 
-    /* O_NONBLOCK: a FIFO is refused below instead of waited on at open. */
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0)
+    /* O_NONBLOCK: a FIFO (or a device) is refused below instead of waited
+     * on at open; O_NOFOLLOW: a planted symbolic link is never followed. */
+    fd = open(path, flags | (follow ? 0 : O_NOFOLLOW) | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, mode);
+    if (fd < 0) {
+        if (errno == ELOOP && !follow)
+            return err_set(err, -ELOOP, "%s is a symbolic link; not following it", path);
+        if (errno == ENXIO)
+            return err_set(err, -EINVAL, "%s is not a regular file", path);
         return err_sys(err, -errno, "cannot open %s", path);
+    }
     if (fstat(fd, &st) < 0) {
         r = err_sys(err, -errno, "cannot stat %s", path);
         close(fd);
@@ -300,12 +306,33 @@ fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct e
         close(fd);
         return err_set(err, -EINVAL, "%s is not a regular file", path);
     }
-    if ((uintmax_t)st.st_size > max) {
+    if (max && (uintmax_t)st.st_size > max) {
         close(fd);
         return err_set(err, -EFBIG, "%s is larger than %zu bytes", path, max);
     }
+    if (ret_st)
+        *ret_st = st;
+    return fd;
+}
+
+int
+fs_open_job(const char *path, int flags, mode_t mode, size_t max, struct stat *ret_st,
+            struct esd_err *err)
+{
+    return open_regular(path, flags, mode, max, false, ret_st, err);
+}
+
+/* Reads what is left of fd (a regular file of st_size bytes), at most max. */
+static int
+read_fd(int fd, const char *path, off_t size, size_t max, char **ret, size_t *ret_len,
+        struct esd_err *err)
+{
+    size_t len = 0, cap;
+    char *data;
+    int r = 0;
+
     /* One spare byte past st_size sees EOF (or growth) without a realloc. */
-    cap = (size_t)st.st_size + 2;
+    cap = (size_t)size + 2;
     data = xmalloc(cap);
     for (;;) {
         ssize_t n;
@@ -329,7 +356,6 @@ fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct e
             break;
         }
     }
-    close(fd);
     if (r < 0) {
         free(data);
         return r;
@@ -339,6 +365,33 @@ fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct e
     if (ret_len)
         *ret_len = len;
     return 0;
+}
+
+/* Reads a whole regular file, following a link or not. */
+static int
+read_regular(const char *path, size_t max, bool follow, char **ret, size_t *ret_len,
+             struct esd_err *err)
+{
+    struct stat st;
+    int fd = open_regular(path, O_RDONLY, 0, max, follow, &st, err), r;
+
+    if (fd < 0)
+        return fd;
+    r = read_fd(fd, path, st.st_size, max, ret, ret_len, err);
+    close(fd);
+    return r;
+}
+
+int
+fs_read_job(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err)
+{
+    return read_regular(path, max, false, ret, ret_len, err);
+}
+
+int
+fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err)
+{
+    return read_regular(path, max, true, ret, ret_len, err);
 }
 
 /* mkdir of one level; an existing directory (or symlink to one) is fine. */

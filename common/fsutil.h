@@ -51,8 +51,29 @@ int fs_publish_excl(const char *path, const void *data, size_t len, mode_t mode,
 int fs_create_excl(const char *path, const void *data, size_t len, mode_t mode, int *ret_fd,
                    struct esd_err *err);
 
-/* Reads a whole regular file of at most max bytes. *ret is NUL-terminated. */
+/* Reads a whole regular file of at most max bytes. *ret is NUL-terminated.
+ * A symbolic link is followed (the configuration, a user's recipe); for a
+ * file inside a job directory use fs_read_job. */
 int fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err);
+
+/*
+ * The one way to open a file of a job directory, which its owner or any
+ * peer node may have replaced by a symbolic link, a FIFO, a device or a
+ * huge file (DESIGN.md "Security model"): open(2) with flags (O_RDONLY,
+ * O_RDWR, O_WRONLY, O_CREAT...; mode for a create) plus O_NOFOLLOW,
+ * O_NONBLOCK, O_NOCTTY and O_CLOEXEC, so that it never follows a link nor
+ * waits; then fstat: anything but a regular file is refused (-EINVAL, "is
+ * not a regular file"; a symbolic link -ELOOP), and so is one above max
+ * bytes (-EFBIG; max 0: no limit). Returns the descriptor (O_NONBLOCK
+ * stays set, which a regular file ignores) with *ret_st filled when not
+ * NULL, or a negative errno with err naming path.
+ */
+int fs_open_job(const char *path, int flags, mode_t mode, size_t max, struct stat *ret_st,
+                struct esd_err *err);
+
+/* fs_read_file for a job file: through fs_open_job (no link followed, no
+ * FIFO waited on, at most max bytes). *ret is NUL-terminated. */
+int fs_read_job(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err);
 
 /* mkdir -p with mode; existing directories are fine. */
 int fs_mkdir_p(const char *path, mode_t mode, struct esd_err *err);

@@ -760,7 +760,9 @@ json_load_object(const char *path, size_t max, cJSON **ret, struct esd_err *err)
     char *text;
     int r;
 
-    r = fs_read_file(path, max, &text, &len, NULL);
+    r = fs_read_job(path, max, &text, &len, NULL);
+    if (r == -ELOOP)
+        return err_set(err, r, "Unable to read JSON file %s: a symbolic link, not followed", path);
     if (r == -EFBIG)
         return err_set(err, r, "Unable to read JSON file %s: larger than %zu bytes", path, max);
     if (r == -EINVAL)

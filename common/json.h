@@ -53,8 +53,9 @@ void json_add_bool(cJSON *obj, const char *key, bool v);
 void json_set(cJSON *obj, const char *key, cJSON *item);
 
 /*
- * Reads path (at most max bytes) and parses it; it must be a JSON object.
- * Errors read "Unable to read JSON file <path>: …" or "Expected a JSON
+ * Reads path (at most max bytes, through fs_read_job: a symbolic link, a
+ * FIFO or a device is refused, never followed or waited on) and parses it;
+ * it must be a JSON object. Errors read "Unable to read JSON file <path>: …" or "Expected a JSON
  * object in <path>". The caller owns *ret (cJSON_Delete).
  */
 int json_load_object(const char *path, size_t max, cJSON **ret, struct esd_err *err);

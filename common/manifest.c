@@ -84,84 +84,250 @@ cmp_by_id(const void *a, const void *b, void *shards)
     return strcmp(s[*(const size_t *)a].id, s[*(const size_t *)b].id);
 }
 
-int
-manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
+/*
+ * The sizes of a manifest before it is parsed: one pass over the text that
+ * counts the elements of the top-level "shards" and "input_files" lists
+ * (strings and escapes skipped), so that a document far larger than what
+ * that many entries can need is refused before a tree is built for it.
+ */
+static void
+precount(const char *p, size_t n, size_t *ret_shards, size_t *ret_files)
 {
-    struct manifest m = { 0 };
-    char *path = fs_join(job_dir, "manifest.json");
-    const cJSON *shards, *exec, *policy, *item;
+    size_t depth = 0, *counting = NULL, key_at = 0, key_len = 0;
+    bool in_str = false, esc = false, nonempty = false, want_key = false;
+
+    *ret_shards = *ret_files = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+
+        if (in_str) {
+            if (esc)
+                esc = false;
+            else if (c == '\\')
+                esc = true;
+            else if (c == '"') {
+                in_str = false;
+                if (want_key && depth == 1)
+                    key_len = i - key_at;
+            }
+            continue;
+        }
+        switch (c) {
+        case '"':
+            in_str = true;
+            if (depth == 1 && want_key)
+                key_at = i + 1;
+            if (depth == 2 && counting)
+                nonempty = true;
+            break;
+        case '{':
+        case '[':
+            if (depth == 2 && counting)
+                nonempty = true;
+            if (depth == 1 && c == '[' && key_len) {
+                if (key_len == 6 && !memcmp(p + key_at, "shards", 6))
+                    counting = ret_shards;
+                else if (key_len == 11 && !memcmp(p + key_at, "input_files", 11))
+                    counting = ret_files;
+                nonempty = false;
+            }
+            depth++;
+            want_key = c == '{';
+            break;
+        case '}':
+        case ']':
+            if (depth == 2 && counting) {
+                *counting += nonempty;
+                counting = NULL;
+            }
+            if (depth)
+                depth--;
+            want_key = false;
+            break;
+        case ':':
+            want_key = false;
+            break;
+        case ',':
+            if (depth == 2 && counting)
+                (*counting)++;
+            if (depth == 1)
+                want_key = true, key_len = 0;
+            break;
+        default:
+            if (depth == 2 && counting && c != ' ' && c != '\t' && c != '\n' && c != '\r')
+                nonempty = true;
+            break;
+        }
+        if (depth == 1 && want_key && c == '{')
+            key_len = 0;
+    }
+}
+
+int
+manifest_check_size(const char *text, size_t len, const char *path, struct esd_err *err)
+{
+    size_t shards, files, cap;
+
+    precount(text, len, &shards, &files);
+    if (shards > MANIFEST_MAX_SHARDS)
+        return err_set(err, -EFBIG, "Malformed manifest %s: %zu shards, more than the %d esd "
+                       "works", path, shards, MANIFEST_MAX_SHARDS);
+    if (files > MANIFEST_MAX_FILES)
+        return err_set(err, -EFBIG, "Malformed manifest %s: %zu input files, more than the %d "
+                       "esd reads", path, files, MANIFEST_MAX_FILES);
+    cap = MANIFEST_BASE_BYTES + MANIFEST_ENTRY_BYTES * (shards + files);
+    if (len > cap)
+        return err_set(err, -EFBIG, "Malformed manifest %s: %zu bytes for %zu shards and %zu "
+                       "input files, more than the %zu such a manifest can need", path, len,
+                       shards, files, cap);
+    return 0;
+}
+
+/* Bytes of s with its NUL, or 0 for NULL. */
+static size_t
+slen0(const char *s)
+{
+    return s ? strlen(s) + 1 : 0;
+}
+
+/* Copies s into the arena at *at; NULL stays NULL. */
+static char *
+put(char **at, const char *s)
+{
+    char *r;
+    size_t n;
+
+    if (!s)
+        return NULL;
+    n = strlen(s) + 1;
+    r = memcpy(*at, s, n);
+    *at += n;
+    return r;
+}
+
+/* The parsed document doc into m (whose strings still point into doc):
+ * every string m keeps is copied into one arena, so that doc can go. */
+static void
+keep_strings(struct manifest *m, const char *job_dir)
+{
+    size_t total;
+    char *at;
+
+    if (!m->job_id)
+        m->job_id = fs_basename(job_dir);
+    total = slen0(job_dir) + slen0(m->job_id) + slen0(m->ray_address) +
+                   slen0(m->execution_json) + slen0(m->recipe_sha256) +
+                   slen0(m->recipe_snapshot) + slen0(m->dj_commit);
+
+    for (size_t i = 0; i < m->nshards; i++)
+        total += slen0(m->shards[i].id) + slen0(m->shards[i].path) + slen0(m->shards[i].sha256);
+    m->arena = at = xmalloc(total ? total : 1);
+    m->job_dir = put(&at, job_dir);
+    m->job_id = put(&at, m->job_id);
+    m->ray_address = put(&at, m->ray_address);
+    m->execution_json = put(&at, m->execution_json);
+    m->recipe_sha256 = put(&at, m->recipe_sha256);
+    m->recipe_snapshot = put(&at, m->recipe_snapshot);
+    m->dj_commit = put(&at, m->dj_commit);
+    for (size_t i = 0; i < m->nshards; i++) {
+        m->shards[i].id = put(&at, m->shards[i].id);
+        m->shards[i].path = put(&at, m->shards[i].path);
+        m->shards[i].sha256 = put(&at, m->shards[i].sha256);
+    }
+}
+
+/* Everything manifest_parse checks, on the document doc. */
+static int
+check_doc(const cJSON *doc, const char *path, struct manifest *m, char **ret_exec,
+          struct esd_err *err)
+{
+    const cJSON *shards, *exec, *policy, *item, *recipe, *dj;
     long long schema;
     int r, i = 0;
 
-    r = json_load_object(path, MANIFEST_MAX_BYTES, &m.json, err);
-    if (r < 0)
-        goto out;
-    if (json_get_int(m.json, "schema_version", &schema) < 0 || schema != MANIFEST_SCHEMA) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(m.json, "schema_version");
+    if (json_get_int(doc, "schema_version", &schema) < 0 || schema != MANIFEST_SCHEMA) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, "schema_version");
         char *txt = v ? cJSON_PrintUnformatted(v) : NULL;
-        r = err_set(err, -EINVAL, "Unsupported manifest schema_version %s in %s (expected %d)",
-                    txt ? txt : "(missing)", path, MANIFEST_SCHEMA);
+
+        r = err_set(err, -EINVAL, "Unsupported manifest schema_version %.40s in %s (expected "
+                    "%d)", txt ? txt : "(missing)", path, MANIFEST_SCHEMA);
         free(txt);
-        goto out;
+        return r;
     }
-    shards = cJSON_GetObjectItemCaseSensitive(m.json, "shards");
-    if (!cJSON_IsArray(shards) || cJSON_GetArraySize(shards) == 0) {
-        r = err_set(err, -EINVAL, "Malformed manifest %s: shards must be a non-empty list", path);
-        goto out;
-    }
-    exec = cJSON_GetObjectItemCaseSensitive(m.json, "execution");
-    m.ray_address = json_get_str(exec, "ray_address");
+    shards = cJSON_GetObjectItemCaseSensitive(doc, "shards");
+    if (!cJSON_IsArray(shards) || cJSON_GetArraySize(shards) == 0)
+        return err_set(err, -EINVAL, "Malformed manifest %s: shards must be a non-empty list",
+                       path);
+    if (cJSON_GetArraySize(shards) > MANIFEST_MAX_SHARDS)
+        return err_set(err, -EFBIG, "Malformed manifest %s: more than %d shards", path,
+                       MANIFEST_MAX_SHARDS);
+    exec = cJSON_GetObjectItemCaseSensitive(doc, "execution");
+    m->ray_address = json_get_str(exec, "ray_address");
     if (!cJSON_IsObject(exec) || !json_get_str(exec, "executor_type") ||
-        strcmp(json_get_str(exec, "executor_type"), "ray") != 0 || !m.ray_address ||
-        !*m.ray_address) {
-        r = err_set(err, -EINVAL,
-                    "Malformed manifest %s: execution must have executor_type \"ray\" and a "
-                    "non-empty ray_address",
-                    path);
-        goto out;
-    }
-    m.execution = exec;
-    m.job_id = json_get_str(m.json, "job_id");
-    policy = cJSON_GetObjectItemCaseSensitive(m.json, "policy");
+        strcmp(json_get_str(exec, "executor_type"), "ray") != 0 || !m->ray_address ||
+        !*m->ray_address)
+        return err_set(err, -EINVAL, "Malformed manifest %s: execution must have executor_type "
+                       "\"ray\" and a non-empty ray_address", path);
+    m->job_id = json_get_str(doc, "job_id");
+    recipe = cJSON_GetObjectItemCaseSensitive(doc, "recipe");
+    m->recipe_sha256 = json_get_str(recipe, "sha256");
+    m->recipe_snapshot = json_get_str(recipe, "snapshot_path");
+    dj = cJSON_GetObjectItemCaseSensitive(doc, "data_juicer");
+    m->dj_commit = json_get_str(dj, "commit");
+    policy = cJSON_GetObjectItemCaseSensitive(doc, "policy");
     if ((r = policy_int(policy, "lock_timeout_secs", POLICY_LOCK_TIMEOUT_DEFAULT, 1,
-                        &m.lock_timeout_secs, path, err)) < 0 ||
-        (r = policy_int(policy, "max_retries", POLICY_MAX_RETRIES_DEFAULT, 0, &m.max_retries,
+                        &m->lock_timeout_secs, path, err)) < 0 ||
+        (r = policy_int(policy, "max_retries", POLICY_MAX_RETRIES_DEFAULT, 0, &m->max_retries,
                         path, err)) < 0 ||
         (r = policy_int(policy, "poll_interval_secs", POLICY_POLL_INTERVAL_DEFAULT, 1,
-                        &m.poll_interval_secs, path, err)) < 0)
-        goto out;
-    m.nshards = (size_t)cJSON_GetArraySize(shards);
-    m.shards = xcalloc(m.nshards, sizeof(*m.shards));
+                        &m->poll_interval_secs, path, err)) < 0)
+        return r;
+    m->nshards = (size_t)cJSON_GetArraySize(shards);
+    m->shards = xcalloc(m->nshards, sizeof(*m->shards));
     cJSON_ArrayForEach(item, shards) {
-        struct manifest_shard *s = &m.shards[i];
+        struct manifest_shard *s = &m->shards[i];
+
         if (!cJSON_IsObject(item) || !(s->id = json_get_str(item, "id")) ||
-            !(s->path = json_get_str(item, "path")) || json_get_int(item, "rows", &s->rows) < 0) {
-            r = err_set(err, -EINVAL,
-                        "Malformed manifest %s: shards[%d] needs string id and path and integer rows",
-                        path, i);
-            goto out;
-        }
-        if (!path_ok(s->path)) {
-            r = err_set(err, -EINVAL,
-                        "Malformed manifest %s: shard path '%s' is not a relative path inside "
-                        "the job directory",
-                        path, s->path);
-            goto out;
-        }
-        if (!manifest_id_ok(s->id)) {
-            r = err_set(err, -EINVAL,
-                        "Malformed manifest %s: shard id '%s' is not a plain file name", path,
-                        s->id);
-            goto out;
-        }
+            !(s->path = json_get_str(item, "path")) || json_get_int(item, "rows", &s->rows) < 0)
+            return err_set(err, -EINVAL, "Malformed manifest %s: shards[%d] needs string id and "
+                           "path and integer rows", path, i);
+        if (!path_ok(s->path) || strlen(s->path) > MANIFEST_PATH_MAX)
+            return err_set(err, -EINVAL, "Malformed manifest %s: shard path '%.200s' is not a "
+                           "relative path inside the job directory", path, s->path);
+        if (!manifest_id_ok(s->id))
+            return err_set(err, -EINVAL, "Malformed manifest %s: shard id '%.200s' is not a "
+                           "plain file name", path, s->id);
         if (json_get_int(item, "index", &s->index) < 0)
             s->index = i;
         if (json_get_int(item, "size_bytes", &s->size_bytes) < 0)
             s->size_bytes = -1;
         s->sha256 = json_get_str(item, "sha256");
-        m.total_rows += s->rows;
+        if (s->sha256 && strlen(s->sha256) > 128)
+            s->sha256 = NULL;
+        m->total_rows += s->rows;
         i++;
     }
+    if ((m->job_id && strlen(m->job_id) > 4096) || (strlen(m->ray_address) > 4096))
+        return err_set(err, -EINVAL, "Malformed manifest %s: job_id or ray_address too long",
+                       path);
+    *ret_exec = cJSON_PrintUnformatted(exec);
+    m->execution_json = *ret_exec;
+    return 0;
+}
+
+int
+manifest_parse(const char *text, size_t len, const char *job_dir, const char *path,
+               cJSON **ret_doc, struct manifest *ret, struct esd_err *err)
+{
+    struct manifest m = { 0 };
+    cJSON *doc = NULL;
+    char *exec = NULL;
+    int r;
+
+    if ((r = manifest_check_size(text, len, path, err)) < 0 ||
+        (r = json_parse_object(text, len, path, &doc, err)) < 0 ||
+        (r = check_doc(doc, path, &m, &exec, err)) < 0)
+        goto out;
     /* The index for manifest_find, which also finds duplicate ids. */
     m.by_id = xcalloc(m.nshards, sizeof(*m.by_id));
     for (size_t k = 0; k < m.nshards; k++)
@@ -173,29 +339,111 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
                         m.shards[m.by_id[k]].id);
             goto out;
         }
-    m.job_dir = xstrdup(job_dir);
-    /* Into our own copy: the caller's job_dir may not outlive m. */
-    if (!m.job_id)
-        m.job_id = fs_basename(m.job_dir);
+    keep_strings(&m, job_dir);
     *ret = m;
-    m.json = NULL;
-    m.shards = NULL;
-    m.by_id = NULL;
+    memset(&m, 0, sizeof(m));
+    if (ret_doc) {
+        *ret_doc = doc;
+        doc = NULL;
+    }
 out:
-    free(path);
     free(m.by_id);
     free(m.shards);
-    cJSON_Delete(m.json);
+    free(exec);
+    cJSON_Delete(doc);
     return r;
+}
+
+/* manifest_load, keeping the document in *ret_doc when not NULL. */
+static int
+load(const char *job_dir, struct manifest *ret, cJSON **ret_doc, struct esd_err *err)
+{
+    char *path = fs_join(job_dir, "manifest.json"), *text = NULL;
+    size_t len = 0;
+    int r;
+
+    r = fs_read_job(path, MANIFEST_MAX_BYTES, &text, &len, NULL);
+    if (r == -ELOOP)
+        err_set(err, r, "Unable to read JSON file %s: a symbolic link, not followed", path);
+    else if (r == -EFBIG)
+        err_set(err, r, "Unable to read JSON file %s: larger than %zu bytes", path,
+                (size_t)MANIFEST_MAX_BYTES);
+    else if (r == -EINVAL)
+        err_set(err, r, "Unable to read JSON file %s: not a regular file", path);
+    else if (r < 0)
+        err_sys(err, r, "Unable to read JSON file %s", path);
+    else
+        r = manifest_parse(text, len, job_dir, path, ret_doc, ret, err);
+    free(text);
+    free(path);
+    return r;
+}
+
+int
+manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
+{
+    return load(job_dir, ret, NULL, err);
+}
+
+int
+manifest_load_doc(const char *job_dir, struct manifest *ret, cJSON **ret_doc,
+                  struct esd_err *err)
+{
+    return load(job_dir, ret, ret_doc, err);
+}
+
+void
+manifest_compact(const struct manifest *m, struct buf *out)
+{
+    cJSON *o = cJSON_CreateObject(), *a, *x, *exec = NULL;
+
+    json_add_int(o, "schema_version", MANIFEST_SCHEMA);
+    json_add_str(o, "job_id", m->job_id);
+    if (m->execution_json)
+        exec = cJSON_Parse(m->execution_json);
+    if (!exec) {
+        exec = cJSON_CreateObject();
+        json_add_str(exec, "executor_type", "ray");
+        json_add_str(exec, "ray_address", m->ray_address);
+    }
+    cJSON_AddItemToObject(o, "execution", exec);
+    x = cJSON_AddObjectToObject(o, "policy");
+    json_add_int(x, "lock_timeout_secs", m->lock_timeout_secs);
+    json_add_int(x, "max_retries", m->max_retries);
+    json_add_int(x, "poll_interval_secs", m->poll_interval_secs);
+    x = cJSON_AddObjectToObject(o, "recipe");
+    if (m->recipe_sha256)
+        json_add_str(x, "sha256", m->recipe_sha256);
+    if (m->recipe_snapshot)
+        json_add_str(x, "snapshot_path", m->recipe_snapshot);
+    x = cJSON_AddObjectToObject(o, "data_juicer");
+    if (m->dj_commit)
+        json_add_str(x, "commit", m->dj_commit);
+    a = cJSON_AddArrayToObject(o, "shards");
+    for (size_t i = 0; i < m->nshards; i++) {
+        const struct manifest_shard *s = &m->shards[i];
+
+        x = cJSON_CreateObject();
+        json_add_str(x, "id", s->id);
+        json_add_int(x, "index", s->index);
+        json_add_str(x, "path", s->path);
+        json_add_int(x, "rows", s->rows);
+        if (s->size_bytes >= 0)
+            json_add_int(x, "size_bytes", s->size_bytes);
+        if (s->sha256)
+            json_add_str(x, "sha256", s->sha256);
+        cJSON_AddItemToArray(a, x);
+    }
+    json_dump(o, JSON_COMPACT, out);
+    cJSON_Delete(o);
 }
 
 void
 manifest_free(struct manifest *m)
 {
-    cJSON_Delete(m->json);
     free(m->shards);
     free(m->by_id);
-    free(m->job_dir);
+    free(m->arena);
     memset(m, 0, sizeof(*m));
 }
 

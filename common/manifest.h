@@ -16,7 +16,16 @@
 #include "util.h"
 
 #define MANIFEST_SCHEMA 2
+/* Limits of a manifest esd reads (files a job's owner or a peer writes).
+ * The size a manifest may have follows from what it lists: a base plus
+ * so much per shard and per input file, so that a document padded far
+ * beyond that is refused before it is parsed (manifest_check_size). */
 #define MANIFEST_MAX_BYTES ((size_t)1 << 30)
+#define MANIFEST_BASE_BYTES ((size_t)1 << 20)
+#define MANIFEST_ENTRY_BYTES ((size_t)16 << 10)
+#define MANIFEST_MAX_SHARDS 1000000
+#define MANIFEST_MAX_FILES 10000000
+#define MANIFEST_PATH_MAX 4096
 
 /* Policy defaults of the reference (spec §14). */
 #define POLICY_LOCK_TIMEOUT_DEFAULT 126000
@@ -24,23 +33,31 @@
 #define POLICY_POLL_INTERVAL_DEFAULT 20
 
 struct manifest_shard {
-    const char *id;   /* points into json */
+    const char *id;   /* in the manifest's arena */
     const char *path; /* relative, "shards/<id>.jsonl" */
     long long index;
     long long rows;
-    long long size_bytes;
-    const char *sha256;
+    long long size_bytes; /* -1: not recorded */
+    const char *sha256;   /* NULL: not recorded */
 };
 
+/*
+ * What esd uses of a manifest, and nothing more: the parsed document is
+ * not kept (a daemon holds one of these per job), every string lives in
+ * one arena.
+ */
 struct manifest {
-    cJSON *json;       /* the whole document (owned) */
+    char *arena;       /* every string below (owned) */
     char *job_dir;     /* resolved job directory */
     const char *job_id;
     size_t nshards;
     struct manifest_shard *shards;
     size_t *by_id;     /* shard indices sorted by id, for manifest_find */
-    const cJSON *execution;
     const char *ray_address;
+    const char *execution_json; /* the execution object, compact JSON */
+    const char *recipe_sha256;   /* recipe.sha256; NULL if absent */
+    const char *recipe_snapshot; /* recipe.snapshot_path; NULL: "recipe.yaml" */
+    const char *dj_commit;       /* data_juicer.commit; NULL if absent */
     long long lock_timeout_secs;
     long long max_retries;
     long long poll_interval_secs;
@@ -48,13 +65,33 @@ struct manifest {
 };
 
 /*
- * Loads <job_dir>/manifest.json (job_dir must be resolved). Checks
- * schema_version == 2, a non-empty shards list of well-formed entries whose
- * ids are plain names, and an execution object with executor_type "ray"
- * and a non-empty ray_address. Missing policy values take the defaults.
- * The caller frees with manifest_free.
+ * Loads <job_dir>/manifest.json (job_dir must be resolved), read as a job
+ * file (fs_read_job: no symbolic link, FIFO or device; size checked by
+ * manifest_check_size). Checks schema_version == 2, a non-empty shards
+ * list of well-formed entries whose ids are plain names, and an execution
+ * object with executor_type "ray" and a non-empty ray_address. Missing
+ * policy values take the defaults. The caller frees with manifest_free.
  */
 int manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err);
+/* manifest_load that also hands over the whole parsed document in *ret_doc
+ * (the caller cJSON_Deletes it), for prepare and tools that need more. */
+int manifest_load_doc(const char *job_dir, struct manifest *ret, cJSON **ret_doc,
+                      struct esd_err *err);
+/* manifest_load's checks on text[0..len) (path names it in messages);
+ * ret_doc as manifest_load_doc, or NULL. */
+int manifest_parse(const char *text, size_t len, const char *job_dir, const char *path,
+                   cJSON **ret_doc, struct manifest *ret, struct esd_err *err);
+/*
+ * Refuses, before any parsing, a manifest text larger than what it lists
+ * can need: MANIFEST_BASE_BYTES plus MANIFEST_ENTRY_BYTES per element of
+ * its top-level "shards" and "input_files" lists (counted by a scan of the
+ * bytes), or listing more than MANIFEST_MAX_SHARDS shards or
+ * MANIFEST_MAX_FILES input files. -EFBIG with a message naming path.
+ */
+int manifest_check_size(const char *text, size_t len, const char *path, struct esd_err *err);
+/* The fields of m as a small manifest document that manifest_parse reads
+ * back to the same struct (a loading child sends it to the daemon). */
+void manifest_compact(const struct manifest *m, struct buf *out);
 void manifest_free(struct manifest *m);
 
 /* Index of the shard with this id, or -1 (a binary search). */

@@ -347,6 +347,7 @@ matches_existing(struct job *j, bool *ret_match, struct esd_err *err)
     struct manifest m;
     struct esd_err ignore;
     const cJSON *files, *recipe, *f;
+    cJSON *doc = NULL;
     long long n;
     size_t i = 0;
     bool match = false;
@@ -360,16 +361,16 @@ matches_existing(struct job *j, bool *ret_match, struct esd_err *err)
         return 0;
     }
     free(mpath);
-    if ((r = manifest_load(j->job_dir, &m, err)) < 0)
+    if ((r = manifest_load_doc(j->job_dir, &m, &doc, err)) < 0)
         return r;
-    recipe = cJSON_GetObjectItemCaseSensitive(m.json, "recipe");
-    files = cJSON_GetObjectItemCaseSensitive(m.json, "input_files");
-    if (!json_get_str(m.json, "dataset_path") ||
-        strcmp(json_get_str(m.json, "dataset_path"), j->dataset) != 0)
+    recipe = cJSON_GetObjectItemCaseSensitive(doc, "recipe");
+    files = cJSON_GetObjectItemCaseSensitive(doc, "input_files");
+    if (!json_get_str(doc, "dataset_path") ||
+        strcmp(json_get_str(doc, "dataset_path"), j->dataset) != 0)
         goto done;
     if (!json_get_str(recipe, "sha256") || strcmp(json_get_str(recipe, "sha256"), j->recipe_sha))
         goto done;
-    if (json_get_int(m.json, "num_shards", &n) < 0 || n != j->o->num_shards)
+    if (json_get_int(doc, "num_shards", &n) < 0 || n != j->o->num_shards)
         goto done;
     if (strcmp(m.ray_address, j->ray_address) != 0)
         goto done;
@@ -396,6 +397,7 @@ matches_existing(struct job *j, bool *ret_match, struct esd_err *err)
     match = true;
 done:
     manifest_free(&m);
+    cJSON_Delete(doc);
     *ret_match = match;
     return 0;
 }

@@ -155,7 +155,8 @@ status_json(const struct manifest *m, const struct job_status *st)
 
     json_add_str(o, "job_id", m->job_id);
     json_add_str(o, "job_dir", m->job_dir);
-    cJSON_AddItemToObject(o, "execution", cJSON_Duplicate(m->execution, true));
+    cJSON_AddItemToObject(o, "execution", m->execution_json ? cJSON_Parse(m->execution_json)
+                                                            : cJSON_CreateObject());
     json_add_int(o, "total", (long long)st->total);
     counts = cJSON_AddObjectToObject(o, "counts");
     for (int k = 0; k < ST__COUNT; k++)

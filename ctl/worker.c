@@ -274,15 +274,13 @@ static int
 check_job(const struct call *c, const struct manifest *m, struct worker_cfg *w,
           struct esd_err *err)
 {
-    const cJSON *dj = cJSON_GetObjectItemCaseSensitive(m->json, "data_juicer");
-    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(m->json, "recipe");
-    const char *snapshot = json_get_str(recipe, "snapshot_path");
-    const char *want = json_get_str(recipe, "sha256");
+    const char *snapshot = m->recipe_snapshot;
+    const char *want = m->recipe_sha256;
     char hex[SHA256_HEX_LEN + 1], *path = NULL;
     int dirty, r;
 
     djversion_detect(&w->aopts, &w->dj_version, &dirty);
-    if ((r = djversion_check(json_get_str(dj, "commit"), w->dj_version, err)) < 0) {
+    if ((r = djversion_check(m->dj_commit, w->dj_version, err)) < 0) {
         if (!c->set[O_ALLOW_MISMATCH]) {
             size_t n = strlen(err->msg);
             snprintf(err->msg + n, sizeof(err->msg) - n,

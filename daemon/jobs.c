@@ -569,14 +569,12 @@ jobs_count(void)
 static char *
 refusal(struct job *j)
 {
-    const cJSON *dj = cJSON_GetObjectItemCaseSensitive(j->m.json, "data_juicer");
-    const cJSON *recipe = cJSON_GetObjectItemCaseSensitive(j->m.json, "recipe");
-    const char *want = json_get_str(recipe, "sha256");
-    const char *snap = json_get_str(recipe, "snapshot_path");
+    const char *want = j->m.recipe_sha256;
+    const char *snap = j->m.recipe_snapshot;
     char hex[SHA256_HEX_LEN + 1], *path = NULL;
     struct esd_err err;
 
-    if (djversion_check(json_get_str(dj, "commit"), J.dj_version, &err) < 0 &&
+    if (djversion_check(j->m.dj_commit, J.dj_version, &err) < 0 &&
         !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
                          "intentional)",

@@ -7,6 +7,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "fsutil.h"
 #include "manifest.h"
@@ -124,6 +126,77 @@ START_TEST(test_names)
 }
 END_TEST
 
+/* A manifest padded far beyond what its two shards can need is refused
+ * before it is parsed; so are a FIFO and a symbolic link in its place. */
+START_TEST(test_size_and_type)
+{
+    struct manifest m;
+    struct esd_err err;
+    struct buf b;
+    char *dir, *path, *link;
+    size_t pad = (size_t)3 << 20;
+
+    buf_init(&b);
+    buf_puts(&b, "{\"pad\": \"");
+    for (size_t i = 0; i < pad; i++)
+        buf_putc(&b, 'x');
+    buf_puts(&b, "\", ");
+    buf_puts(&b, GOOD + 1);
+    ck_assert_int_eq(load(b.p, &m, &err), -EFBIG);
+    ck_assert_msg(strstr(err.msg, "for 2 shards and 0 input files"), "%s", err.msg);
+    ck_assert_int_eq(manifest_check_size(b.p, b.len, "m", &err), -EFBIG);
+    ck_assert_int_eq(manifest_check_size(GOOD, strlen(GOOD), "m", &err), 0);
+    buf_free(&b);
+
+    dir = tu_tmpdir();
+    path = fs_join(dir, "manifest.json");
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(manifest_load(dir, &m, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "not a regular file"), "%s", err.msg);
+    unlink(path);
+    link = tu_write(dir, "elsewhere.json", GOOD, (size_t)-1);
+    ck_assert_int_eq(symlink(link, path), 0);
+    ck_assert_int_eq(manifest_load(dir, &m, &err), -ELOOP);
+    ck_assert_msg(strstr(err.msg, "symbolic link"), "%s", err.msg);
+    fs_rm_rf(dir);
+    free(dir);
+    free(path);
+    free(link);
+}
+END_TEST
+
+/* What a loading child sends back reads as the same manifest. */
+START_TEST(test_compact_round_trip)
+{
+    struct manifest m, back;
+    struct esd_err err;
+    struct buf b;
+
+    ck_assert_msg(load(GOOD, &m, &err) == 0, "%s", err.msg);
+    buf_init(&b);
+    manifest_compact(&m, &b);
+    ck_assert_msg(manifest_parse(b.p, b.len, m.job_dir, "compact", NULL, &back, &err) == 0,
+                  "%s", err.msg);
+    ck_assert_str_eq(back.job_id, m.job_id);
+    ck_assert_uint_eq(back.nshards, m.nshards);
+    for (size_t i = 0; i < m.nshards; i++) {
+        ck_assert_str_eq(back.shards[i].id, m.shards[i].id);
+        ck_assert_str_eq(back.shards[i].path, m.shards[i].path);
+        ck_assert_int_eq(back.shards[i].rows, m.shards[i].rows);
+        ck_assert_int_eq(back.shards[i].size_bytes, m.shards[i].size_bytes);
+    }
+    ck_assert_str_eq(back.shards[0].sha256, "ab");
+    ck_assert_ptr_null(back.shards[1].sha256);
+    ck_assert_int_eq(back.lock_timeout_secs, 60);
+    ck_assert_int_eq(back.max_retries, 0);
+    ck_assert_str_eq(back.ray_address, "local");
+    ck_assert_int_eq(back.total_rows, 3);
+    buf_free(&b);
+    manifest_free(&back);
+    manifest_free(&m);
+}
+END_TEST
+
 static Suite *
 manifest_suite(void)
 {
@@ -134,6 +207,8 @@ manifest_suite(void)
     tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof(bad) / sizeof(bad[0])));
     tcase_add_test(tc, test_unreadable);
     tcase_add_test(tc, test_names);
+    tcase_add_test(tc, test_size_and_type);
+    tcase_add_test(tc, test_compact_round_trip);
     suite_add_tcase(s, tc);
     return s;
 }

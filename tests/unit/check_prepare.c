@@ -138,6 +138,7 @@ START_TEST(test_manifest_and_bytes)
     struct prepare_result res;
     struct esd_err err;
     struct manifest m;
+    cJSON *doc = NULL;
     const char *data = "{\"n\": 12345678901234567890123, \"f\":0.1000000000000000055511151231257827}\n"
                        "{\"text\" : \"caf\xc3\xa9\\u00e9\"}\r\n"
                        "{\"x\":NaN}"; /* no final newline */
@@ -154,27 +155,27 @@ START_TEST(test_manifest_and_bytes)
     /* every byte kept, the final newline added */
     ck_assert_int_eq(strncmp(content, data, strlen(data)), 0);
     ck_assert_str_eq(content + strlen(data), "\n");
-    ck_assert_int_eq(manifest_load(f.job, &m, &err), 0);
+    ck_assert_int_eq(manifest_load_doc(f.job, &m, &doc, &err), 0);
     ck_assert_str_eq(m.job_id, "job");
-    ck_assert_str_eq(json_get_str(m.json, "dataset_path"), input);
-    ck_assert_str_eq(json_get_str(m.json, "media_root"), f.dir);
-    ck_assert_int_eq(json_get_int(m.json, "total_rows", &v), 0);
+    ck_assert_str_eq(json_get_str(doc, "dataset_path"), input);
+    ck_assert_str_eq(json_get_str(doc, "media_root"), f.dir);
+    ck_assert_int_eq(json_get_int(doc, "total_rows", &v), 0);
     ck_assert_int_eq(v, 3);
-    ck_assert_int_eq(json_get_int(m.json, "total_size_bytes", &v), 0);
+    ck_assert_int_eq(json_get_int(doc, "total_size_bytes", &v), 0);
     ck_assert_int_eq(v, (long long)strlen(data) + 1);
     sha256_buf(content, strlen(content), hex);
-    ck_assert_str_eq(json_get_str(m.json, "normalized_sha256"), hex);
+    ck_assert_str_eq(json_get_str(doc, "normalized_sha256"), hex);
     ck_assert_str_eq(m.shards[0].sha256, hex);
     ck_assert_int_eq(m.shards[0].size_bytes, (long long)strlen(data) + 1);
-    files = cJSON_GetObjectItemCaseSensitive(m.json, "input_files");
+    files = cJSON_GetObjectItemCaseSensitive(doc, "input_files");
     ck_assert_int_eq(cJSON_GetArraySize(files), 1);
     sha256_buf(data, strlen(data), hex);
     ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(files, 0), "sha256"), hex);
     ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(files, 0), "relative_path"), "in.jsonl");
-    policy = cJSON_GetObjectItemCaseSensitive(m.json, "policy");
+    policy = cJSON_GetObjectItemCaseSensitive(doc, "policy");
     ck_assert_int_eq(json_get_int(policy, "lock_timeout_secs", &v), 0);
     ck_assert_int_eq(v, 126000);
-    exec = cJSON_GetObjectItemCaseSensitive(m.json, "execution");
+    exec = cJSON_GetObjectItemCaseSensitive(doc, "execution");
     ck_assert_str_eq(json_get_str(exec, "recipe_executor_type"), "default");
     ck_assert_str_eq(json_get_str(exec, "ray_address"), "local");
     /* the executor warning, as the reference words it */
@@ -200,6 +201,7 @@ START_TEST(test_manifest_and_bytes)
     /* no staging directory left next to the job */
     ck_assert_int_eq(tu_count_entries(f.dir), 3);
     manifest_free(&m);
+    cJSON_Delete(doc);
     prepare_result_free(&res);
     free(content);
     free(shard);
@@ -214,6 +216,7 @@ START_TEST(test_directory_discovery)
     struct prepare_result res;
     struct esd_err err;
     struct manifest m;
+    cJSON *doc = NULL;
     const cJSON *files;
     char *ds, *link_target, *link_path;
     static const char *order[] = { ".hid/a.jsonl", "B/x.jsonl", "B/y/z.JSONL", "a.jsonl",
@@ -238,8 +241,8 @@ START_TEST(test_directory_discovery)
     link_target = fs_join(f.dir, "outside");
     ck_assert_int_eq(symlink(link_target, link_path), 0);
     ck_assert_msg(run_prepare(&f, ds, 2, &res, &err) == 0, "%s", err.msg);
-    ck_assert_int_eq(manifest_load(f.job, &m, &err), 0);
-    files = cJSON_GetObjectItemCaseSensitive(m.json, "input_files");
+    ck_assert_int_eq(manifest_load_doc(f.job, &m, &doc, &err), 0);
+    files = cJSON_GetObjectItemCaseSensitive(doc, "input_files");
     ck_assert_int_eq(cJSON_GetArraySize(files), 6);
     for (int i = 0; i < 6; i++) {
         const cJSON *x = cJSON_GetArrayItem(files, i);
@@ -248,7 +251,7 @@ START_TEST(test_directory_discovery)
         ck_assert_str_eq(json_get_str(x, "path"), expect_path);
         free(expect_path);
     }
-    ck_assert_str_eq(json_get_str(m.json, "media_root"), ds);
+    ck_assert_str_eq(json_get_str(doc, "media_root"), ds);
     /* contiguous shards in that order: records 1..6 */
     {
         char *s0 = fs_join(f.job, "shards/part-00000-of-00002.jsonl");
@@ -260,6 +263,7 @@ START_TEST(test_directory_discovery)
         free(a), free(b), free(s0), free(s1);
     }
     manifest_free(&m);
+    cJSON_Delete(doc);
     prepare_result_free(&res);
     free(link_target);
     free(link_path);
