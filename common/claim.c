@@ -82,9 +82,9 @@ claimer_init(struct claimer *c, const struct manifest *m, const struct claim_opt
     if ((r = fs_mkdir_p(dir, 0755, err)) < 0)
         goto fail;
     path = fs_join(dir, c->node);
-    c->clock_fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    c->clock_fd = fs_open_job(path, O_WRONLY | O_CREAT, 0644, 0, NULL, err);
     if (c->clock_fd < 0) {
-        r = err_sys(err, -errno, "Cannot open the clock file %s", path);
+        r = c->clock_fd;
         goto fail;
     }
     free(dir);
@@ -217,20 +217,32 @@ claim_fence(const char *path, const char *token, bool nb, struct esd_err *err)
     const char *t;
     int fd, r;
 
-    fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0 && errno == EACCES)
+    fd = fs_open_job(path, O_RDWR, 0, 0, NULL, err);
+    if (fd == -EACCES)
         /* A lock of another user (a reference worker): flock works on a
          * read-only descriptor locally; on NFS it then fails cleanly. */
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = fs_open_job(path, O_RDONLY, 0, 0, NULL, err);
     if (fd < 0) {
-        if (errno == ENOENT)
+        if (fd == -ENOENT)
             return err_set(err, -ESTALE, "lock %s is gone", path);
-        return err_sys(err, -errno, "Cannot open lock %s", path);
+        return fd;
     }
-    while ((r = flock(fd, LOCK_EX | (nb ? LOCK_NB : 0))) < 0 && errno == EINTR)
-        ;
+    /* Never an unbounded wait: whoever holds a lock's flock (a node
+     * deciding a takeover, the reference's worker) holds it for moments;
+     * an owner holding it for ever makes the step fail, not hang. */
+    for (double until = time_mono() + (nb ? 0 : CLAIM_FENCE_WAIT);;) {
+        if ((r = flock(fd, LOCK_EX | LOCK_NB)) == 0 || (errno != EINTR && errno != EWOULDBLOCK))
+            break;
+        if (errno == EWOULDBLOCK && time_mono() >= until)
+            break;
+        if (errno == EWOULDBLOCK)
+            usleep(20000);
+    }
     if (r < 0) {
-        r = errno == EWOULDBLOCK ? -EWOULDBLOCK : err_sys(err, -errno, "Cannot lock %s", path);
+        r = errno != EWOULDBLOCK ? err_sys(err, -errno, "Cannot lock %s", path)
+            : nb ? -EWOULDBLOCK
+                 : err_set(err, -EWOULDBLOCK, "lock %s stayed locked by another process for "
+                           "%.0f s", path, CLAIM_FENCE_WAIT);
         close(fd);
         return r;
     }
@@ -370,11 +382,19 @@ judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd
     if (stat(path, &st) < 0)
         return errno == ENOENT ? J_GONE : err_sys(err, -errno, "Cannot stat lock %s", path);
     if (st.st_ino != c->lock_ino[i] || st.st_dev != c->lock_dev[i] || !c->lock_threshold[i]) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = fs_open_job(path, O_RDONLY, 0, 0, NULL, err);
         cJSON *j;
 
+        if (fd == -ENOENT)
+            return J_GONE;
+        if (fd == -ELOOP || fd == -EINVAL) {
+            /* Not a lock file (a link, a FIFO): nobody's claim, and not a
+             * file to take over either; the shard waits, the pass goes on. */
+            remember_fresh(c, i, now, now + (double)c->lease_secs);
+            return J_FRESH;
+        }
         if (fd < 0)
-            return errno == ENOENT ? J_GONE : err_sys(err, -errno, "Cannot open lock %s", path);
+            return fd;
         j = read_lock_fd(fd);
         close(fd);
         c->lock_threshold[i] = lock_threshold(c, j);
@@ -769,12 +789,16 @@ claim_heartbeat(const struct claim *cl, struct esd_err *err)
     const char *t;
     int fd, r = 0;
 
-    fd = open(cl->lock_path, O_RDWR | O_CLOEXEC);
+    fd = fs_open_job(cl->lock_path, O_RDWR, 0, 0, NULL, err);
     if (fd < 0) {
-        if (errno == ENOENT)
+        if (fd == -ENOENT)
             return err_set(err, -ESTALE, "Lease of %s lost: its lock was removed or taken over",
                            cl->shard_id);
-        return err_sys(err, -errno, "Cannot open lock %s", cl->lock_path);
+        /* replaced by something that is not a lock file: not ours */
+        if (fd == -ELOOP || fd == -EINVAL)
+            return err_set(err, -ESTALE, "Lease of %s lost: its lock was replaced by something "
+                           "that is not a lock file", cl->shard_id);
+        return fd;
     }
     if (fstat(fd, &st) < 0) {
         r = err_sys(err, -errno, "Cannot stat lock %s", cl->lock_path);

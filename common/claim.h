@@ -113,6 +113,8 @@ void claimer_free(struct claimer *c);
 int claimer_now(struct claimer *c, double *ret_now, struct esd_err *err);
 
 #define CLAIM_CLOCK_RESYNC 30.0
+/* Longest wait of a blocking fence for a lock's flock (seconds). */
+#define CLAIM_FENCE_WAIT 30.0
 #define CLAIM_CLOCK_MARGIN 2.0
 
 /*
@@ -158,7 +160,9 @@ void claimer_forget(struct claimer *c, const struct claim *cl, bool done, bool f
 void claim_free(struct claim *cl);
 
 /*
- * Opens the lock at path read-write, takes flock (blocking unless nb) and
+ * Opens the lock at path read-write (fs_open_job: a link, a FIFO or a
+ * device is refused), takes flock (waiting at most CLAIM_FENCE_WAIT seconds
+ * unless nb, then -EWOULDBLOCK) and
  * checks that path still names it and that its token is token. Returns the
  * locked fd (close it with claim_unfence), -ESTALE if the lock is not (or
  * no longer) the one with that token, -EWOULDBLOCK when nb and busy, or a

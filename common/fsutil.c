@@ -15,12 +15,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <limits.h>
 #include <pwd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -279,17 +281,19 @@ fs_create_excl(const char *path, const void *data, size_t len, mode_t mode, int 
     return r;
 }
 
-/* fs_open_job, following a symbolic link when follow is true. */
+/* fs_open_job_at, following a symbolic link when follow is true; path
+ * names the file in messages. */
 static int
-open_regular(const char *path, int flags, mode_t mode, size_t max, bool follow,
-             struct stat *ret_st, struct esd_err *err)
+open_regular(int dirfd, const char *rel, const char *path, int flags, mode_t mode, size_t max,
+             bool follow, struct stat *ret_st, struct esd_err *err)
 {
     struct stat st;
     int fd, r;
 
     /* O_NONBLOCK: a FIFO (or a device) is refused below instead of waited
      * on at open; O_NOFOLLOW: a planted symbolic link is never followed. */
-    fd = open(path, flags | (follow ? 0 : O_NOFOLLOW) | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, mode);
+    fd = openat(dirfd, rel, flags | (follow ? 0 : O_NOFOLLOW) | O_NONBLOCK | O_NOCTTY | O_CLOEXEC,
+                mode);
     if (fd < 0) {
         if (errno == ELOOP && !follow)
             return err_set(err, -ELOOP, "%s is a symbolic link; not following it", path);
@@ -319,7 +323,105 @@ int
 fs_open_job(const char *path, int flags, mode_t mode, size_t max, struct stat *ret_st,
             struct esd_err *err)
 {
-    return open_regular(path, flags, mode, max, false, ret_st, err);
+    return open_regular(AT_FDCWD, path, path, flags, mode, max, false, ret_st, err);
+}
+
+int
+fs_open_job_at(int dirfd, const char *rel, const char *shown, int flags, mode_t mode, size_t max,
+               struct stat *ret_st, struct esd_err *err)
+{
+    return open_regular(dirfd, rel, shown ? shown : rel, flags, mode, max, false, ret_st, err);
+}
+
+int
+fs_mkdir_beneath(int dirfd, const char *rel, mode_t mode, const char *shown, struct esd_err *err)
+{
+    char *copy = xstrdup(rel), *part, *save = NULL;
+    int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), next;
+
+    if (!shown)
+        shown = rel;
+    if (fd < 0) {
+        free(copy);
+        return err_sys(err, -errno, "cannot open directory %s", shown);
+    }
+    for (part = strtok_r(copy, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(part, "."))
+            continue;
+        if (!strcmp(part, "..")) {
+            close(fd);
+            free(copy);
+            return err_set(err, -EXDEV, "%s leaves its directory", shown);
+        }
+        if (mkdirat(fd, part, mode) < 0 && errno != EEXIST) {
+            int e = errno;
+
+            close(fd);
+            free(copy);
+            return err_sys(err, -e, "cannot create directory %s", shown);
+        }
+        next = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        close(fd);
+        if (next < 0) {
+            int e = errno == ENOTDIR ? ELOOP : errno;
+
+            free(copy);
+            if (e == ELOOP)
+                return err_set(err, -ELOOP, "%s is, or passes through, a symbolic link or a "
+                               "file; not following it", shown);
+            return err_sys(err, -e, "cannot open directory %s", shown);
+        }
+        fd = next;
+    }
+    free(copy);
+    return fd;
+}
+
+int
+fs_open_dir_beneath(int dirfd, const char *rel, const char *shown, struct esd_err *err)
+{
+    struct open_how how = {
+        .flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC,
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+    };
+    char *copy, *part, *save = NULL;
+    int fd, next;
+
+    if (!shown)
+        shown = rel;
+    fd = (int)syscall(SYS_openat2, dirfd, *rel ? rel : ".", &how, sizeof(how));
+    if (fd >= 0)
+        return fd;
+    if (errno != ENOSYS) {
+        if (errno == ELOOP || errno == EXDEV)
+            return err_set(err, -ELOOP, "%s is, or passes through, a symbolic link or leaves "
+                           "its directory; not following it", shown);
+        return err_sys(err, -errno, "cannot open directory %s", shown);
+    }
+    /* (a kernel before 5.6) one component at a time, none followed */
+    if ((fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return err_sys(err, -errno, "cannot open directory %s", shown);
+    copy = xstrdup(rel);
+    for (part = strtok_r(copy, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(part, "."))
+            continue;
+        next = !strcmp(part, "..") ? (errno = EXDEV, -1)
+                                   : openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+                                                          O_CLOEXEC);
+        close(fd);
+        if (next < 0) {
+            int e = errno == ENOTDIR ? ELOOP : errno;
+
+            free(copy);
+            if (e == ELOOP || e == EXDEV)
+                return err_set(err, -ELOOP, "%s is, or passes through, a symbolic link or leaves "
+                               "its directory; not following it", shown);
+            return err_sys(err, -e, "cannot open directory %s", shown);
+        }
+        fd = next;
+    }
+    free(copy);
+    return fd;
 }
 
 /* Reads what is left of fd (a regular file of st_size bytes), at most max. */
@@ -373,7 +475,7 @@ read_regular(const char *path, size_t max, bool follow, char **ret, size_t *ret_
              struct esd_err *err)
 {
     struct stat st;
-    int fd = open_regular(path, O_RDONLY, 0, max, follow, &st, err), r;
+    int fd = open_regular(AT_FDCWD, path, path, O_RDONLY, 0, max, follow, &st, err), r;
 
     if (fd < 0)
         return fd;
@@ -386,6 +488,20 @@ int
 fs_read_job(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err)
 {
     return read_regular(path, max, false, ret, ret_len, err);
+}
+
+int
+fs_read_job_at(int dirfd, const char *rel, const char *shown, size_t max, char **ret,
+               size_t *ret_len, struct esd_err *err)
+{
+    struct stat st;
+    int fd = fs_open_job_at(dirfd, rel, shown, O_RDONLY, 0, max, &st, err), r;
+
+    if (fd < 0)
+        return fd;
+    r = read_fd(fd, shown ? shown : rel, st.st_size, max, ret, ret_len, err);
+    close(fd);
+    return r;
 }
 
 int

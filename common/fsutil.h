@@ -75,6 +75,30 @@ int fs_open_job(const char *path, int flags, mode_t mode, size_t max, struct sta
  * FIFO waited on, at most max bytes). *ret is NUL-terminated. */
 int fs_read_job(const char *path, size_t max, char **ret, size_t *ret_len, struct esd_err *err);
 
+/* fs_open_job and fs_read_job of rel relative to the directory descriptor
+ * dirfd (a job directory opened once and checked); shown names the file
+ * in messages (NULL: rel). */
+int fs_open_job_at(int dirfd, const char *rel, const char *shown, int flags, mode_t mode,
+                   size_t max, struct stat *ret_st, struct esd_err *err);
+int fs_read_job_at(int dirfd, const char *rel, const char *shown, size_t max, char **ret,
+                   size_t *ret_len, struct esd_err *err);
+
+/*
+ * Opens the directory rel below dirfd ("" or "." for dirfd itself)
+ * without following any symbolic link on the way and without leaving
+ * dirfd (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS; one O_NOFOLLOW
+ * component at a time on kernels without it). Returns the descriptor
+ * (O_RDONLY | O_DIRECTORY | O_CLOEXEC) or a negative errno (-ELOOP for a
+ * link or an escape), err naming shown (NULL: rel).
+ */
+int fs_open_dir_beneath(int dirfd, const char *rel, const char *shown, struct esd_err *err);
+
+/* fs_open_dir_beneath that creates the missing directories of rel (mode)
+ * on the way, one component at a time, following no link; ".." is
+ * refused. */
+int fs_mkdir_beneath(int dirfd, const char *rel, mode_t mode, const char *shown,
+                     struct esd_err *err);
+
 /* mkdir -p with mode; existing directories are fine. */
 int fs_mkdir_p(const char *path, mode_t mode, struct esd_err *err);
 

@@ -365,21 +365,34 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
 {
     struct merge_result res = { 0 };
     struct ctx c;
-    char *tmp = NULL, *parent = NULL;
-    int r;
+    char *tmp = NULL, *parent = NULL, *prel = NULL;
+    const char *base = fs_basename(o->output ? o->output : "");
+    int r, pfd = AT_FDCWD;
+    size_t jl = strlen(m->job_dir);
 
     if (!o->output)
         return err_set(err, -EINVAL, "merge needs an output path");
+    if (o->confined && (strncmp(o->output, m->job_dir, jl) || o->output[jl] != '/' ||
+                        !o->output[jl + 1]))
+        return err_set(err, -EACCES, "Output %s is not inside the job directory %s", o->output,
+                       m->job_dir);
     ctx_init(&c, m, o);
     if ((r = check_ready(&c, err)) < 0)
         goto out;
     parent = fs_dirname(o->output);
-    if ((r = fs_mkdir_p(parent, 0755, err)) < 0)
+    if (o->confined) {
+        /* from the job directory's descriptor down, no link followed */
+        prel = fs_dirname(o->output + jl + 1);
+        if ((r = pfd = fs_mkdir_beneath(o->job_fd, prel, 0755, parent, err)) < 0)
+            goto out;
+    } else if ((r = fs_mkdir_p(parent, 0755, err)) < 0) {
         goto out;
+    }
     tmp = fs_tmp_path(o->output);
     c.out_tmp = tmp;
     inflight_tmp = tmp;
-    c.out_fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    c.out_fd = openat(pfd, o->confined ? fs_basename(tmp) : tmp,
+                      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (c.out_fd < 0) {
         r = err_sys(err, -errno, "Cannot create %s", tmp);
         goto out;
@@ -394,7 +407,18 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     }
     close(c.out_fd);
     c.out_fd = -1;
-    if (o->overwrite) {
+    if (o->confined) {
+        /* (a name planted at the output's place is replaced, never followed) */
+        if (o->overwrite ? renameat(pfd, fs_basename(tmp), pfd, base) < 0
+                         : linkat(pfd, fs_basename(tmp), pfd, base, 0) < 0)
+            r = errno == EEXIST ? err_set(err, -EEXIST, "Output already exists: %s; pass "
+                                          "--overwrite to replace it", o->output)
+                                : err_sys(err, -errno, "Cannot create %s", o->output);
+        else if (!o->overwrite)
+            unlinkat(pfd, fs_basename(tmp), 0);
+        if (r == 0 && fsync(pfd) < 0 && errno != EINVAL)
+            r = err_sys(err, -errno, "cannot fsync directory %s", parent);
+    } else if (o->overwrite) {
         if (rename(tmp, o->output) < 0)
             r = err_sys(err, -errno, "Cannot replace %s", o->output);
     } else if (link(tmp, o->output) < 0) {
@@ -405,7 +429,7 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     } else {
         unlink(tmp);
     }
-    if (r == 0)
+    if (r == 0 && !o->confined)
         r = fs_fsync_dir(parent, err);
     if (r == 0)
         r = write_merge_json(m, o->output, &res, err);
@@ -413,10 +437,13 @@ out:
     if (c.out_fd >= 0)
         close(c.out_fd);
     if (tmp)
-        unlink(tmp);
+        unlinkat(pfd, o->confined ? fs_basename(tmp) : tmp, 0);
     inflight_tmp = NULL;
+    if (pfd >= 0)
+        close(pfd);
     free(tmp);
     free(parent);
+    free(prel);
     ctx_free(&c);
     if (r < 0) {
         merge_result_free(&res);

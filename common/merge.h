@@ -36,6 +36,13 @@ struct merge_opts {
     /* When it becomes non-zero, merge stops with -ECANCELED, leaving no
      * output or temporary file. May be NULL. */
     const volatile sig_atomic_t *cancel;
+    /* confined: output must lie inside the job directory, which job_fd
+     * (a descriptor of it, checked by the caller) is; the output's
+     * directory is reached from job_fd and the output created and renamed
+     * there, no symbolic link followed on the way (a daemon merging a
+     * directory its owner controls). */
+    bool confined;
+    int job_fd;
 };
 
 struct merge_owner {

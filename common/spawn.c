@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* (TEMP until the env branch lands) */
+#define PW_BUF_MAX ((size_t)1 << 20)
+#define GROUPS_MAX 65536
 
 /* spawn_start, with stderr on the pipe too (merge) or on /dev/null, as
  * uid/gid unless uid is (uid_t)-1. */
@@ -116,6 +121,67 @@ spawn_start_as(char *const *argv, char *const *envp, const char *cwd, uid_t uid,
     if (uid == 0)
         return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
     return start(argv, envp, cwd, true, uid, gid, ret, err);
+}
+
+int
+spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err)
+{
+    struct passwd pw, *res = NULL;
+    size_t size = 1024;
+    char *buf = NULL;
+    gid_t *groups = NULL;
+    int e, n = 32, got;
+
+    for (;;) {
+        buf = xrealloc(buf, size);
+        e = getpwuid_r(uid, &pw, buf, size, &res);
+        if (e != ERANGE || size >= PW_BUF_MAX)
+            break;
+        size *= 2;
+    }
+    if (e != 0 || !res) {
+        free(buf);
+        if (e != 0)
+            return err_set(err, -e, "Cannot look up uid %lu in the user database: %s",
+                           (unsigned long)uid, strerror(e));
+        return err_set(err, -ENOENT, "uid %lu has no entry in the user database (passwd)",
+                       (unsigned long)uid);
+    }
+    for (;;) {
+        groups = xrealloc(groups, (size_t)n * sizeof(*groups));
+        got = n;
+        if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &got) >= 0)
+            break;
+        /* too small: got is the number needed */
+        if (got <= n || got > GROUPS_MAX) {
+            e = err_set(err, -E2BIG, "Cannot take the groups of user %s (uid %lu): %d groups",
+                        pw.pw_name, (unsigned long)uid, got);
+            free(groups);
+            free(buf);
+            return e;
+        }
+        n = got;
+    }
+    memset(ret, 0, sizeof(*ret));
+    ret->uid = uid;
+    ret->gid = pw.pw_gid;
+    ret->groups = groups;
+    ret->ngroups = (size_t)got;
+    ret->name = xstrdup(pw.pw_name);
+    ret->home = xstrdup(pw.pw_dir ? pw.pw_dir : "/");
+    ret->shell = xstrdup(pw.pw_shell && *pw.pw_shell ? pw.pw_shell : "/bin/sh");
+    free(buf);
+    return 0;
+}
+
+void
+spawn_cred_free(struct spawn_cred *c)
+{
+    free(c->groups);
+    free(c->name);
+    free(c->home);
+    free(c->shell);
+    memset(c, 0, sizeof(*c));
 }
 
 void

@@ -11,6 +11,7 @@
 #ifndef ESD_SPAWN_H
 #define ESD_SPAWN_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "util.h"
@@ -28,6 +29,29 @@ struct spawned {
  */
 int spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
                 struct esd_err *err);
+
+/* A user as the user database has it: who a child runs as, and what its
+ * login environment says (HOME, USER, SHELL). */
+struct spawn_cred {
+    uid_t uid;
+    gid_t gid;      /* the primary group, pw_gid */
+    gid_t *groups;  /* the supplementary groups (getgrouplist, gid among them) */
+    size_t ngroups;
+    char *name;     /* pw_name */
+    char *home;     /* pw_dir */
+    char *shell;    /* pw_shell; "/bin/sh" when empty */
+};
+
+/*
+ * Fills *ret with uid's passwd entry and group list (getpwuid_r,
+ * getgrouplist). Returns 0, -ENOENT when the user database has no entry
+ * for uid (err says so: nothing is started for a user nobody knows), or
+ * another negative errno. The caller frees *ret with spawn_cred_free.
+ */
+int spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err);
+
+/* Frees what spawn_cred_for_uid filled in; accepts a zeroed struct. */
+void spawn_cred_free(struct spawn_cred *c);
 
 /*
  * spawn_start as user uid and group gid (supplementary groups dropped),

@@ -159,6 +159,10 @@ static const struct key keys[] = {
     { .name = "attempt_timeout_secs", .type = KT_INT, .off = F(attempt_timeout_secs),
       .def = "0", .min = 0, .max = 30 * DAY,
       .help = "an attempt running longer is killed and fails; 0: no limit" },
+    { .name = "helper_timeout_secs", .type = KT_INT, .off = F(helper_timeout_secs),
+      .def = "21600", .min = 60, .max = 30 * DAY,
+      .help = "a helper process of esd's (a shard's validation and publication, a merge, a "
+              "job's loading, a control operation) running longer is killed" },
     { .name = "drain_timeout_secs", .type = KT_INT, .off = F(drain_timeout_secs), .def = "60",
       .min = 0, .max = DAY,
       .help = "on SIGTERM, how long running attempts may finish before they are stopped" },

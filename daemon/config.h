@@ -55,6 +55,7 @@ struct esd_conf {
     char *spool_dir;         /* spool_dir: shared job registrations; NULL */
     long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
     long drain_timeout_secs; /* drain_timeout_secs: default 60 */
+    long helper_timeout_secs; /* helper_timeout_secs: default 21600 */
     long max_infra_failures; /* max_infra_failures: default 10 */
     enum log_target log_target; /* log.target: auto (default), journal, stderr */
     char *metrics_path;      /* metrics.path: textfile-collector file; NULL: none */

@@ -490,7 +490,7 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
 
     if (submit_check(c, args, jr, &out, code, err) < 0)
         return NULL;
-    j = jobs_register(jr->dir, out, cmd_arg_flag(args, O_EVERYWHERE), err);
+    j = jobs_register(jr->dir, &jr->st, out, cmd_arg_flag(args, O_EVERYWHERE), c->cred.uid, err);
     free(out);
     if (!j) {
         *code = PROTO_E_FAILED;

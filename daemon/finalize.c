@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "helper.h"
 #include "json.h"
 #include "log.h"
 #include "spawn.h"
@@ -29,6 +30,7 @@ struct fin {
     pid_t pid;
     ev_child child_w;
     ev_io out_w;      /* winner: the merging child's record */
+    struct helper_guard guard;
     struct buf out;
     bool exited, eof;
     int status;
@@ -81,6 +83,7 @@ fin_free(struct fin *f)
     buf_free(&f->out);
     ev_timer_stop(F.loop, &f->beat_w);
     ev_timer_stop(F.loop, &f->poll_w);
+    helper_guard_stop(&f->guard, F.loop);
     if (f->pid > 0) {
         kill(f->pid, SIGKILL);
         F.running--;
@@ -148,8 +151,8 @@ merge_child_stop(int sig)
     _exit(1);
 }
 
-/* The merging child: as the job's owner when started as root. It reports
- * its record on fd; the parent records it in finalize.json. */
+/* The merging child, a helper as the job's owner. It reports its record
+ * on fd; the parent records it in finalize.json. */
 static void __attribute__((noreturn))
 fin_merge_child(struct fin *f, int fd)
 {
@@ -158,26 +161,27 @@ fin_merge_child(struct fin *f, int fd)
     struct merge_result res = { 0 };
     struct esd_err err;
     cJSON *rec = cJSON_CreateObject();
-    char now[40];
-    int r = 0;
-
     struct sigaction sa = { .sa_handler = merge_child_stop };
+    struct stat st;
+    char now[40];
+    int r = 0, dfd;
 
     /* esd stops a merge (drain timeout, second SIGTERM) with SIGTERM */
-    sigset_t term;
-
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
-    /* (the event loop may have blocked it for its signalfd) */
-    sigemptyset(&term);
-    sigaddset(&term, SIGTERM);
-    sigprocmask(SIG_UNBLOCK, &term, NULL);
-    if (geteuid() == 0 && (setgroups(1, &j->gid) < 0 || setgid(j->gid) < 0 ||
-                           setuid(j->uid) < 0)) {
-        r = err_sys(&err, -errno, "cannot become uid %u to merge", (unsigned)j->uid);
+    /* The directory bound at submit, checked once more, and the output
+     * reached from it, following no link (DESIGN.md "Security model"). */
+    dfd = open(j->job_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0 || fstat(dfd, &st) < 0) {
+        r = err_sys(&err, -errno, "cannot open the job directory %s", j->job_dir);
+    } else if (st.st_ino != j->ino || st.st_uid != j->uid || (j->dev && st.st_dev != j->dev)) {
+        r = err_set(&err, -ESTALE, "%s is not the directory submitted any more; not merging",
+                    j->job_dir);
     } else {
         o.output = j->output;
         o.overwrite = true;
+        o.confined = true;
+        o.job_fd = dfd;
         r = merge_run(&j->m, &o, &res, &err);
     }
     time_iso_now(now, NULL);
@@ -198,7 +202,7 @@ fin_merge_child(struct fin *f, int fd)
 
         buf_init(&b);
         json_dump(rec, JSON_COMPACT, &b);
-        r = fs_write_all(fd, b.p, b.len);
+        r = helper_write(fd, b.p, b.len);
     }
     _exit(r < 0 ? 2 : 0);
 }
@@ -258,6 +262,7 @@ fin_out_cb(struct ev_loop *loop, ev_io *w, int revents)
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
         return;
     if (n > 0) {
+        helper_guard_fed(&f->guard, loop);
         if (f->out.len < (1u << 20))
             buf_append(&f->out, chunk, (size_t)n);
         return;
@@ -276,6 +281,7 @@ fin_child_cb(struct ev_loop *loop, ev_child *w, int revents)
 
     (void)revents;
     ev_child_stop(loop, w);
+    helper_guard_stop(&f->guard, loop);
     f->pid = 0;
     F.running--;
     f->exited = true;
@@ -289,7 +295,7 @@ fin_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct fin *f = w->data;
     struct fsid prev = jobs_fs_owner(f->job);
-    int fd = open(f->lock, O_RDWR | O_CLOEXEC);
+    int fd = fs_open_job(f->lock, O_RDWR, 0, 0, NULL, NULL);
 
     (void)loop;
     (void)revents;
@@ -349,9 +355,10 @@ fin_elect(struct fin *f)
     struct esd_err err;
     cJSON *o = cJSON_CreateObject();
     struct buf b;
+    struct helper_id who;
     char now[40];
     pid_t pid;
-    int r, fds[2];
+    int r, fd;
 
     ev_timer_stop(F.loop, &f->poll_w);
     time_iso_now(now, NULL);
@@ -382,23 +389,21 @@ fin_elect(struct fin *f)
     }
     f->winner = true;
     log_notice(&f->ctx, "every shard is done; merging into %s", j->output);
-    if (pipe2(fds, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
-        log_err(&f->ctx, "cannot start the merge: %s; retrying", strerror(errno));
+    jobs_helper_id(j, &who);
+    if ((pid = helper_fork("merge", &who, &fd, &err)) < 0) {
+        log_err(&f->ctx, "%s; retrying", err.msg);
         unlink(f->lock);
         ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);
         ev_timer_start(F.loop, &f->poll_w);
         return;
     }
-    if (pid == 0) {
-        close(fds[0]);
-        spawn_close_sockets();
-        fin_merge_child(f, fds[1]);
-    }
-    close(fds[1]);
-    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-    ev_io_init(&f->out_w, fin_out_cb, fds[0], EV_READ);
+    if (pid == 0)
+        fin_merge_child(f, fd);
+    ev_io_init(&f->out_w, fin_out_cb, fd, EV_READ);
     f->out_w.data = f;
     ev_io_start(F.loop, &f->out_w);
+    helper_guard_start(&f->guard, F.loop, pid, "merge", &f->ctx,
+                       (double)F.conf->helper_timeout_secs);
     f->pid = pid;
     F.running++;
     ev_child_init(&f->child_w, fin_child_cb, pid, 0);
@@ -442,6 +447,12 @@ finalize_start_as_owner(struct job *j)
     jobs_set_state(j, JOB_FINALIZING, NULL);
     if (fin_apply(f))
         return;
+    if (jobs_check_bound(j, &err) < 0) {
+        /* (logged there) not this directory's merge: look again later */
+        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);
+        ev_timer_start(F.loop, &f->poll_w);
+        return;
+    }
     if (fs_mkdir_p(f->dir, 0755, &err) < 0) {
         log_err(&f->ctx, "%s; retrying", err.msg);
         ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);

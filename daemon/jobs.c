@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@
 #include "fsutil.h"
 #include "json.h"
 #include "log.h"
+#include "merge.h"
+#include "recipe.h"
 #include "sha256.h"
 
 const char *const job_state_name[] = {
@@ -90,7 +93,22 @@ fs_switch(uid_t uid, gid_t gid)
 struct fsid
 jobs_fs_owner(const struct job *j)
 {
-    return fs_switch(j->uid, j->gid);
+    /* the owner's primary group from the user database, never the
+     * directory's (which a setgid parent may have given it) */
+    return fs_switch(j->uid, j->owner.uid == j->uid && j->owner.name ? j->owner.gid : j->gid);
+}
+
+void
+jobs_helper_id(const struct job *j, struct helper_id *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (geteuid() != 0)
+        return;
+    ret->change = true;
+    ret->uid = j->uid;
+    ret->gid = j->owner.gid;
+    ret->groups = j->owner.groups;
+    ret->ngroups = j->owner.ngroups;
 }
 
 struct fsid
@@ -125,6 +143,10 @@ persist(struct job *j)
     time_iso_now(now, NULL);
     json_add_str(o, "job_dir", j->job_dir);
     json_add_str(o, "output", j->output);
+    json_add_int(o, "uid", (long long)j->uid);
+    json_add_int(o, "ino", (long long)j->ino);
+    if (j->dev)
+        json_add_int(o, "dev", (long long)j->dev);
     json_add_str(o, "state", job_state_name[j->state]);
     if (j->error)
         json_add_str(o, "error", j->error);
@@ -139,13 +161,18 @@ persist(struct job *j)
     cJSON_Delete(o);
 }
 
+static void load_abandon(struct job *j);
+
 static void
 job_free(struct job *j)
 {
+    load_abandon(j);
     if (j->loaded) {
         claimer_free(&j->claimer);
         manifest_free(&j->m);
     }
+    spawn_cred_free(&j->owner);
+    free(j->refused);
     free(j->job_dir);
     free(j->output);
     free(j->reg_path);
@@ -204,40 +231,168 @@ forget_complaints(void)
     }
 }
 
+/*
+ * What a registration names, checked as a submit by the job's owner would
+ * be: job_dir is absolute and has no symbolic link on its path, it is a
+ * directory owned by uid (not root when esd is root; esd's own uid when it
+ * is not), of inode ino (and device dev) when the registration recorded
+ * them, its owner is in the user database, and output resolves, as the
+ * owner, to itself inside job_dir without overwriting part of the job.
+ * Fills *ret_st. 0, or a negative errno with err saying why.
+ */
+static int
+validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const char *output,
+         struct stat *ret_st, struct esd_err *err)
+{
+    char *real = NULL, *out = NULL;
+    struct stat st;
+    struct fsid prev;
+    int fd, r;
+
+    if (!dir || dir[0] != '/')
+        return err_set(err, -EINVAL, "job_dir must be an absolute path");
+    if ((r = fs_realpath_lax(dir, &real, err)) < 0)
+        return r;
+    r = strcmp(real, dir);
+    free(real);
+    if (r)
+        return err_set(err, -ELOOP, "%s is not the directory it names: a symbolic link is on "
+                       "its path; not following it", dir);
+    fd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return err_sys(err, -errno, "cannot open the job directory %s", dir);
+    r = fstat(fd, &st) < 0 ? err_sys(err, -errno, "cannot stat %s", dir) : 0;
+    close(fd);
+    if (r < 0)
+        return r;
+    if (have_uid && st.st_uid != uid)
+        return err_set(err, -EPERM, "%s now belongs to uid %u, not to uid %u who submitted it",
+                       dir, (unsigned)st.st_uid, (unsigned)uid);
+    if ((ino && st.st_ino != ino) || (dev && st.st_dev != dev))
+        return err_set(err, -ESTALE, "%s is another directory than the one submitted (it was "
+                       "replaced, or re-prepared: submit it again)", dir);
+    if (geteuid() == 0 && st.st_uid == 0)
+        return err_set(err, -EPERM, "%s is owned by root, and esd never runs attempts as root; "
+                       "give the job directory to the user its attempts should run as", dir);
+    if (geteuid() != 0 && st.st_uid != geteuid())
+        return err_set(err, -EPERM, "%s belongs to uid %u; an esd running as uid %u works only "
+                       "its own user's jobs", dir, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (output) {
+        if (output[0] != '/')
+            return err_set(err, -EINVAL, "output must be an absolute path, got %.200s", output);
+        prev = fs_switch(st.st_uid, st.st_gid);
+        r = fs_realpath_lax(output, &out, err);
+        jobs_fs_restore(prev);
+        if (r < 0)
+            return r;
+        if (strcmp(out, output) || !fs_is_inside(dir, out) || !strcmp(out, dir))
+            r = err_set(err, -EACCES, "output %s is not a path inside the job directory %s "
+                        "(esd merges only inside it, and follows no symbolic link there)",
+                        output, dir);
+        else if (merge_output_clobbers(dir, out))
+            r = err_set(err, -EINVAL, "output %s would overwrite part of the job directory",
+                        output);
+        free(out);
+        if (r < 0)
+            return r;
+    }
+    *ret_st = st;
+    return 0;
+}
+
+/* A number member of a registration, 0 when absent. */
+static unsigned long long
+reg_num(const cJSON *o, const char *key, bool *ret_have)
+{
+    long long v;
+
+    if (json_get_int(o, key, &v) < 0 || v < 0) {
+        if (ret_have)
+            *ret_have = false;
+        return 0;
+    }
+    if (ret_have)
+        *ret_have = true;
+    return (unsigned long long)v;
+}
+
+int
+jobs_check_bound(struct job *j, struct esd_err *err)
+{
+    struct stat st;
+    int r = validate(j->job_dir, true, j->uid, j->ino, j->dev, NULL, &st, err);
+
+    if (r < 0) {
+        if (!j->refused || strcmp(j->refused, err->msg))
+            log_warning(&(struct log_ctx){ .job = j->key }, "job %s: %s; not working it",
+                        j->job_dir, err->msg);
+        free(j->refused);
+        j->refused = xstrdup(err->msg);
+        return r;
+    }
+    if (!j->dev) {
+        /* (bound on another node through the spool: this node's view) */
+        j->dev = st.st_dev;
+        persist(j);
+    }
+    return 0;
+}
+
 /* Adds a job from a registration object (or finds it); NULL if the
  * registration is unusable. *ret_new tells whether it was added. */
 static struct job *
 add(const cJSON *o, const char *from, bool *ret_new)
 {
     const char *dir = json_get_str(o, "job_dir"), *out = json_get_str(o, "output");
-    const char *st = json_get_str(o, "state");
-    char key[17], *resolved = NULL;
+    const char *st_name = json_get_str(o, "state");
+    bool have_uid = false;
+    uid_t uid = (uid_t)reg_num(o, "uid", &have_uid);
+    ino_t ino = (ino_t)reg_num(o, "ino", NULL);
+    dev_t dev = (dev_t)reg_num(o, "dev", NULL);
+    char key[17], *def = NULL;
     struct esd_err err;
+    struct stat st;
     struct job *j;
 
+    *ret_new = false;
     if (!dir || dir[0] != '/') {
         if (complain(from))
             log_warning(NULL, "%s: job_dir must be an absolute path, ignoring", from);
         return NULL;
     }
-    if (fs_realpath_lax(dir, &resolved, &err) < 0) {
+    /* the registration names its job by the path it bound, never by
+     * where that path may lead now */
+    job_key(dir, key);
+    if ((j = find(key)))
+        return j;
+    if (!out)
+        out = def = fs_join(dir, "merged.jsonl");
+    if (validate(dir, have_uid, uid, ino, dev, out, &st, &err) < 0) {
         if (complain(from))
-            log_warning(NULL, "%s: %s, ignoring", from, err.msg);
+            log_warning(NULL, "%s: %s; refusing the registration", from, err.msg);
+        free(def);
         return NULL;
     }
-    job_key(resolved, key);
-    *ret_new = false;
-    if ((j = find(key))) {
-        free(resolved);
-        return j;
+    j = xcalloc(1, sizeof(*j));
+    if (spawn_cred_for_uid(st.st_uid, &j->owner, &err) < 0) {
+        if (complain(from))
+            log_warning(NULL, "%s: job %s: %s; refusing the registration", from, dir, err.msg);
+        free(def);
+        free(j);
+        return NULL;
     }
     *ret_new = true;
-    j = xcalloc(1, sizeof(*j));
     memcpy(j->key, key, sizeof(key));
-    j->job_dir = resolved;
-    j->output = out && out[0] == '/' ? xstrdup(out) : fs_join(resolved, "merged.jsonl");
+    j->job_dir = xstrdup(dir);
+    j->output = xstrdup(out);
+    free(def);
+    j->uid = st.st_uid;
+    j->gid = j->owner.gid;
+    j->ino = st.st_ino;
+    j->dev = st.st_dev;
     j->reg_path = xasprintf("%s/%s.json", J.jobs_dir, key);
-    j->state = st && state_parse(st) >= 0 ? (enum job_state)state_parse(st) : JOB_ACTIVE;
+    j->state = st_name && state_parse(st_name) >= 0 ? (enum job_state)state_parse(st_name)
+                                                    : JOB_ACTIVE;
     if (json_get_str(o, "error"))
         j->error = xstrdup(json_get_str(o, "error"));
     json_get_bool(o, "cancelled_everywhere", &j->cancelled_everywhere);
@@ -247,9 +402,30 @@ add(const cJSON *o, const char *from, bool *ret_new)
     j->next = J.head;
     J.head = j;
     J.n++;
-    log_info(&(struct log_ctx){ .job = j->key }, "job %s registered (%s), %s", j->job_dir, from,
-             job_state_name[j->state]);
+    log_info(&(struct log_ctx){ .job = j->key }, "job %s registered (%s), %s, owner uid %u",
+             j->job_dir, from, job_state_name[j->state], (unsigned)j->uid);
+    /* (a registration of an older esd, or adopted: bound from now on) */
+    if (!have_uid || !ino || !dev)
+        persist(j);
     return j;
+}
+
+/* A spool entry is read only from a regular file of root's or esd's own:
+ * whoever else can write the spool must not choose jobs for every node. */
+static bool
+spool_file_ok(const char *path)
+{
+    struct stat st;
+
+    if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode))
+        return false;
+    if (st.st_uid == 0 || st.st_uid == geteuid())
+        return true;
+    if (complain(path))
+        log_warning(NULL, "%s belongs to uid %u, not to esd (uid %u) or root: ignoring it "
+                    "(only esd writes the spool; see esd.yaml(5) spool_dir)", path,
+                    (unsigned)st.st_uid, (unsigned)geteuid());
+    return false;
 }
 
 /* Reads every *.json registration of dir. */
@@ -274,13 +450,19 @@ scan(const char *dir, bool spool)
         if (e->d_name[0] == '.' || n < 6 || strcmp(e->d_name + n - 5, ".json"))
             continue;
         path = fs_join(dir, e->d_name);
+        if (spool && !spool_file_ok(path)) {
+            free(path);
+            continue;
+        }
         if (json_load_object(path, 1 << 20, &o, &err) < 0) {
             if (complain(path))
                 log_warning(NULL, "%s, ignoring", err.msg);
         } else {
-            /* a spool registration carries no state of this node */
-            if (spool)
+            /* a spool registration carries no state (nor device) of this node */
+            if (spool) {
                 cJSON_DeleteItemFromObjectCaseSensitive(o, "state");
+                cJSON_DeleteItemFromObjectCaseSensitive(o, "dev");
+            }
             bool added = false;
 
             if ((j = add(o, path, &added))) {
@@ -307,9 +489,15 @@ scan(const char *dir, bool spool)
 void
 jobs_rescan(void)
 {
+    struct esd_err err;
+
     scan(J.jobs_dir, false);
     if (J.spool_dir)
         scan(J.spool_dir, true);
+    /* what is still to be worked is still the directory submitted */
+    for (struct job *j = J.head; j; j = j->next)
+        if (j->state == JOB_ACTIVE || j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
+            jobs_check_bound(j, &err);
 }
 
 /* One esd per state directory: its claim records are then known to be of
@@ -565,68 +753,166 @@ jobs_count(void)
     return J.n;
 }
 
-/* Why this node cannot work j, or NULL. */
-static char *
-refusal(struct job *j)
-{
-    const char *want = j->m.recipe_sha256;
-    const char *snap = j->m.recipe_snapshot;
-    char hex[SHA256_HEX_LEN + 1], *path = NULL;
-    struct esd_err err;
+/* ---- loading a job: a helper as the owner reads it ---- */
 
-    if (djversion_check(j->m.dj_commit, J.dj_version, &err) < 0 &&
-        !J.conf->allow_version_mismatch)
+/* The loading helper of one job while it runs. */
+struct jobload {
+    struct job *job;
+    pid_t pid;
+    ev_io out_w;
+    ev_child child_w;
+    struct helper_guard guard;
+    struct buf out;
+    bool eof, exited, too_big;
+    int status;
+};
+
+/* Most bytes a loading helper may send: the compact form of a manifest
+ * of MANIFEST_MAX_SHARDS shards, with room. */
+#define LOAD_MAX_REPORT ((size_t)512 << 20)
+
+/* In the helper: why this node cannot work m's job, or NULL. */
+static char *
+refusal(const struct manifest *m, int dfd)
+{
+    const char *snap = m->recipe_snapshot ? m->recipe_snapshot : "recipe.yaml";
+    char hex[SHA256_HEX_LEN + 1], *path = NULL, *text = NULL, *why = NULL;
+    struct esd_err err;
+    size_t len = 0;
+
+    if (djversion_check(m->dj_commit, J.dj_version, &err) < 0 && !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
-                         "intentional)",
-                         err.msg);
-    if (fs_join_inside(j->job_dir, snap ? snap : "recipe.yaml", &path, &err) < 0)
+                         "intentional)", err.msg);
+    if (fs_join_inside(m->job_dir, snap, &path, &err) < 0)
         return xstrdup(err.msg);
-    if (sha256_file(path, hex, &err) < 0) {
+    if (strlen(path) <= strlen(m->job_dir)) {
         free(path);
-        return xstrdup(err.msg);
+        return xasprintf("the recipe snapshot %s is not a file of the job", snap);
     }
+    /* the snapshot as a job file: not a FIFO, not a device, not huge */
+    if (fs_read_job_at(dfd, path + strlen(m->job_dir) + 1, path, RECIPE_MAX_BYTES, &text, &len,
+                       &err) < 0)
+        why = xasprintf("the recipe snapshot: %s", err.msg);
+    else if (sha256_buf(text, len, hex), m->recipe_sha256 && strcmp(m->recipe_sha256, hex))
+        why = xstrdup("the recipe snapshot's hash does not match the manifest");
+    free(text);
     free(path);
-    if (want && strcmp(want, hex))
-        return xstrdup("the recipe snapshot's hash does not match the manifest");
-    return NULL;
+    return why;
 }
 
-bool
-jobs_load(struct job *j)
+/* The loading helper: checks the directory, reads and checks the
+ * manifest and the recipe, and reports "M<compact manifest>" or
+ * "E<why>". */
+static void __attribute__((noreturn))
+load_child(struct job *j, int fd)
 {
+    struct manifest m;
+    struct esd_err err;
+    struct buf b;
+    char *why = NULL, *text = NULL;
+    size_t len = 0;
+    int dfd, r;
+
+    buf_init(&b);
+    /* the directory bound at submit, and nothing it may lead to now */
+    dfd = open(j->job_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0) {
+        why = xasprintf("cannot open the job directory %s: %s", j->job_dir, strerror(errno));
+    } else {
+        struct stat st;
+        char *mpath = fs_join(j->job_dir, "manifest.json");
+
+        if (fstat(dfd, &st) < 0 || st.st_ino != j->ino || st.st_uid != j->uid)
+            why = xasprintf("%s is not the directory submitted any more", j->job_dir);
+        else if ((r = fs_read_job_at(dfd, "manifest.json", mpath, MANIFEST_MAX_BYTES, &text,
+                                     &len, &err)) < 0)
+            why = xasprintf("Unable to read JSON file %s: %s", mpath, err.msg);
+        else if (manifest_parse(text, len, j->job_dir, mpath, NULL, &m, &err) < 0)
+            why = xstrdup(err.msg);
+        else if (!(why = refusal(&m, dfd)))
+            manifest_compact(&m, &b);
+        if (!why)
+            manifest_free(&m);
+        free(mpath);
+        free(text);
+    }
+    if (why) {
+        buf_reset(&b);
+        buf_putc(&b, 'E');
+        buf_puts(&b, why);
+    } else {
+        /* the compact form goes after its marker */
+        struct buf c;
+
+        buf_init(&c);
+        buf_putc(&c, 'M');
+        buf_append(&c, b.p, b.len);
+        buf_free(&b);
+        b = c;
+    }
+    _exit(helper_write(fd, b.p, b.len) < 0 ? 2 : 0);
+}
+
+/* Ends j's loading: stops its watchers (the helper, if still there, is
+ * killed: esd shuts down or forgets the job). */
+static void
+load_abandon(struct job *j)
+{
+    struct jobload *l = j->load;
+
+    if (!l)
+        return;
+    helper_guard_stop(&l->guard, J.loop);
+    if (ev_is_active(&l->out_w)) {
+        ev_io_stop(J.loop, &l->out_w);
+        close(l->out_w.fd);
+    }
+    if (ev_is_active(&l->child_w)) {
+        ev_child_stop(J.loop, &l->child_w);
+        kill(l->pid, SIGKILL);
+    }
+    buf_free(&l->out);
+    free(l);
+    j->load = NULL;
+}
+
+/* The result of the loading helper: j is worked, or why not is said once. */
+static void
+load_done(struct job *j)
+{
+    struct jobload *l = j->load;
     const struct esd_conf *c = J.conf;
     struct claim_opts o = { 0 };
     struct esd_err err;
-    char *why = NULL;
-
-    struct stat st;
+    const char *p = l->out.p ? l->out.p : "";
+    size_t n = l->out.len;
+    char *why = NULL, how[96];
     struct fsid prev;
 
-    if (j->loaded)
-        return true;
-    if (stat(j->job_dir, &st) < 0) {
-        why = xasprintf("cannot stat %s: %s", j->job_dir, strerror(errno));
-    } else if (geteuid() == 0 && st.st_uid == 0) {
-        why = xasprintf("%s is owned by root, and esd never runs attempts as root; give the "
-                        "job directory to the user its attempts should run as",
-                        j->job_dir);
-    } else {
-        j->uid = st.st_uid;
-        j->gid = st.st_gid;
+    /* (ticks before the report) */
+    while (n && *p == '\n')
+        p++, n--;
+    helper_describe(l->status, how);
+    if (l->too_big)
+        why = xasprintf("the loading process sent more than %zu bytes", LOAD_MAX_REPORT);
+    else if (n && *p == 'E')
+        why = xstrndup(p + 1, strcspn(p + 1, "\n"));
+    else if (!n || *p != 'M')
+        why = xasprintf("the loading process %s%s without a result", l->guard.fired ?
+                        "was killed: " : "ended: ", how);
+    else if (manifest_parse(p + 1, n - 1, j->job_dir, "the loaded manifest", NULL, &j->m,
+                            &err) < 0)
+        why = xstrdup(err.msg);
+    load_abandon(j);
+    if (!why) {
+        o.node = c->node_name;
+        o.lease_secs = c->lease_secs;
+        o.max_infra = c->max_infra_failures;
+        o.max_retries = -1;
         prev = jobs_fs_owner(j);
-        if (manifest_load(j->job_dir, &j->m, &err) < 0) {
+        if (claimer_init(&j->claimer, &j->m, &o, &err) < 0) {
             why = xstrdup(err.msg);
-        } else if ((why = refusal(j))) {
             manifest_free(&j->m);
-        } else {
-            o.node = c->node_name;
-            o.lease_secs = c->lease_secs;
-            o.max_infra = c->max_infra_failures;
-            o.max_retries = -1;
-            if (claimer_init(&j->claimer, &j->m, &o, &err) < 0) {
-                why = xstrdup(err.msg);
-                manifest_free(&j->m);
-            }
         }
         jobs_fs_restore(prev);
     }
@@ -637,17 +923,116 @@ jobs_load(struct job *j)
                         why);
         free(j->load_error);
         j->load_error = why;
+        j->load_after = time_mono() + (double)c->poll_interval_secs;
+    } else {
+        free(j->load_error);
+        j->load_error = NULL;
+        j->loaded = true;
+        j->next_claim = 0;
+        log_info(&(struct log_ctx){ .job = j->m.job_id }, "working job %s: %zu shards",
+                 j->job_dir, j->m.nshards);
+        prev = jobs_fs_owner(j);
+        recover_claims(j);
+        jobs_fs_restore(prev);
+    }
+    if (J.changed)
+        J.changed();
+}
+
+static void
+load_out_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct job *j = w->data;
+    struct jobload *l = j->load;
+    char chunk[65536];
+    ssize_t n = read(w->fd, chunk, sizeof(chunk));
+
+    (void)revents;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n > 0) {
+        helper_guard_fed(&l->guard, loop);
+        if (l->out.len + (size_t)n > LOAD_MAX_REPORT) {
+            l->too_big = true;
+            kill(l->pid, SIGKILL);
+        } else {
+            buf_append(&l->out, chunk, (size_t)n);
+        }
+        return;
+    }
+    ev_io_stop(loop, w);
+    close(w->fd);
+    l->eof = true;
+    if (l->exited)
+        load_done(j);
+}
+
+static void
+load_child_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct job *j = w->data;
+    struct jobload *l = j->load;
+
+    (void)revents;
+    ev_child_stop(loop, w);
+    helper_guard_stop(&l->guard, loop);
+    l->exited = true;
+    l->status = w->rstatus;
+    if (l->eof)
+        load_done(j);
+}
+
+/* Starts j's loading helper. */
+static void
+load_start(struct job *j)
+{
+    struct helper_id who;
+    struct jobload *l;
+    struct esd_err err;
+    int fd;
+    pid_t pid;
+
+    jobs_helper_id(j, &who);
+    if ((pid = helper_fork("loading", &who, &fd, &err)) < 0) {
+        log_warning(&(struct log_ctx){ .job = j->key }, "job %s: %s; trying again later",
+                    j->job_dir, err.msg);
+        j->load_after = time_mono() + (double)J.conf->poll_interval_secs;
+        return;
+    }
+    if (pid == 0)
+        load_child(j, fd);
+    l = xcalloc(1, sizeof(*l));
+    l->job = j;
+    l->pid = pid;
+    buf_init(&l->out);
+    ev_io_init(&l->out_w, load_out_cb, fd, EV_READ);
+    l->out_w.data = j;
+    ev_io_start(J.loop, &l->out_w);
+    ev_child_init(&l->child_w, load_child_cb, pid, 0);
+    l->child_w.data = j;
+    ev_child_start(J.loop, &l->child_w);
+    helper_guard_start(&l->guard, J.loop, pid, "loading", &(struct log_ctx){ .job = j->key },
+                       (double)J.conf->helper_timeout_secs);
+    j->load = l;
+}
+
+bool
+jobs_load(struct job *j)
+{
+    struct esd_err err;
+
+    if (j->loaded)
+        return true;
+    if (j->load || time_mono() < j->load_after)
+        return false;
+    if (jobs_check_bound(j, &err) < 0) {
+        free(j->load_error);
+        j->load_error = xstrdup(err.msg);
+        j->load_after = time_mono() + (double)J.conf->poll_interval_secs;
         return false;
     }
-    free(j->load_error);
-    j->load_error = NULL;
-    j->loaded = true;
-    log_info(&(struct log_ctx){ .job = j->m.job_id }, "working job %s: %zu shards", j->job_dir,
-             j->m.nshards);
-    prev = jobs_fs_owner(j);
-    recover_claims(j);
-    jobs_fs_restore(prev);
-    return true;
+    load_start(j);
+    return false;
 }
 
 void
@@ -668,21 +1053,35 @@ jobs_set_state(struct job *j, enum job_state state, const char *error)
 }
 
 struct job *
-jobs_register(const char *job_dir, const char *output, bool spool, struct esd_err *err)
+jobs_register(const char *job_dir, const struct stat *st, const char *output, bool spool,
+              uid_t by, struct esd_err *err)
 {
-    cJSON *o = cJSON_CreateObject();
+    char *want = output ? xstrdup(output) : fs_join(job_dir, "merged.jsonl");
+    cJSON *o;
     struct job *j;
+    struct stat now;
     char key[17], *path;
     bool added;
     int r;
 
+    /* what a registration of any node will check, checked now */
+    if (validate(job_dir, true, st->st_uid, st->st_ino, st->st_dev, want, &now, err) < 0) {
+        free(want);
+        return NULL;
+    }
+    o = cJSON_CreateObject();
     json_add_str(o, "job_dir", job_dir);
     if (output)
         json_add_str(o, "output", output);
+    json_add_int(o, "uid", (long long)st->st_uid);
+    json_add_int(o, "ino", (long long)st->st_ino);
+    json_add_int(o, "submitted_by", (long long)by);
+    json_add_str(o, "node", J.conf->node_name);
     job_key(job_dir, key);
     if (spool) {
         if (!J.spool_dir) {
             cJSON_Delete(o);
+            free(want);
             err_set(err, -EINVAL, "no spool_dir is configured on this node, so --everywhere "
                     "cannot register the job for every node");
             return NULL;
@@ -694,20 +1093,39 @@ jobs_register(const char *job_dir, const char *output, bool spool, struct esd_er
         free(path);
         if (r < 0) {
             cJSON_Delete(o);
+            free(want);
             return NULL;
         }
     }
-    j = add(o, spool ? "spool" : "submit", &added);
-    cJSON_Delete(o);
-    if (!j) {
-        err_set(err, -EINVAL, "cannot register %s", job_dir);
-        return NULL;
-    }
-    if (!added) {
-        /* Submitted again: the output given now, and a stopped job works
-         * again (a failed one after `esctl retry`). */
-        char *want = output ? xstrdup(output) : fs_join(j->job_dir, "merged.jsonl");
-
+    json_add_int(o, "dev", (long long)st->st_dev);
+    if ((j = find(key))) {
+        /* Submitted again by its owner: bound anew (it may have been
+         * prepared again at the same path), the output given now, and a
+         * stopped job works again (a failed one after `esctl retry`). */
+        if (j->uid != now.st_uid && (j->running || j->finalize)) {
+            err_set(err, -EBUSY, "job %s of uid %u still runs here; try again once it has "
+                    "stopped", job_dir, (unsigned)j->uid);
+            free(want);
+            cJSON_Delete(o);
+            return NULL;
+        }
+        if (j->uid != now.st_uid) {
+            spawn_cred_free(&j->owner);
+            if (spawn_cred_for_uid(now.st_uid, &j->owner, err) < 0) {
+                free(want);
+                cJSON_Delete(o);
+                return NULL;
+            }
+        }
+        j->uid = now.st_uid;
+        j->gid = j->owner.gid;
+        if (j->ino != now.st_ino || j->dev != now.st_dev) {
+            j->ino = now.st_ino;
+            j->dev = now.st_dev;
+            jobs_reset(j);
+        }
+        free(j->refused);
+        j->refused = NULL;
         free(j->output);
         j->output = want;
         if (j->state == JOB_CANCELLED || j->state == JOB_FAILED || j->state == JOB_COMPLETE) {
@@ -720,7 +1138,15 @@ jobs_register(const char *job_dir, const char *output, bool spool, struct esd_er
             }
             jobs_set_state(j, JOB_ACTIVE, NULL);
         }
+    } else {
+        free(want);
+        if (!(j = add(o, spool ? "spool" : "submit", &added))) {
+            cJSON_Delete(o);
+            err_set(err, -EINVAL, "cannot register %s (see esd's log)", job_dir);
+            return NULL;
+        }
     }
+    cJSON_Delete(o);
     jobs_uncancel(j);
     persist(j);
     return j;
@@ -736,6 +1162,8 @@ jobs_reset(struct job *j)
         manifest_free(&j->m);
         j->loaded = false;
     }
+    load_abandon(j);
+    j->load_after = 0;
     free(j->load_error);
     j->load_error = NULL;
     j->idle_valid = false;
@@ -814,13 +1242,8 @@ void
 jobs_uncancel(struct job *j)
 {
     char *path = cancel_marker(j->job_dir);
-    struct stat st;
-
-    if (stat(j->job_dir, &st) == 0) {
-        j->uid = st.st_uid;
-        j->gid = st.st_gid;
-    }
     struct fsid prev = jobs_fs_owner(j);
+
     if (unlink(path) == 0)
         log_notice(&(struct log_ctx){ .job = j->key }, "job %s: submitted again, so no longer "
                    "cancelled on every node", j->job_dir);
@@ -908,7 +1331,9 @@ jobs_status_json(void)
         }
         if (j->error)
             json_add_str(o, "error", j->error);
-        if (j->load_error)
+        if (j->refused)
+            json_add_str(o, "load_error", j->refused);
+        else if (j->load_error)
             json_add_str(o, "load_error", j->load_error);
         cJSON_AddItemToArray(a, o);
     }

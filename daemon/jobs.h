@@ -1,13 +1,28 @@
 /*
  * jobs: the job registry. A job given to this node is a small JSON file
- * under <state_dir>/jobs/<key>.json ({"job_dir", "output", "state",
- * "error", "updated_at"}), so it survives restarts; with spool_dir set,
- * every file <spool_dir>/<key>.json (registered there by any node) is
+ * under <state_dir>/jobs/<key>.json ({"job_dir", "output", "uid", "ino",
+ * "dev", "state", "error", "updated_at"}), so it survives restarts; with
+ * spool_dir set, every file <spool_dir>/<key>.json (registered there by
+ * any node's esd: only files owned by root or esd's own uid are read) is
  * adopted by every node. The key is the first 16 hex digits of the
  * SHA-256 of the resolved job directory, the same on every node. Both
  * places are read again at once when the kernel reports a change (inotify,
  * which sees this node's writes only) and every poll_interval_secs (which
  * sees other nodes' writes on NFS too).
+ *
+ * A registration binds what was checked when the job was submitted: the
+ * resolved directory (no symbolic link on its path), its inode (and on
+ * this node its device), its owner, and an output inside it. The
+ * directory is never resolved again: at every rescan, before loading and
+ * before merging it is opened without following a link and compared, and
+ * a registration that no longer matches is refused, logged once, and not
+ * worked until it is submitted again. A spool entry is checked the same
+ * way, as a submit by the job's owner would be; so is the registry of an
+ * esd that runs as a service user (whose attempts could write it).
+ *
+ * Loading a job (its manifest, the recipe snapshot's hash, the version
+ * check) runs in a helper process as the job's owner; the daemon reads
+ * back only the manifest's compact form.
  *
  * A job is active (claims are made), draining (this node takes no more of
  * its shards), finalizing (every shard is done; one node merges), complete,
@@ -17,6 +32,7 @@
 #define ESD_JOBS_H
 
 #include <stdbool.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cjson/cJSON.h>
@@ -24,7 +40,9 @@
 
 #include "claim.h"
 #include "config.h"
+#include "helper.h"
 #include "manifest.h"
+#include "spawn.h"
 #include "util.h"
 
 enum job_state { JOB_ACTIVE, JOB_DRAINING, JOB_FINALIZING, JOB_COMPLETE, JOB_FAILED, JOB_CANCELLED };
@@ -44,8 +62,14 @@ struct job {
     char *load_error; /* the last reason it could not be loaded (retried) */
     struct manifest m;
     struct claimer claimer;
-    uid_t uid;       /* owner of the job directory */
-    gid_t gid;
+    uid_t uid;       /* owner of the job directory, bound at submit */
+    gid_t gid;       /* the owner's primary group (user database) */
+    ino_t ino;       /* the directory bound at submit ... */
+    dev_t dev;       /* ... as this node sees it (0: not yet seen here) */
+    struct spawn_cred owner; /* the owner in the user database (uid 0: not looked up) */
+    char *refused;   /* why the registration no longer matches its directory */
+    struct jobload *load;  /* the loading helper while it runs */
+    double load_after;     /* monotonic: no new loading before */
     double next_claim;     /* monotonic time of the next claim pass */
     struct claim_idle idle; /* what the last empty pass saw */
     bool idle_valid;
@@ -75,10 +99,26 @@ void jobs_rescan(void);
 struct job *jobs_first(void);
 size_t jobs_count(void);
 
-/* Loads the manifest and sets up the claimer if not done yet. Returns
- * true when the job can be worked; a failure is logged once and retried
- * at the next rescan. */
+/*
+ * True when j can be worked (its manifest loaded, its claimer set up).
+ * Otherwise starts loading it if it is not loading yet (a helper process
+ * as the owner; when it ends, the changed callback runs) and returns
+ * false; a failure is logged once and tried again after a poll interval.
+ */
 bool jobs_load(struct job *j);
+
+/*
+ * Checks that j's directory is still the one bound at submit (opened
+ * without following a link: same inode, same owner, no symbolic link on
+ * its path). 0, or a negative errno with err saying what changed; the
+ * first mismatch is logged and refuses the job until it is submitted
+ * again.
+ */
+int jobs_check_bound(struct job *j, struct esd_err *err);
+
+/* The identity of j's helpers and attempts: its owner from the user
+ * database (esd's own when esd is not root). */
+void jobs_helper_id(const struct job *j, struct helper_id *ret);
 
 /*
  * A claim this node holds is recorded in <state_dir>/claims while it runs
@@ -114,12 +154,14 @@ void jobs_fs_restore(struct fsid prev);
 void jobs_set_state(struct job *j, enum job_state state, const char *error);
 
 /*
- * Registers job_dir (resolved) with output (NULL: the default) on this
- * node, or in the spool when spool is true. Used by the control socket
- * and by tests through files. Returns the job or NULL with err set.
+ * Registers job_dir (resolved by its owner, who submits it; st is what
+ * that owner's stat of it gave) with output (resolved, inside job_dir;
+ * NULL: the default) on this node, or in the spool when spool is true; by
+ * is the caller's uid, recorded. Binds the registration to st (inode and
+ * owner). Returns the job or NULL with err set.
  */
-struct job *jobs_register(const char *job_dir, const char *output, bool spool,
-                          struct esd_err *err);
+struct job *jobs_register(const char *job_dir, const struct stat *st, const char *output,
+                          bool spool, uid_t by, struct esd_err *err);
 
 /* Forgets what was loaded of j (manifest, claims seen) so that it is read
  * again; false (nothing done) while attempts or a merge of j run. */

@@ -20,6 +20,7 @@
 #include "config.h"
 #include "ctl.h"
 #include "finalize.h"
+#include "helper.h"
 #include "jobs.h"
 #include "json.h"
 #include "log.h"
@@ -263,6 +264,13 @@ main(int argc, char **argv)
 
         if (parse_int(getenv("ESD_TEST_IDLE_SECS"), 1, 3600, &secs) == 0)
             ctl_test_set_idle((double)secs);
+    }
+    /* Tests: a silent helper is killed sooner. */
+    if (getenv("ESD_TEST_HELPER_SILENCE_SECS")) {
+        long long secs;
+
+        if (parse_int(getenv("ESD_TEST_HELPER_SILENCE_SECS"), 1, 3600, &secs) == 0)
+            helper_test_set_silence((double)secs);
     }
     if (hang_watchdog)
         notify_test_stop_watchdog();

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "helper.h"
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
@@ -54,6 +55,7 @@ struct run {
     pid_t fin_pid;
     ev_child fin_child_w;
     ev_io fin_w;
+    struct helper_guard fin_guard;
     struct buf fin_out;
     bool fin_exited, fin_eof;
     int fin_status;
@@ -313,9 +315,7 @@ runner_start(struct job *j, struct claim *cl)
         strv_free(&env);
         goto start_failed;
     }
-    r->log_fd = open(r->cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (r->log_fd < 0)
-        err_sys(&err, -errno, "Cannot create %s", r->cmd.log_path);
+    r->log_fd = fs_open_job(r->cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644, 0, NULL, &err);
     jobs_fs_restore(prev);
     if (r->log_fd < 0) {
         strv_free(&env);
@@ -410,13 +410,6 @@ finish_child(struct run *r, int fd)
     struct buf b;
     int rc;
 
-    /* the job owner's, as the attempt was (the child leaves root for good) */
-    if (geteuid() == 0 && (setgroups(1, &r->job->gid) < 0 || setgid(r->job->gid) < 0 ||
-                           setuid(r->job->uid) < 0)) {
-        dprintf(fd, "{\"ok\": false, \"finish_error\": \"cannot become uid %ld: %s\"}\n",
-                (long)r->job->uid, strerror(errno));
-        _exit(0);
-    }
     run_outcome(r, &out, msg, sizeof(msg), &need_result);
     if (need_result) {
         if (attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr) < 0) {
@@ -443,7 +436,7 @@ finish_child(struct run *r, int fd)
     buf_init(&b);
     json_dump(rep, JSON_COMPACT, &b);
     buf_putc(&b, '\n');
-    (void)fs_write_all(fd, b.p, b.len);
+    (void)helper_write(fd, b.p, b.len);
     _exit(0);
 }
 
@@ -488,9 +481,13 @@ run_report(struct run *r)
         metrics_attempt(status, cls, duration, (uint64_t)rows, (uint64_t)bytes);
     } else {
         const char *why = rep ? json_get_str(rep, "finish_error") : NULL;
+        char how[96], what[160];
 
+        helper_describe(r->fin_status, how);
+        snprintf(what, sizeof(what), "the finishing process %s%s", r->fin_guard.fired ?
+                 "was killed: " : "failed: ", how);
         log_err(&r->ctx, "could not finish the attempt: %s; its lock stays until its lease ends",
-                why ? why : "the finishing process failed");
+                why ? why : what);
         done = failed = false;
         snprintf(fin.status, sizeof(fin.status), "error");
     }
@@ -517,6 +514,8 @@ run_fin_io_cb(struct ev_loop *loop, ev_io *w, int revents)
     (void)revents;
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
         return;
+    if (n > 0)
+        helper_guard_fed(&r->fin_guard, loop);
     if (n > 0 && r->fin_out.len < (1u << 20)) {
         buf_append(&r->fin_out, chunk, (size_t)n);
         return;
@@ -537,6 +536,7 @@ run_fin_child_cb(struct ev_loop *loop, ev_child *w, int revents)
 
     (void)revents;
     ev_child_stop(loop, w);
+    helper_guard_stop(&r->fin_guard, loop);
     r->fin_exited = true;
     r->fin_status = w->rstatus;
     if (r->fin_eof)
@@ -546,30 +546,31 @@ run_fin_child_cb(struct ev_loop *loop, ev_child *w, int revents)
 static void
 run_finish(struct run *r)
 {
-    int fds[2];
+    struct helper_id who;
+    struct esd_err err;
+    int fd;
     pid_t pid;
 
     if (r->log_fd >= 0) {
         close(r->log_fd);
         r->log_fd = -1;
     }
-    if (pipe2(fds, O_CLOEXEC) < 0 || (pid = fork()) < 0) {
+    /* the job owner's, as the attempt was (the child leaves root for good) */
+    jobs_helper_id(r->job, &who);
+    if ((pid = helper_fork("finishing", &who, &fd, &err)) < 0) {
         /* cannot even fork: the lock stays and turns stale; say so */
-        log_err(&r->ctx, "cannot start the finishing process: %s", strerror(errno));
+        log_err(&r->ctx, "%s", err.msg);
         r->fin_status = 1;
         r->fin_exited = r->fin_eof = true;
         run_report(r);
         return;
     }
-    if (pid == 0) {
-        close(fds[0]);
-        spawn_close_sockets();
-        finish_child(r, fds[1]);
-    }
-    close(fds[1]);
+    if (pid == 0)
+        finish_child(r, fd);
     r->fin_pid = pid;
-    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-    ev_io_init(&r->fin_w, run_fin_io_cb, fds[0], EV_READ);
+    helper_guard_start(&r->fin_guard, R.loop, pid, "finishing", &r->ctx,
+                       (double)R.conf->helper_timeout_secs);
+    ev_io_init(&r->fin_w, run_fin_io_cb, fd, EV_READ);
     r->fin_w.data = r;
     ev_io_start(R.loop, &r->fin_w);
     ev_child_init(&r->fin_child_w, run_fin_child_cb, pid, 0);

@@ -58,17 +58,29 @@ jitter(double secs)
 }
 
 static void status_line(void);
+static char *failed_reason_as_owner(struct job *j);
 
-/* The error of the first terminally failed shard of j. */
+/* The error of the first terminally failed shard of j, read as its owner
+ * (a record may be a link to a file only root may read). */
 static char *
 failed_reason(struct job *j)
+{
+    struct fsid prev = jobs_fs_owner(j);
+    char *why = failed_reason_as_owner(j);
+
+    jobs_fs_restore(prev);
+    return why;
+}
+
+static char *
+failed_reason_as_owner(struct job *j)
 {
     for (size_t i = 0; i < j->m.nshards; i++) {
         char *path = manifest_state_path(&j->m, "failed", j->m.shards[i].id, ".json");
         cJSON *o = NULL;
         struct stat st;
 
-        if (stat(path, &st) == 0 && json_load_object(path, 1 << 20, &o, NULL) == 0) {
+        if (lstat(path, &st) == 0 && json_load_object(path, 1 << 20, &o, NULL) == 0) {
             const char *e = json_get_str(o, "last_error");
             char *why = xasprintf("shard %s failed: %s", j->m.shards[i].id,
                                   e ? e : json_get_str(o, "reason") ? json_get_str(o, "reason")

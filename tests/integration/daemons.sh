@@ -137,12 +137,11 @@ ok "daemons c and d answer ping"
 JB="$W/job-b"
 prepare_job "$JB" "$NSHARDS"
 give_job "$JB"
-mkdir -p "$W/out"
-give_job "$W/out"
-spool_job "$JB" "$W/out/b.jsonl"
+# (an output inside the job directory: esd merges nowhere else)
+spool_job "$JB" "$JB/out/b.jsonl"
 wait_for "job b is merged" 60 finalized "$JB"
 ok "job b finished and merged"
-check_run "$JB" "$W/out/b.jsonl" a b c d
+check_run "$JB" "$JB/out/b.jsonl" a b c d
 [ "$(job_state c "$JA")" = complete ] || fail "c adopted job a (complete) from the spool"
 ok "c and d adopted the finished job a as complete"
 
@@ -176,13 +175,13 @@ for n in a b c d; do
     [ "$DRC" -eq 0 ] || fail "esd $n exits 0 on SIGTERM" "status $DRC" "$(tail -n 5 "$W/$n/log")"
 done
 ok "all four exit 0 on SIGTERM"
-before=$(stat -c %Y.%i "$JA/merged.jsonl" "$W/out/b.jsonl")
+before=$(stat -c %Y.%i "$JA/merged.jsonl" "$JB/out/b.jsonl")
 start_daemon a
 for job in "$JA" "$JB" "$JC"; do
     [ "$(job_state a "$job")" = complete ] || fail "a remembers $job complete" "$(job_state a "$job")"
 done
 ok "restarted, a remembers the three jobs as complete"
-[ "$(stat -c %Y.%i "$JA/merged.jsonl" "$W/out/b.jsonl")" = "$before" ] || fail "nothing merged again"
+[ "$(stat -c %Y.%i "$JA/merged.jsonl" "$JB/out/b.jsonl")" = "$before" ] || fail "nothing merged again"
 ok "nothing was merged again"
 stop_daemon a
 [ "$DRC" -eq 0 ] || fail "esd a exits 0"
