@@ -1315,6 +1315,9 @@ jobs_status_json(void)
         json_add_int(o, "done_here", (long long)j->done_here);
         json_add_int(o, "failed_here", (long long)j->failed_here);
         json_add_int(o, "rows_here", (long long)j->rows_here);
+        json_add_int(o, "failed_in_a_row", (long long)j->fail_streak);
+        if (j->paused_until > time_mono())
+            json_add_float(o, "paused_secs", j->paused_until - time_mono());
         if (j->loaded) {
             double rate, eta;
 

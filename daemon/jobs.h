@@ -75,6 +75,9 @@ struct job {
     bool idle_valid;
     size_t running;  /* attempts of this job running here */
     unsigned long done_here, failed_here; /* outcomes on this node */
+    unsigned fail_streak;  /* its attempts failed in a row here ... */
+    double paused_until;   /* ... and the monotonic time before which it
+                              is not claimed from (sched.c) */
     unsigned long long rows_here;
     void *finalize;  /* finalize.c's state while finalizing */
     bool seen;       /* rescan bookkeeping */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <ev.h>
@@ -244,6 +245,12 @@ main(int argc, char **argv)
         fprintf(stderr, "esd: cannot drop the supplementary groups: %s\n", strerror(errno));
         return 1;
     }
+    /* A service user's esd runs recipes with its own uid: they must not be
+     * able to attach to it (ptrace, /proc/<pid>/mem) or read its memory. */
+#ifndef __SANITIZE_ADDRESS__ /* (LeakSanitizer attaches to the process at exit) */
+    if (geteuid() != 0)
+        prctl(PR_SET_DUMPABLE, 0);
+#endif
     log_init(M.conf->log_target, M.conf->log_level, foreground, M.conf->node_name);
     M.loop = ev_default_loop(EVFLAG_AUTO);
     if (!M.loop) {

@@ -27,6 +27,10 @@
 
 #define KILL_GRACE 10.0
 #define LOG_LINE_MAX 8192
+/* Bytes of one attempt's output copied into esd's log (process.log keeps
+ * everything): a processor that prints without end must not flood the
+ * journal. */
+#define LOG_ATTEMPT_MAX ((size_t)1 << 20)
 
 extern char **environ;
 
@@ -44,6 +48,7 @@ struct run {
     ev_timer timeout_w;
     ev_timer grace_w;
     struct buf line;
+    size_t logged;   /* bytes of its output logged so far */
     double started;
     unsigned long ray_gen;
     char ray_addr[128];
@@ -139,6 +144,22 @@ run_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
     spawn_signal(&r->child, SIGKILL);
 }
 
+/* Logs one piece of the processor's output, up to LOG_ATTEMPT_MAX bytes
+ * an attempt. */
+static void
+run_log_line(struct run *r, const char *p, size_t n)
+{
+    if (r->logged >= LOG_ATTEMPT_MAX)
+        return;
+    r->logged += n + 1;
+    if (r->logged >= LOG_ATTEMPT_MAX) {
+        log_notice(&r->ctx, "the processor printed more than %zu bytes: the rest of its output "
+                   "is only in %s", LOG_ATTEMPT_MAX, r->cmd.log_path);
+        return;
+    }
+    log_info(&r->ctx, "%.*s", (int)n, p);
+}
+
 /* Logs complete lines of the processor's output. */
 static void
 run_lines(struct run *r, bool flush)
@@ -147,17 +168,17 @@ run_lines(struct run *r, bool flush)
 
     for (size_t i = 0; i < r->line.len; i++)
         if (r->line.p[i] == '\n') {
-            log_info(&r->ctx, "%.*s", (int)(i - start > LOG_LINE_MAX ? LOG_LINE_MAX : i - start),
-                     r->line.p + start);
+            run_log_line(r, r->line.p + start, i - start > LOG_LINE_MAX ? LOG_LINE_MAX : i - start);
             start = i + 1;
         }
     if (flush && start < r->line.len) {
-        log_info(&r->ctx, "%.*s", (int)(r->line.len - start), r->line.p + start);
+        run_log_line(r, r->line.p + start,
+                     r->line.len - start > LOG_LINE_MAX ? LOG_LINE_MAX : r->line.len - start);
         start = r->line.len;
     }
     /* a line longer than the limit is logged in pieces */
     if (!flush && r->line.len - start > LOG_LINE_MAX) {
-        log_info(&r->ctx, "%.*s", LOG_LINE_MAX, r->line.p + start);
+        run_log_line(r, r->line.p + start, LOG_LINE_MAX);
         start += LOG_LINE_MAX;
     }
     memmove(r->line.p, r->line.p + start, r->line.len - start);

@@ -25,10 +25,11 @@
 #include "ray.h"
 #include "runner.h"
 
-/* Attempts failed in a row on this node before it pauses its claims, and
- * the longest pause: a node where everything fails (a processor that
- * cannot start, a broken disk) must not burn the retry budgets of the
- * whole fleet's shards in seconds. */
+/* Attempts of one job failed in a row on this node before it pauses its
+ * claims of that job, and the longest pause: a node where everything fails
+ * (a processor that cannot start, a broken disk) must not burn the retry
+ * budgets of the whole fleet's shards in seconds. Per job, so that one
+ * owner's failing attempts pause nobody else's work. */
 #define FAIL_STREAK 3
 #define PAUSE_MAX 60.0
 
@@ -46,8 +47,6 @@ static struct {
     void (*drained)(void);
     double started;
     unsigned long claims;
-    unsigned streak;     /* attempts failed in a row here */
-    double paused_until; /* monotonic; no claims before */
 } S;
 
 /* ±20 %, so that a fleet does not poll in step. */
@@ -103,7 +102,7 @@ next_job(double now)
     if (!j)
         return NULL;
     do {
-        if (j->state == JOB_ACTIVE && j->next_claim <= now) {
+        if (j->state == JOB_ACTIVE && j->next_claim <= now && j->paused_until <= now) {
             if (jobs_load(j))
                 return j;
             /* not workable here (logged once): look again at the next poll */
@@ -142,8 +141,7 @@ fill(void)
 {
     double now = time_mono(), next = INFINITY;
 
-    while (!S.draining && !S.held && ray_ready() && runner_count() < (size_t)S.conf->slots &&
-           now >= S.paused_until) {
+    while (!S.draining && !S.held && ray_ready() && runner_count() < (size_t)S.conf->slots) {
         struct job *j = next_job(now);
         struct claim cl;
         struct esd_err err;
@@ -182,10 +180,12 @@ fill(void)
     }
     /* sleep until the earliest job may have something */
     for (struct job *j = jobs_first(); j; j = j->next)
-        if (j->state == JOB_ACTIVE && j->next_claim < next)
-            next = j->next_claim;
-    if (isfinite(next) && next < S.paused_until)
-        next = S.paused_until;
+        if (j->state == JOB_ACTIVE) {
+            double at = j->next_claim > j->paused_until ? j->next_claim : j->paused_until;
+
+            if (at < next)
+                next = at;
+        }
     ev_timer_stop(S.loop, &S.poll_w);
     if (!S.draining && !S.held && isfinite(next)) {
         ev_timer_set(&S.poll_w, next > now ? next - now : 0.05, 0);
@@ -318,16 +318,17 @@ static void
 attempt_done(struct job *j, const struct attempt_final *fin)
 {
     if (!strcmp(fin->status, "done")) {
-        S.streak = 0;
-    } else if (!strcmp(fin->status, "failed") && ++S.streak >= FAIL_STREAK) {
-        unsigned k = S.streak - FAIL_STREAK;
+        j->fail_streak = 0;
+    } else if (!strcmp(fin->status, "failed") && ++j->fail_streak >= FAIL_STREAK) {
+        unsigned k = j->fail_streak - FAIL_STREAK;
         double pause = k >= 6 ? PAUSE_MAX : (double)(1u << k);
 
         if (pause > PAUSE_MAX)
             pause = PAUSE_MAX;
-        S.paused_until = time_mono() + pause;
-        log_warning(NULL, "%u attempts in a row failed on this node: no claims for %.0f s",
-                    S.streak, pause);
+        j->paused_until = time_mono() + pause;
+        log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%u attempts of job %s in a row "
+                    "failed on this node: no claims of it for %.0f s", j->fail_streak,
+                    j->job_dir, pause);
     }
     /* a slot is free: claim again at once (this job first if it has more) */
     j->next_claim = 0;
@@ -463,8 +464,11 @@ status_line(void)
     }
     if (!shown)
         buf_puts(&b, "; no active job");
-    if (S.paused_until > time_mono())
-        buf_printf(&b, "; claims paused after %u failures in a row", S.streak);
+    for (struct job *j = jobs_first(); j; j = j->next)
+        if (j->paused_until > time_mono()) {
+            buf_puts(&b, "; claims of a job paused after failures in a row");
+            break;
+        }
     buf_printf(&b, "; ray %s", ray_state_name());
     notify_status("%s", b.p);
     buf_free(&b);
@@ -486,9 +490,6 @@ sched_status_json(void)
     json_add_int(o, "slots", S.conf->slots);
     json_add_int(o, "busy", (long long)runner_count());
     json_add_int(o, "claims", (long long)S.claims);
-    json_add_int(o, "failed_in_a_row", (long long)S.streak);
-    if (S.paused_until > time_mono())
-        json_add_float(o, "paused_secs", S.paused_until - time_mono());
     json_add_str(ray, "state", ray_state_name());
     if (addr)
         json_add_str(ray, "address", addr);

@@ -252,15 +252,15 @@ new_job job-f 6
 daemon_conf n processor="$W/no-such-processor"
 start_daemon n
 spool_job "$W/job-f"
-paused() { dstatus n && py '"paused_secs" in j' "$W/n/status.json" | grep -qx True; }
+paused() { dstatus n && py '"paused_secs" in j["jobs"][0]' "$W/n/status.json" | grep -qx True; }
 wait_for "n pauses its claims after 3 failures in a row" 20 paused
-grep -q "3 attempts in a row failed on this node: no claims for 1 s" "$W/n/log" ||
+grep -q "3 attempts of job $W/job-f in a row failed on this node: no claims of it for 1 s" "$W/n/log" ||
     fail "n says why it pauses" "$(grep -v debug "$W/n/log" | tail -n 5)"
-wait_for "n pauses again, longer" 20 grep -q "attempts in a row failed on this node: no claims for 4 s" "$W/n/log"
+wait_for "n pauses again, longer" 20 grep -q "in a row failed on this node: no claims of it for 4 s" "$W/n/log"
 [ "$(job_field n "$W/job-f" 'x["state"]')" = active ] || fail "job f is not failed yet"
 n=$(find "$W/job-f/attempts" -name attempt.json | wc -l)
 [ "$n" -le 8 ] || fail "n made few attempts while paused" "$n attempts"
-ok "a node whose processor cannot start backs off (1, 2, 4 s...) after 3 failures in a row: $n attempts, the job still active"
+ok "a node whose processor cannot start backs off the job (1, 2, 4 s...) after 3 failures in a row: $n attempts, the job still active"
 stop_daemon n
 
 if [ "$(id -u)" -eq 0 ]; then
