@@ -29,6 +29,29 @@ manifest_id_ok(const char *id)
     return true;
 }
 
+bool
+manifest_job_id_ok(const char *id)
+{
+    size_t n = strlen(id);
+
+    return n > 0 && n <= 255 && id[0] != '-' && !memchr(id, '/', n) && str_clean(id, n);
+}
+
+/* The refusal of a job id: both it and the path are shown escaped. */
+static int
+job_id_refused(const char *path, const char *id, struct esd_err *err)
+{
+    char *p = str_escape_dup(path), *i = str_escape_dup(id);
+    int r = err_set(err, -EINVAL,
+                    "Malformed manifest %s: job_id '%s' is not allowed (a job id is 1 to 255 "
+                    "bytes of UTF-8 without control characters or '/', not starting with '-')",
+                    p, i);
+
+    free(p);
+    free(i);
+    return r;
+}
+
 char *
 manifest_shard_id(long long i, long long n)
 {
@@ -122,6 +145,10 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
     }
     m.execution = exec;
     m.job_id = json_get_str(m.json, "job_id");
+    if (!manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir))) {
+        r = job_id_refused(path, m.job_id ? m.job_id : fs_basename(job_dir), err);
+        goto out;
+    }
     policy = cJSON_GetObjectItemCaseSensitive(m.json, "policy");
     if ((r = policy_int(policy, "lock_timeout_secs", POLICY_LOCK_TIMEOUT_DEFAULT, 1,
                         &m.lock_timeout_secs, path, err)) < 0 ||
