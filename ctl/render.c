@@ -65,29 +65,30 @@ sorted_members(const cJSON *o, size_t *ret_n)
 }
 
 /* Replaces the string *p, which cJSON frees unless borrowed, by its escape
- * if it needs one (cJSON frees with free(), json_init's hook and its own
- * default alike, so a buf's storage may take its place). */
-static void
+ * if it needs one, and says whether it did (cJSON frees with free(),
+ * json_init's hook and its own default alike, so a buf's storage may take
+ * its place). */
+static bool
 clean_str(char **p, bool borrowed)
 {
     struct buf b;
 
     if (!*p || str_clean(*p, strlen(*p)))
-        return;
+        return false;
     buf_init(&b);
     str_escape(*p, strlen(*p), &b);
     if (!borrowed)
         free(*p);
     *p = buf_steal(&b);
+    return true;
 }
 
 static void
 clean_node(cJSON *v)
 {
-    if (v->string) {
-        clean_str(&v->string, v->type & cJSON_StringIsConst);
+    /* a borrowed name that was replaced is now the tree's own */
+    if (clean_str(&v->string, v->type & cJSON_StringIsConst))
         v->type &= ~cJSON_StringIsConst;
-    }
     if (cJSON_IsString(v))
         clean_str(&v->valuestring, false); /* a copy: never a reference */
     for (cJSON *c = v->child; c; c = c->next)
