@@ -29,6 +29,29 @@ manifest_id_ok(const char *id)
     return true;
 }
 
+bool
+manifest_job_id_ok(const char *id)
+{
+    size_t n = strlen(id);
+
+    return n > 0 && n <= 255 && id[0] != '-' && !memchr(id, '/', n) && str_clean(id, n);
+}
+
+/* The refusal of a job id: both it and the path are shown escaped. */
+static int
+job_id_refused(const char *path, const char *id, struct esd_err *err)
+{
+    char *p = str_escape_dup(path), *i = str_escape_dup(id);
+    int r = err_set(err, -EINVAL,
+                    "Malformed manifest %s: job_id '%s' is not allowed (a job id is 1 to 255 "
+                    "bytes of UTF-8 without control characters or '/', not starting with '-')",
+                    p, i);
+
+    free(p);
+    free(i);
+    return r;
+}
+
 char *
 manifest_shard_id(long long i, long long n)
 {
@@ -238,8 +261,8 @@ keep_strings(struct manifest *m, const char *job_dir)
 
 /* Everything manifest_parse checks, on the document doc. */
 static int
-check_doc(const cJSON *doc, const char *path, struct manifest *m, char **ret_exec,
-          struct esd_err *err)
+check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manifest *m,
+          char **ret_exec, struct esd_err *err)
 {
     const cJSON *shards, *exec, *policy, *item, *recipe, *dj;
     long long schema;
@@ -269,6 +292,8 @@ check_doc(const cJSON *doc, const char *path, struct manifest *m, char **ret_exe
         return err_set(err, -EINVAL, "Malformed manifest %s: execution must have executor_type "
                        "\"ray\" and a non-empty ray_address", path);
     m->job_id = json_get_str(doc, "job_id");
+    if (!manifest_job_id_ok(m->job_id ? m->job_id : fs_basename(job_dir)))
+        return job_id_refused(path, m->job_id ? m->job_id : fs_basename(job_dir), err);
     recipe = cJSON_GetObjectItemCaseSensitive(doc, "recipe");
     m->recipe_sha256 = json_get_str(recipe, "sha256");
     m->recipe_snapshot = json_get_str(recipe, "snapshot_path");
@@ -326,7 +351,7 @@ manifest_parse(const char *text, size_t len, const char *job_dir, const char *pa
 
     if ((r = manifest_check_size(text, len, path, err)) < 0 ||
         (r = json_parse_object(text, len, path, &doc, err)) < 0 ||
-        (r = check_doc(doc, path, &m, &exec, err)) < 0)
+        (r = check_doc(doc, job_dir, path, &m, &exec, err)) < 0)
         goto out;
     /* The index for manifest_find, which also finds duplicate ids. */
     m.by_id = xcalloc(m.nshards, sizeof(*m.by_id));

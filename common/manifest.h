@@ -116,4 +116,10 @@ char *manifest_shard_id(long long i, long long n);
  * '.', at most 200 bytes. */
 bool manifest_id_ok(const char *id);
 
+/* True if id is usable as a job id: 1 to 255 bytes of well-formed UTF-8
+ * with no control character (C0, DEL, C1; see str_clean) and no '/', not
+ * starting with '-' (it is passed as the value of --job_id). Spaces and
+ * other non-ASCII characters are fine: a job id is a directory's name. */
+bool manifest_job_id_ok(const char *id);
+
 #endif

@@ -1,6 +1,7 @@
 /*
  * util: error struct, aborting allocators, byte buffers, string lists,
- * Python-compatible timestamps and random tokens for the rest of libesd.
+ * Python-compatible timestamps, random tokens and escaping for terminals
+ * and logs for the rest of libesd.
  */
 #include "util.h"
 
@@ -469,4 +470,116 @@ py_repr_str(const char *s, size_t n, struct buf *b)
             buf_putc(b, (char)c);
     }
     buf_putc(b, q);
+}
+
+/*
+ * Length of the well-formed UTF-8 sequence of two or more bytes at s[0..n)
+ * (RFC 3629 table 3-7: no overlong forms, no surrogates, nothing above
+ * U+10FFFF), or 0 when there is none.
+ */
+static size_t
+utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0], lo = 0x80, hi = 0xbf;
+    size_t len;
+
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4;
+    else
+        return 0;
+    /* The second byte's range is what rules out the bad forms. */
+    if (c == 0xe0)
+        lo = 0xa0;
+    else if (c == 0xed)
+        hi = 0x9f;
+    else if (c == 0xf0)
+        lo = 0x90;
+    else if (c == 0xf4)
+        hi = 0x8f;
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+    return len;
+}
+
+/*
+ * The one scanner behind str_escape, str_escape_lines and str_clean: with
+ * out NULL, stops at the first byte to escape and returns false.
+ */
+static bool
+escape(const char *s, size_t n, bool keep_lines, struct buf *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, start = 0;
+
+    if (out)
+        buf_reserve(out, n);
+    while (i < n) {
+        unsigned char c = u[i];
+        size_t len = 1;
+        bool bad;
+
+        if (c < 0x80) {
+            bad = (c < 0x20 && !(keep_lines && (c == '\n' || c == '\t'))) || c == 0x7f;
+        } else {
+            len = utf8_seq(u + i, n - i);
+            /* U+0080..U+009F, the C1 controls, are C2 80..C2 9F. */
+            bad = len == 0 || (c == 0xc2 && u[i + 1] < 0xa0);
+            if (len == 0)
+                len = 1;
+        }
+        if (!bad) {
+            i += len;
+            continue;
+        }
+        if (!out)
+            return false;
+        buf_append(out, s + start, i - start);
+        /* A C1 control is escaped byte by byte, like any other. */
+        for (size_t k = 0; k < len; k++) {
+            char e[4] = { '\\', 'x', hex[u[i + k] >> 4], hex[u[i + k] & 15] };
+
+            buf_append(out, e, sizeof(e));
+        }
+        i += len;
+        start = i;
+    }
+    if (out)
+        buf_append(out, s + start, n - start);
+    return true;
+}
+
+void
+str_escape(const char *s, size_t n, struct buf *out)
+{
+    escape(s, n, false, out);
+}
+
+void
+str_escape_lines(const char *s, size_t n, struct buf *out)
+{
+    escape(s, n, true, out);
+}
+
+char *
+str_escape_dup(const char *s)
+{
+    struct buf b;
+
+    buf_init(&b);
+    str_escape(s, strlen(s), &b);
+    return buf_steal(&b);
+}
+
+bool
+str_clean(const char *s, size_t n)
+{
+    return escape(s, n, false, NULL);
 }

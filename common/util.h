@@ -103,4 +103,31 @@ void py_repr_str(const char *s, size_t n, struct buf *out);
 void fmt_size(uint64_t bytes, char out[32]);
 void fmt_duration(double secs, char out[32]);
 
+/*
+ * Escaping for people and logs. Everything a job file, a peer node, a
+ * processor or a client wrote is shown through these, so that no byte of it
+ * can move the cursor, change colours, set a terminal's title, or start a
+ * new line in a log or a table.
+ *
+ * str_escape appends s[0..n) to out with these bytes written as "\xNN"
+ * (lower-case hex): the C0 controls (newline and tab included), DEL, each
+ * byte of a C1 control U+0080..U+009F (its UTF-8 form C2 80..C2 9F), and
+ * every byte that is not part of well-formed UTF-8 (stray continuation
+ * bytes, overlong forms, surrogates, above U+10FFFF, a truncated sequence).
+ * Printable ASCII and every other well-formed character are kept. A
+ * backslash is kept too: the escape is then idempotent (text escaped by
+ * common/ or esd and escaped again by esctl reads the same), at the cost
+ * that a literal "\x1b" in the input looks like an escaped ESC; what
+ * matters here is that nothing acts on a terminal, not reversibility.
+ */
+void str_escape(const char *s, size_t n, struct buf *out);
+/* Like str_escape, but newline and tab pass unchanged (text that is meant
+ * to have lines, such as a process.log shown on a terminal). */
+void str_escape_lines(const char *s, size_t n, struct buf *out);
+/* str_escape of the NUL-terminated s into a new string (caller frees). */
+char *str_escape_dup(const char *s);
+/* True when str_escape would copy s[0..n) unchanged: well-formed UTF-8
+ * with no C0, DEL or C1 control. */
+bool str_clean(const char *s, size_t n);
+
 #endif

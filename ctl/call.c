@@ -221,9 +221,8 @@ call_do(struct call *c, enum cmd_id id, const cJSON *args, bool *local, cJSON **
         r = run_daemon(c, id, args, ret_result, &f);
         if (r < 0 && unreachable(r) && (cmd->flags & CMDF_FALLBACK) &&
             cmd_arg_has(args, O_JOB_DIR)) {
-            fprintf(stderr, "esctl: esd is not reachable at %s (%s); reading the job directory "
-                            "directly\n",
-                    client_socket_path(c), strerror(-r));
+            out_error("esd is not reachable at %s (%s); reading the job directory directly",
+                      client_socket_path(c), strerror(-r));
             *local = true;
             r = run_local(c, id, args, ret_result, &f);
         }

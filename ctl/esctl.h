@@ -123,6 +123,8 @@ int completion_print(void);
 int worker_run(struct call *c);
 
 /* Output helpers (ctl/output.c). */
+/* "esctl: <message>" / "WARNING: <message>" on stderr, the message
+ * escaped (str_escape): it may carry what a job file or esd wrote. */
 void out_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void out_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A progress line on stderr (terminal only, never with --json), redrawn at
@@ -135,8 +137,11 @@ const char *out_color(const struct call *c, const char *state);
 const char *out_reset(const struct call *c);
 /* A count for humans: "950", "12.3k", "1.2M", "3.4G". */
 void out_count(double v, char out[32]);
-/* result as pretty JSON on stdout. */
+/* result as pretty JSON on stdout; out_json_line: as one line (JSON
+ * Lines). Both escape DEL and C1 controls as \u00XX and write U+FFFD for
+ * bytes that are not UTF-8, so the text never holds a raw control. */
 void out_json(const cJSON *result);
+void out_json_line(const cJSON *result);
 
 /* A simple text table: add rows of cells, then print aligned. */
 struct table {

@@ -19,7 +19,7 @@ journal_show(struct call *c)
 {
     struct manifest m;
     struct esd_err err;
-    char *dir = NULL, *match, lines[32];
+    char *dir = NULL, *match, *esc, lines[32];
     const char *argv[9];
     int n = 0, r;
 
@@ -29,7 +29,10 @@ journal_show(struct call *c)
         return render_error(c, "failed", err.msg, EXIT_ERROR);
     }
     free(dir);
-    match = xasprintf("ESD_JOB=%s", m.job_id);
+    /* esd's log escapes the field's value (daemon/log.c): match it so */
+    esc = str_escape_dup(m.job_id);
+    match = xasprintf("ESD_JOB=%s", esc);
+    free(esc);
     manifest_free(&m);
     argv[n++] = "journalctl";
     argv[n++] = "--no-pager";

@@ -1,7 +1,8 @@
 /*
  * output: what esctl shows a human: errors and warnings on stderr, a
  * progress line on a terminal, aligned tables, and colour only on a
- * terminal and never with NO_COLOR.
+ * terminal and never with NO_COLOR; and --json documents, kept free of
+ * raw control characters too.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,16 +12,31 @@
 #include "esctl.h"
 #include "json.h"
 
+/* prefix, then the formatted message escaped (str_escape), then a newline:
+ * messages carry ids, paths and errors from esd and job files. */
+static void
+say(const char *prefix, const char *fmt, va_list ap)
+{
+    char msg[ESD_ERR_MAX + 1024];
+    struct buf b;
+
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    buf_init(&b);
+    buf_puts(&b, prefix);
+    str_escape(msg, strlen(msg), &b);
+    buf_putc(&b, '\n');
+    fwrite(b.p, 1, b.len, stderr);
+    buf_free(&b);
+}
+
 void
 out_error(const char *fmt, ...)
 {
     va_list ap;
 
-    fputs("esctl: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    say("esctl: ", fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 void
@@ -28,11 +44,9 @@ out_warning(const char *fmt, ...)
 {
     va_list ap;
 
-    fputs("WARNING: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    say("WARNING: ", fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 static double progress_last = -1;
@@ -51,6 +65,8 @@ out_progress(struct call *c, const char *what, uint64_t done, uint64_t total, ui
 
     if (!c->tty_err || c->json)
         return;
+    if (!str_clean(what, strlen(what)))
+        what = "?"; /* a phase name esd did not write */
     if (strncmp(phase_what, what, sizeof(phase_what) - 1) != 0) {
         snprintf(phase_what, sizeof(phase_what), "%s", what);
         phase_start = elapsed;
@@ -106,6 +122,47 @@ out_count(double v, char out[32])
         snprintf(out, 32, "%.1f%c", v, unit[u]);
 }
 
+/*
+ * Writes the JSON text b to stdout with what json_dump leaves raw and a
+ * terminal could act on made \u escapes: DEL and the C1 controls (in UTF-8
+ * C2 80..C2 9F), which JSON allows raw, and each byte that is not
+ * well-formed UTF-8, which JSON does not allow at all (U+FFFD). Outside
+ * strings JSON text is ASCII, so every such byte is inside a string.
+ */
+static void
+json_out(const struct buf *b)
+{
+    struct buf o;
+    size_t i = 0, start = 0;
+
+    buf_init(&o);
+    while (i < b->len) {
+        unsigned char ch = (unsigned char)b->p[i], next;
+        /* the length a character starting with ch has, if well-formed */
+        size_t run = ch < 0xc2 ? 1 : ch < 0xe0 ? 2 : ch < 0xf0 ? 3 : 4;
+
+        if (run > b->len - i)
+            run = b->len - i;
+        if (ch == '\n' || str_clean(b->p + i, run)) {
+            i += run;
+            continue;
+        }
+        buf_append(&o, b->p + start, i - start);
+        next = run > 1 ? (unsigned char)b->p[i + 1] : 0;
+        if (ch == 0xc2 && run == 2 && next >= 0x80 && next < 0xa0) {
+            buf_printf(&o, "\\u%04x", next);
+            i += 2;
+        } else {
+            buf_puts(&o, ch == 0x7f ? "\\u007f" : "\\ufffd");
+            i++;
+        }
+        start = i;
+    }
+    buf_append(&o, b->p + start, b->len - start);
+    fwrite(o.p, 1, o.len, stdout);
+    buf_free(&o);
+}
+
 void
 out_json(const cJSON *result)
 {
@@ -113,7 +170,19 @@ out_json(const cJSON *result)
 
     buf_init(&b);
     json_dump(result, JSON_PRETTY, &b);
-    fwrite(b.p, 1, b.len, stdout);
+    json_out(&b);
+    buf_free(&b);
+}
+
+void
+out_json_line(const cJSON *result)
+{
+    struct buf b;
+
+    buf_init(&b);
+    json_dump(result, JSON_COMPACT, &b);
+    buf_putc(&b, '\n');
+    json_out(&b);
     buf_free(&b);
 }
 

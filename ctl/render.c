@@ -3,7 +3,8 @@
  * reads; the result is the same JSON whether esd or esctl itself ran the
  * command, so both look alike. --json prints the result object instead.
  * The texts of prepare, status, retry, merge and verify are the
- * reference's (shard_job.py), which scripts may read.
+ * reference's (shard_job.py), which scripts may read. Every string of a
+ * result is escaped before it is shown (clean_copy).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,54 @@ sorted_members(const cJSON *o, size_t *ret_n)
     qsort(v, n, sizeof(*v), cmp_member);
     *ret_n = n;
     return v;
+}
+
+/* Replaces the string *p, which cJSON frees unless borrowed, by its escape
+ * if it needs one, and says whether it did (cJSON frees with free(),
+ * json_init's hook and its own default alike, so a buf's storage may take
+ * its place). */
+static bool
+clean_str(char **p, bool borrowed)
+{
+    struct buf b;
+
+    if (!*p || str_clean(*p, strlen(*p)))
+        return false;
+    buf_init(&b);
+    str_escape(*p, strlen(*p), &b);
+    if (!borrowed)
+        free(*p);
+    *p = buf_steal(&b);
+    return true;
+}
+
+static void
+clean_node(cJSON *v)
+{
+    /* a borrowed name that was replaced is now the tree's own */
+    if (clean_str(&v->string, v->type & cJSON_StringIsConst))
+        v->type &= ~cJSON_StringIsConst;
+    if (cJSON_IsString(v))
+        clean_str(&v->valuestring, false); /* a copy: never a reference */
+    for (cJSON *c = v->child; c; c = c->next)
+        clean_node(c);
+}
+
+/*
+ * A copy of result (caller frees) in which every string value and member
+ * name is escaped (str_escape). Renderers print only from such a copy:
+ * ids, paths, host names and errors come from job files, peer nodes and
+ * esd, and none of their bytes may act on the terminal or break a line.
+ */
+static cJSON *
+clean_copy(const cJSON *result)
+{
+    cJSON *c = result ? cJSON_Duplicate(result, true) : NULL;
+
+    if (!c)
+        c = cJSON_CreateObject();
+    clean_node(c);
+    return c;
 }
 
 /* ---- commands on a job directory ---- */
@@ -400,7 +449,10 @@ render_result(struct call *c, enum cmd_id id, const cJSON *args, const cJSON *re
     if (id == CMD_LOGS)
         return EXIT_OK;
     if (!c->json) {
-        rc = renderers[id](c, args, result);
+        cJSON *clean = clean_copy(result);
+
+        rc = renderers[id](c, args, clean);
+        cJSON_Delete(clean);
         fflush(stdout);
         return rc;
     }
@@ -432,9 +484,18 @@ render_event(struct call *c, cJSON *ev)
     const char *data = json_get_str(ev, "data"), *phase = json_get_str(ev, "phase");
     double elapsed = 0;
 
-    if (data) {
-        fputs(data, stdout);
+    if (data && !c->tty_out) {
+        fputs(data, stdout); /* piped: the bytes of the log as they are */
         fflush(stdout);
+    } else if (data) {
+        /* On a terminal only its lines and tabs act: see esctl(1) OUTPUT. */
+        struct buf b;
+
+        buf_init(&b);
+        str_escape_lines(data, strlen(data), &b);
+        fwrite(b.p, 1, b.len, stdout);
+        fflush(stdout);
+        buf_free(&b);
     } else if (phase) {
         json_get_num(ev, "elapsed", &elapsed);
         out_progress(c, phase, (uint64_t)num(ev, "bytes_done"), (uint64_t)num(ev, "bytes_total"),
@@ -446,6 +507,9 @@ render_event(struct call *c, cJSON *ev)
 int
 render_version(struct call *c, const cJSON *result, const char *why)
 {
+    cJSON *clean = NULL;
+    char *why_clean = NULL;
+
     if (c->json) {
         cJSON *j = cJSON_CreateObject(), *me = cJSON_AddObjectToObject(j, "esctl");
 
@@ -465,19 +529,25 @@ render_version(struct call *c, const cJSON *result, const char *why)
         cJSON_Delete(j);
     } else {
         printf("esctl %s (protocol %d)\n", ESD_VERSION, PROTO_VERSION);
-        if (result)
-            printf("esd %s (protocol %lld) on node %s at %s\n", str(result, "version"),
-                   num(result, "protocol"), str(result, "node"), client_socket_path(c));
-        else
-            printf("esd: not reachable at %s\n", why);
+        if (result) {
+            clean = clean_copy(result);
+            printf("esd %s (protocol %lld) on node %s at %s\n", str(clean, "version"),
+                   num(clean, "protocol"), str(clean, "node"), client_socket_path(c));
+        } else {
+            why_clean = str_escape_dup(why ? why : "");
+            printf("esd: not reachable at %s\n", why_clean);
+        }
     }
+    cJSON_Delete(clean);
+    free(why_clean);
     fflush(stdout);
     return result ? EXIT_OK : EXIT_UNREACHABLE;
 }
 
 void
-render_status_line(const struct call *c, const cJSON *res)
+render_status_line(const struct call *c, const cJSON *result)
 {
+    cJSON *res = clean_copy(result);
     const cJSON *counts = cJSON_GetObjectItemCaseSensitive(res, "counts");
     long long total = num(res, "total"), done = num(counts, "done");
     char rows[32];
@@ -497,4 +567,5 @@ render_status_line(const struct call *c, const cJSON *res)
                now, str(res, "job_id"), done, total, num(counts, "running"),
                num(counts, "stale"), num(counts, "failed"), rows);
     }
+    cJSON_Delete(res);
 }

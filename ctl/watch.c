@@ -38,12 +38,7 @@ show_round(struct call *c, const cJSON *args, const cJSON *res)
 {
     if (c->json) {
         /* one compact document a line (JSON Lines), for scripts */
-        struct buf b;
-
-        buf_init(&b);
-        json_dump(res, JSON_COMPACT, &b);
-        printf("%.*s\n", (int)b.len, b.p ? b.p : "");
-        buf_free(&b);
+        out_json_line(res);
     } else if (c->tty_out) {
         fputs("\033[H\033[J", stdout);
         render_status_line(c, res);

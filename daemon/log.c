@@ -1,6 +1,7 @@
 /*
  * log: journald through sd_journal_sendv with esd's fields, or one line on
- * stderr with a timestamp, the level and the same fields.
+ * stderr with a timestamp, the level and the same fields. The message and
+ * every field value are escaped (str_escape): a line is always one line.
  */
 #include "log.h"
 
@@ -63,56 +64,93 @@ log_target_name(void)
     return to_journal ? "journal" : "stderr";
 }
 
+/* Appends "<name>=<escaped value>" as one journal field. */
+static void
+field(struct buf *b, const char *name, const char *value)
+{
+    buf_puts(b, name);
+    buf_putc(b, '=');
+    str_escape(value, strlen(value), b);
+}
+
 void
 log_msg(int level, const struct log_ctx *ctx, const char *fmt, ...)
 {
     char msg[4096];
     va_list ap;
+    struct buf m;
+    const char *job = ctx ? ctx->job : NULL, *shard = ctx ? ctx->shard : NULL;
 
     if (level > max_level)
         return;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    /*
+     * Ids, paths, errors and processor output in a message come from job
+     * files, peers and clients. Escaped here, after formatting, none of
+     * their bytes can end the line early (forging a next line) or act on
+     * the terminal of whoever reads the log.
+     */
+    buf_init(&m);
+    str_escape(msg, strlen(msg), &m);
     if (to_journal) {
-        char f[7][4200];
+        struct buf f[7];
         struct iovec iov[7];
         int n = 0;
 
-        snprintf(f[n++], sizeof(f[0]), "MESSAGE=%s", msg);
-        snprintf(f[n++], sizeof(f[0]), "PRIORITY=%d", level);
-        snprintf(f[n++], sizeof(f[0]), "SYSLOG_IDENTIFIER=esd");
-        snprintf(f[n++], sizeof(f[0]), "ESD_NODE=%s", node);
-        if (ctx && ctx->job)
-            snprintf(f[n++], sizeof(f[0]), "ESD_JOB=%s", ctx->job);
-        if (ctx && ctx->shard)
-            snprintf(f[n++], sizeof(f[0]), "ESD_SHARD=%s", ctx->shard);
+        for (int i = 0; i < 7; i++)
+            buf_init(&f[i]);
+        field(&f[n++], "MESSAGE", m.p);
+        buf_printf(&f[n++], "PRIORITY=%d", level);
+        buf_puts(&f[n++], "SYSLOG_IDENTIFIER=esd");
+        field(&f[n++], "ESD_NODE", node);
+        if (job)
+            field(&f[n++], "ESD_JOB", job);
+        if (shard)
+            field(&f[n++], "ESD_SHARD", shard);
         if (ctx && ctx->attempt)
-            snprintf(f[n++], sizeof(f[0]), "ESD_ATTEMPT=%lld", ctx->attempt);
+            buf_printf(&f[n++], "ESD_ATTEMPT=%lld", ctx->attempt);
         for (int i = 0; i < n; i++) {
-            iov[i].iov_base = f[i];
-            iov[i].iov_len = strlen(f[i]);
+            iov[i].iov_base = f[i].p;
+            iov[i].iov_len = f[i].len;
         }
+        n = sd_journal_sendv(iov, n);
+        for (int i = 0; i < 7; i++)
+            buf_free(&f[i]);
         /* A journald that is gone drops the line: stderr still has it. */
-        if (sd_journal_sendv(iov, n) >= 0)
+        if (n >= 0) {
+            buf_free(&m);
             return;
+        }
     }
     {
-        char ts[32], where[512] = "";
+        char ts[32];
         struct timespec now;
         struct tm tm;
+        struct buf line;
 
         clock_gettime(CLOCK_REALTIME, &now);
         localtime_r(&now.tv_sec, &tm);
         strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-        if (ctx && ctx->attempt)
-            snprintf(where, sizeof(where), " [%s %s#%lld]", ctx->job ? ctx->job : "-",
-                     ctx->shard ? ctx->shard : "-", ctx->attempt);
-        else if (ctx && ctx->shard)
-            snprintf(where, sizeof(where), " [%s %s]", ctx->job ? ctx->job : "-", ctx->shard);
-        else if (ctx && ctx->job)
-            snprintf(where, sizeof(where), " [%s]", ctx->job);
-        fprintf(stderr, "%s.%03ld esd %s %s%s: %s\n", ts, now.tv_nsec / 1000000, node,
-                level_names[level], where, msg);
+        buf_init(&line);
+        buf_printf(&line, "%s.%03ld esd ", ts, now.tv_nsec / 1000000);
+        str_escape(node, strlen(node), &line);
+        buf_printf(&line, " %s", level_names[level]);
+        if (job || shard || (ctx && ctx->attempt)) {
+            buf_puts(&line, " [");
+            str_escape(job ? job : "-", strlen(job ? job : "-"), &line);
+            if (shard || ctx->attempt) {
+                buf_putc(&line, ' ');
+                str_escape(shard ? shard : "-", strlen(shard ? shard : "-"), &line);
+            }
+            if (ctx->attempt)
+                buf_printf(&line, "#%lld", ctx->attempt);
+            buf_putc(&line, ']');
+        }
+        buf_printf(&line, ": %s\n", m.p);
+        fwrite(line.p, 1, line.len, stderr);
+        buf_free(&line);
     }
+    buf_free(&m);
 }

@@ -1,7 +1,8 @@
 /*
  * check_manifest: loading manifest.json with the load-time checks of spec
- * §5.2 and esd's own (plain shard ids, unique ids), policy defaults, shard
- * names, and the paths of the layout.
+ * §5.2 and esd's own (plain shard ids, unique ids, safe job ids refused
+ * with an escaped message), policy defaults, shard names, and the paths of
+ * the layout.
  */
 #include <check.h>
 #include <errno.h>
@@ -78,6 +79,16 @@ static const struct {
     { "\"shards/part-00000-of-00002.jsonl\"", "\"/etc/passwd\"", "is not a relative path inside" },
     { "\"max_retries\": 0", "\"max_retries\": -1", "policy.max_retries" },
     { "\"lock_timeout_secs\": 60", "\"lock_timeout_secs\": 0", "policy.lock_timeout_secs" },
+    /* job ids that would act on a terminal or forge a log line, shown escaped */
+    { "\"job_id\": \"j\"", "\"job_id\": \"j\\u001b]0;x\\u0007\\nforged\"",
+      "job_id 'j\\x1b]0;x\\x07\\x0aforged' is not allowed" },
+    { "\"job_id\": \"j\"", "\"job_id\": \"j\\tk\"", "job_id 'j\\x09k' is not allowed" },
+    { "\"job_id\": \"j\"", "\"job_id\": \"j\\u007f\"", "job_id 'j\\x7f' is not allowed" },
+    { "\"job_id\": \"j\"", "\"job_id\": \"\\u009b31m\"",
+      "job_id '\\xc2\\x9b31m' is not allowed" },
+    { "\"job_id\": \"j\"", "\"job_id\": \"a/b\"", "job_id 'a/b' is not allowed" },
+    { "\"job_id\": \"j\"", "\"job_id\": \"--config=/x\"", "job_id '--config=/x' is not" },
+    { "\"job_id\": \"j\"", "\"job_id\": \"\"", "job_id '' is not allowed" },
 };
 
 START_TEST(test_bad)
@@ -91,6 +102,61 @@ START_TEST(test_bad)
     text = xasprintf("%.*s%s%s", (int)(at - GOOD), GOOD, bad[_i].to, at + strlen(bad[_i].from));
     ck_assert_int_eq(load(text, &m, &err), -EINVAL);
     ck_assert_msg(strstr(err.msg, bad[_i].msg), "%s", err.msg);
+    free(text);
+}
+END_TEST
+
+START_TEST(test_job_id)
+{
+    char name[300];
+    struct manifest m;
+    struct esd_err err;
+    char *text, *dir, *job;
+    const char *at = strstr(GOOD, "\"job_id\": \"j\", ");
+
+    /* job ids are directory names: spaces and non-ASCII are fine */
+    ck_assert(manifest_job_id_ok("j"));
+    ck_assert(manifest_job_id_ok("my job (v2)"));
+    ck_assert(manifest_job_id_ok("caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac"));
+    ck_assert(manifest_job_id_ok("a-b"));
+    ck_assert(!manifest_job_id_ok("-a"));
+    ck_assert(!manifest_job_id_ok(""));
+    ck_assert(!manifest_job_id_ok("a/b"));
+    ck_assert(!manifest_job_id_ok("a\nb"));
+    ck_assert(!manifest_job_id_ok("a\x1b"));
+    ck_assert(!manifest_job_id_ok("a\x7f"));
+    ck_assert(!manifest_job_id_ok("a\xc2\x85"));
+    ck_assert(!manifest_job_id_ok("a\xc3"));
+    memset(name, 'x', 255);
+    name[255] = '\0';
+    ck_assert(manifest_job_id_ok(name));
+    name[255] = 'x';
+    name[256] = '\0';
+    ck_assert(!manifest_job_id_ok(name));
+
+    /* accepted through manifest_load too */
+    text = xasprintf("%.*s\"job_id\": \"my job \xc3\xa9\", %s", (int)(at - GOOD), GOOD,
+                     at + strlen("\"job_id\": \"j\", "));
+    ck_assert_msg(load(text, &m, &err) == 0, "%s", err.msg);
+    ck_assert_str_eq(m.job_id, "my job \xc3\xa9");
+    manifest_free(&m);
+    free(text);
+
+    /* without a job_id field the directory's name is the id, checked alike;
+     * the message names the manifest, escaped */
+    dir = tu_tmpdir();
+    job = xasprintf("%s/evil\x1b[2J\nname", dir);
+    text = xasprintf("%.*s%s", (int)(at - GOOD), GOOD, at + strlen("\"job_id\": \"j\", "));
+    free(tu_write(job, "manifest.json", text, (size_t)-1));
+    ck_assert_int_eq(manifest_load(job, &m, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "evil\\x1b[2J\\x0aname/manifest.json: job_id "
+                                  "'evil\\x1b[2J\\x0aname' is not allowed"),
+                  "%s", err.msg);
+    ck_assert_ptr_null(strchr(err.msg, '\x1b'));
+    ck_assert_ptr_null(strchr(err.msg, '\n'));
+    fs_rm_rf(dir);
+    free(dir);
+    free(job);
     free(text);
 }
 END_TEST
@@ -205,6 +271,7 @@ manifest_suite(void)
 
     tcase_add_test(tc, test_good);
     tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof(bad) / sizeof(bad[0])));
+    tcase_add_test(tc, test_job_id);
     tcase_add_test(tc, test_unreadable);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_size_and_type);

@@ -3,7 +3,8 @@
  * aborting allocators, byte buffers and their growth, string lists in code
  * point order, Python-compatible ISO timestamps (expected strings from
  * CPython's datetime.isoformat()), uuid4-style tokens, Python int()
- * parsing and the human-readable size and duration formats.
+ * parsing, the human-readable size and duration formats, and escaping for
+ * terminals and logs (C0, DEL, C1, malformed UTF-8; multibyte text kept).
  */
 #include <check.h>
 #include <errno.h>
@@ -393,6 +394,103 @@ START_TEST(test_fmt_duration)
 }
 END_TEST
 
+/* s (n bytes) escaped, as a string the test frees */
+static char *
+esc(const char *s, size_t n, bool lines)
+{
+    struct buf b;
+
+    buf_init(&b);
+    if (lines)
+        str_escape_lines(s, n, &b);
+    else
+        str_escape(s, n, &b);
+    ck_assert_uint_eq(strlen(b.p), b.len);
+    return buf_steal(&b);
+}
+
+static const struct {
+    const char *in;
+    size_t n; /* 0: strlen */
+    const char *out;
+} escapes[] = {
+    { "plain job-1 ok", 0, "plain job-1 ok" },
+    { "", 0, "" },
+    /* C0: the terminal ones, and the ones that break a line */
+    { "a\x1b]0;owned\x07z", 0, "a\\x1b]0;owned\\x07z" },
+    { "\x1b[2J\x1b[31mred", 0, "\\x1b[2J\\x1b[31mred" },
+    { "one\ntwo\r\tthree", 0, "one\\x0atwo\\x0d\\x09three" },
+    { "nul\0after", 9, "nul\\x00after" },
+    { "\x01\x1f", 0, "\\x01\\x1f" },
+    /* DEL */
+    { "del\x7f", 0, "del\\x7f" },
+    /* C1 in UTF-8: U+0080, U+0085 (NEL), U+009B (CSI), U+009F; U+00A0 is not */
+    { "\xc2\x80\xc2\x85\xc2\x9b\xc2\x9f|\xc2\xa0", 0,
+      "\\xc2\\x80\\xc2\\x85\\xc2\\x9b\\xc2\\x9f|\xc2\xa0" },
+    /* raw C1 bytes are not UTF-8 either */
+    { "\x9b" "31m", 0, "\\x9b31m" },
+    /* malformed UTF-8: stray continuation, overlong, surrogate, too big,
+     * bad lead bytes, truncated at the end and before ASCII */
+    { "\x80", 0, "\\x80" },
+    { "\xc0\xaf", 0, "\\xc0\\xaf" },
+    { "\xe0\x80\xaf", 0, "\\xe0\\x80\\xaf" },
+    { "\xed\xa0\x80", 0, "\\xed\\xa0\\x80" },
+    { "\xf4\x90\x80\x80", 0, "\\xf4\\x90\\x80\\x80" },
+    { "\xf5\xff", 0, "\\xf5\\xff" },
+    { "end\xe2\x82", 0, "end\\xe2\\x82" },
+    { "\xe2\x82x", 0, "\\xe2\\x82x" },
+    /* well-formed multibyte kept: é, €, 日本, 🙂, U+10FFFF, U+D7FF, U+E000 */
+    { "caf\xc3\xa9 \xe2\x82\xac \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82", 0,
+      "caf\xc3\xa9 \xe2\x82\xac \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82" },
+    { "\xf4\x8f\xbf\xbf\xed\x9f\xbf\xee\x80\x80", 0, "\xf4\x8f\xbf\xbf\xed\x9f\xbf\xee\x80\x80" },
+    /* backslashes are kept (so escaping is idempotent) */
+    { "C:\\dir \\x1b", 0, "C:\\dir \\x1b" },
+};
+
+START_TEST(test_str_escape)
+{
+    const char *in = escapes[_i].in;
+    size_t n = escapes[_i].n ? escapes[_i].n : strlen(in);
+    char *out = esc(in, n, false), *again = esc(out, strlen(out), false);
+
+    ck_assert_str_eq(out, escapes[_i].out);
+    /* idempotent, and what it wrote is clean */
+    ck_assert_str_eq(again, out);
+    ck_assert(str_clean(out, strlen(out)));
+    ck_assert(str_clean(in, n) == (strcmp(in, out) == 0 && memchr(in, 0, n) == NULL));
+    for (const char *p = out; *p; p++)
+        ck_assert_msg((unsigned char)*p >= 0x20 && *p != 0x7f, "control in %s", out);
+    free(again);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_str_escape_lines)
+{
+    char *out = esc("a\tb\nc\r\x1b[Kd\n", strlen("a\tb\nc\r\x1b[Kd\n"), true);
+    char *dup = str_escape_dup("job\x1b[1m\n");
+
+    ck_assert_str_eq(out, "a\tb\nc\\x0d\\x1b[Kd\n");
+    ck_assert_str_eq(dup, "job\\x1b[1m\\x0a");
+    /* appends, and a buffer that grows keeps what it had */
+    {
+        struct buf b;
+
+        buf_init(&b);
+        buf_puts(&b, "> ");
+        for (int i = 0; i < 100; i++)
+            str_escape("\x1b", 1, &b);
+        ck_assert_uint_eq(b.len, 2 + 400);
+        ck_assert(!strncmp(b.p, "> \\x1b\\x1b", 10));
+        buf_free(&b);
+    }
+    ck_assert(!str_clean("a\tb", 3));
+    ck_assert(str_clean("", 0));
+    free(dup);
+    free(out);
+}
+END_TEST
+
 static Suite *
 util_suite(void)
 {
@@ -416,6 +514,8 @@ util_suite(void)
     tcase_add_test(tc, test_parse_int);
     tcase_add_test(tc, test_fmt_size);
     tcase_add_test(tc, test_fmt_duration);
+    tcase_add_loop_test(tc, test_str_escape, 0, (int)(sizeof(escapes) / sizeof(escapes[0])));
+    tcase_add_test(tc, test_str_escape_lines);
     suite_add_tcase(s, tc);
     return s;
 }
