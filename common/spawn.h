@@ -2,15 +2,20 @@
  * spawn: starting an attempt's child the way every caller needs it: fork
  * and exec at once, a process group of its own (so the whole tree can be
  * killed), stdout and stderr into one pipe, every other descriptor closed
- * (O_CLOEXEC), a failed exec reported as an error rather than as an
- * exit status the processor might also use, and SIGKILL to the child when
- * its parent dies (PR_SET_PDEATHSIG): a crashed daemon or worker leaves no
- * attempt running on under a lease nobody renews. (The rest of the child's
- * process group is the child's to end.)
+ * (close_range above 2, whether or not the parent marked it O_CLOEXEC),
+ * every signal back to its default disposition and unblocked (an ignored
+ * signal would survive the exec), a failed exec reported as an error
+ * rather than as an exit status the processor might also use, and SIGKILL
+ * to the child when its parent dies (PR_SET_PDEATHSIG): a crashed daemon or
+ * worker leaves no attempt running on under a lease nobody renews. (The
+ * rest of the child's process group is the child's to end.) A daemon
+ * running as root starts it with a user's credentials from the user
+ * database (struct spawn_cred).
  */
 #ifndef ESD_SPAWN_H
 #define ESD_SPAWN_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 #include "util.h"
@@ -29,13 +34,37 @@ struct spawned {
 int spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
                 struct esd_err *err);
 
+/* A user as the user database has it: who a child runs as, and what its
+ * login environment says (HOME, USER, SHELL). */
+struct spawn_cred {
+    uid_t uid;
+    gid_t gid;      /* the primary group, pw_gid */
+    gid_t *groups;  /* the supplementary groups (getgrouplist, gid among them) */
+    size_t ngroups;
+    char *name;     /* pw_name */
+    char *home;     /* pw_dir */
+    char *shell;    /* pw_shell; "/bin/sh" when empty */
+};
+
 /*
- * spawn_start as user uid and group gid (supplementary groups dropped),
- * for a daemon running as root that starts work as a job's owner; uid
- * (uid_t)-1 keeps the caller's identity. Refuses uid 0.
+ * Fills *ret with uid's passwd entry and group list (getpwuid_r,
+ * getgrouplist). Returns 0, -ENOENT when the user database has no entry
+ * for uid (err says so: nothing is started for a user nobody knows), or
+ * another negative errno. The caller frees *ret with spawn_cred_free.
  */
-int spawn_start_as(char *const *argv, char *const *envp, const char *cwd, uid_t uid, gid_t gid,
-                   struct spawned *ret, struct esd_err *err);
+int spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err);
+
+/* Frees what spawn_cred_for_uid filled in; accepts a zeroed struct. */
+void spawn_cred_free(struct spawn_cred *c);
+
+/*
+ * spawn_start with cred's identity (supplementary groups, then primary
+ * group, then uid, for good: the child cannot become root again), for a
+ * daemon running as root that starts work as a job's owner. The caller
+ * keeps cred. Refuses uid 0 (-EPERM).
+ */
+int spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
+                   const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err);
 
 /*
  * Runs argv (PATH lookup as spawn_start) in cwd with the current
