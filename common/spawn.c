@@ -1,6 +1,8 @@
 /*
  * spawn: fork+exec with a process group, one output pipe and an exec
- * failure channel (a CLOEXEC pipe that only a failed exec writes to).
+ * failure channel (a CLOEXEC pipe that only a failed exec writes to). The
+ * child resets what it inherited (signals, descriptors, credentials)
+ * before the exec, with async-signal-safe calls only.
  */
 #include "spawn.h"
 
@@ -16,22 +18,150 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* (TEMP until the env branch lands) */
+/* Longest passwd entry looked up, and most supplementary groups taken. */
 #define PW_BUF_MAX ((size_t)1 << 20)
 #define GROUPS_MAX 65536
 
-/* spawn_start, with stderr on the pipe too (merge) or on /dev/null, as
- * uid/gid unless uid is (uid_t)-1. */
+/* ---- in the child, between fork and exec: async-signal-safe calls only ---- */
+
+/* Every signal to its default action: handlers would go with the exec
+ * anyway, but an ignored signal (esd ignores SIGPIPE) would stay ignored in
+ * the processor. Through the system call itself: the C library refuses to
+ * touch the signals it reserves (32 and 33 in glibc), which a parent may
+ * have ignored too. A zeroed kernel sigaction is SIG_DFL with no flags and
+ * an empty mask whatever the architecture's field order; the kernel
+ * refuses only SIGKILL and SIGSTOP, which need no reset. */
+static void
+child_signals_default(void)
+{
+    static const unsigned long dfl[8];
+
+    for (int sig = 1; sig < NSIG; sig++)
+        (void)syscall(SYS_rt_sigaction, sig, dfl, NULL, (size_t)(NSIG - 1) / 8);
+}
+
+/* fd itself if it is above 2, else a close-on-exec copy above 2, so that
+ * the dup2s onto 0-2 cannot clobber it (a parent started with 0-2 closed
+ * gets its pipes there). -1 on failure. */
 static int
-start(char *const *argv, char *const *envp, const char *cwd, bool merge, uid_t uid, gid_t gid,
-      struct spawned *ret, struct esd_err *err)
+child_above_stdio(int fd)
+{
+    return fd < 0 || fd > STDERR_FILENO ? fd : fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+}
+
+/* Closes lo..hi without close_range(2) (kernels before 5.9): the numbers
+ * listed in /proc/self/fd, or every number below the descriptor limit
+ * when /proc is not there. */
+static void
+child_close_slow(unsigned lo, unsigned hi)
+{
+    int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    struct rlimit rl;
+
+    if (dfd >= 0) {
+        /* (procfs lists by descriptor number: closing those already read
+         * does not disturb the listing) */
+        char chunk[4096] __attribute__((aligned(8)));
+        ssize_t n;
+
+        while ((n = getdents64(dfd, chunk, sizeof(chunk))) > 0)
+            for (ssize_t off = 0; off < n;) {
+                const struct dirent64 *d = (const struct dirent64 *)(chunk + off);
+                unsigned long fd = 0;
+                const char *p = d->d_name;
+
+                for (; *p >= '0' && *p <= '9' && fd <= hi; p++)
+                    fd = fd * 10 + (unsigned long)(*p - '0');
+                if (!*p && p != d->d_name && fd >= lo && fd <= hi && fd != (unsigned long)dfd)
+                    close((int)fd);
+                off += d->d_reclen;
+            }
+        close(dfd);
+        return;
+    }
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        rl.rlim_cur = 65536;
+    for (unsigned long fd = lo; fd <= hi && fd < rl.rlim_cur; fd++)
+        close((int)fd);
+}
+
+static void
+child_close(unsigned lo, unsigned hi)
+{
+    if (lo <= hi && close_range(lo, hi, 0) < 0)
+        child_close_slow(lo, hi);
+}
+
+/* Takes cred's identity for good. 0 or an errno. */
+static int
+child_become(const struct spawn_cred *cred)
+{
+    /* groups first: the uid change gives up the right to change them */
+    if (setgroups(cred->ngroups, cred->groups) < 0 ||
+        setresgid(cred->gid, cred->gid, cred->gid) < 0 ||
+        setresuid(cred->uid, cred->uid, cred->uid) < 0)
+        return errno;
+    return setuid(0) == 0 ? EPERM : 0;
+}
+
+static void __attribute__((noreturn))
+child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge,
+           const struct spawn_cred *cred, pid_t parent, int out_w, int status_w)
+{
+    sigset_t none;
+    int e, devnull;
+
+    setpgid(0, 0);
+    child_signals_default();
+    devnull = child_above_stdio(open("/dev/null", O_RDWR | O_CLOEXEC));
+    out_w = child_above_stdio(out_w);
+    status_w = child_above_stdio(status_w);
+    if (devnull < 0 || out_w < 0 || status_w < 0) {
+        e = errno;
+    } else if (cred && (e = child_become(cred)) != 0) {
+        /* (reported below) */
+    } else if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) {
+        /* after the uid change, which clears it: the child dies with its
+         * parent, so that a crashed esd leaves no attempt behind to run on
+         * under a lease that nobody renews */
+        e = errno;
+    } else if (getppid() != parent) {
+        _exit(127); /* the parent died before the line above */
+    } else if (dup2(out_w, STDOUT_FILENO) < 0 ||
+               dup2(merge ? out_w : devnull, STDERR_FILENO) < 0 ||
+               dup2(devnull, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {
+        e = errno;
+    } else {
+        /* Nothing of the parent's but 0-2, CLOEXEC or not; the status
+         * pipe stays until the exec closes it. */
+        child_close(STDERR_FILENO + 1, (unsigned)status_w - 1);
+        child_close((unsigned)status_w + 1, ~0U);
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execvpe(argv[0], argv, envp);
+        e = errno;
+    }
+    (void)!write(status_w, &e, sizeof(e));
+    _exit(127);
+}
+
+/* ---- in the parent ---- */
+
+/* spawn_start, with stderr on the pipe too (merge) or on /dev/null, as
+ * cred unless it is NULL. */
+static int
+start(char *const *argv, char *const *envp, const char *cwd, bool merge,
+      const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err)
 {
     int out[2], status[2], e = 0, r;
     pid_t pid, parent = getpid();
+    sigset_t all, old;
     ssize_t n;
 
     if (!argv || !argv[0])
@@ -44,48 +174,22 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge, uid_t u
         close(out[1]);
         return r;
     }
+    /* No handler of the parent's may run in the child before it has reset
+     * them (libev's would write to the parent's wake-up pipe). */
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
     pid = fork();
+    if (pid == 0)
+        child_exec(argv, envp, cwd, merge, cred, parent, out[1], status[1]);
+    e = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
-        r = err_sys(err, -errno, "Cannot fork to run %s", argv[0]);
+        r = err_sys(err, -e, "Cannot fork to run %s", argv[0]);
         close(out[0]);
         close(out[1]);
         close(status[0]);
         close(status[1]);
         return r;
-    }
-    if (pid == 0) {
-        /* Only async-signal-safe calls from here on. */
-        sigset_t all;
-
-        setpgid(0, 0);
-        sigemptyset(&all);
-        sigprocmask(SIG_SETMASK, &all, NULL);
-        signal(SIGPIPE, SIG_DFL);
-        int devnull = open("/dev/null", O_RDWR);
-
-        /* groups first: setuid gives up the right to change them */
-        if (uid != (uid_t)-1 &&
-            (setgroups(1, &gid) < 0 || setgid(gid) < 0 || setuid(uid) < 0 || setuid(0) == 0)) {
-            e = errno ? errno : EPERM;
-        } else if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) {
-            /* after the uid change, which clears it: the child dies with
-             * its parent, so that a crashed esd leaves no attempt behind
-             * to run on under a lease that nobody renews */
-            e = errno;
-        } else if (getppid() != parent) {
-            _exit(127); /* the parent died before the line above */
-        } else if (devnull < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
-            dup2(merge ? out[1] : devnull, STDERR_FILENO) < 0 ||
-            dup2(devnull, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {
-            e = errno;
-        } else {
-            if (devnull > STDERR_FILENO)
-                close(devnull);
-            execvpe(argv[0], argv, envp);
-            e = errno;
-        }
-        (void)!write(status[1], &e, sizeof(e));
-        _exit(127);
     }
     /* Both sides set the group, so there is no window in which a signal to
      * the group would miss the child. */
@@ -111,16 +215,16 @@ int
 spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
             struct esd_err *err)
 {
-    return start(argv, envp, cwd, true, (uid_t)-1, (gid_t)-1, ret, err);
+    return start(argv, envp, cwd, true, NULL, ret, err);
 }
 
 int
-spawn_start_as(char *const *argv, char *const *envp, const char *cwd, uid_t uid, gid_t gid,
-               struct spawned *ret, struct esd_err *err)
+spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
+               const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err)
 {
-    if (uid == 0)
+    if (cred->uid == 0)
         return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
-    return start(argv, envp, cwd, true, uid, gid, ret, err);
+    return start(argv, envp, cwd, true, cred, ret, err);
 }
 
 int
@@ -217,7 +321,7 @@ spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
     bool eof = false;
     int status = 0, r;
 
-    if ((r = start(argv, environ, cwd, false, (uid_t)-1, (gid_t)-1, &sp, err)) < 0)
+    if ((r = start(argv, environ, cwd, false, NULL, &sp, err)) < 0)
         return r;
     while (!eof) {
         struct pollfd p = { .fd = sp.out_fd, .events = POLLIN };

@@ -2,11 +2,15 @@
  * spawn: starting an attempt's child the way every caller needs it: fork
  * and exec at once, a process group of its own (so the whole tree can be
  * killed), stdout and stderr into one pipe, every other descriptor closed
- * (O_CLOEXEC), a failed exec reported as an error rather than as an
- * exit status the processor might also use, and SIGKILL to the child when
- * its parent dies (PR_SET_PDEATHSIG): a crashed daemon or worker leaves no
- * attempt running on under a lease nobody renews. (The rest of the child's
- * process group is the child's to end.)
+ * (close_range above 2, whether or not the parent marked it O_CLOEXEC),
+ * every signal back to its default disposition and unblocked (an ignored
+ * signal would survive the exec), a failed exec reported as an error
+ * rather than as an exit status the processor might also use, and SIGKILL
+ * to the child when its parent dies (PR_SET_PDEATHSIG): a crashed daemon or
+ * worker leaves no attempt running on under a lease nobody renews. (The
+ * rest of the child's process group is the child's to end.) A daemon
+ * running as root starts it with a user's credentials from the user
+ * database (struct spawn_cred).
  */
 #ifndef ESD_SPAWN_H
 #define ESD_SPAWN_H
@@ -54,12 +58,13 @@ int spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err);
 void spawn_cred_free(struct spawn_cred *c);
 
 /*
- * spawn_start as user uid and group gid (supplementary groups dropped),
- * for a daemon running as root that starts work as a job's owner; uid
- * (uid_t)-1 keeps the caller's identity. Refuses uid 0.
+ * spawn_start with cred's identity (supplementary groups, then primary
+ * group, then uid, for good: the child cannot become root again), for a
+ * daemon running as root that starts work as a job's owner. The caller
+ * keeps cred. Refuses uid 0 (-EPERM).
  */
-int spawn_start_as(char *const *argv, char *const *envp, const char *cwd, uid_t uid, gid_t gid,
-                   struct spawned *ret, struct esd_err *err);
+int spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
+                   const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err);
 
 /*
  * Runs argv (PATH lookup as spawn_start) in cwd with the current

@@ -57,7 +57,8 @@ struct key {
     const char *computed; /* for help output: how a NULL default is computed instead */
     long min, max;        /* KT_INT */
     const struct enum_name *names; /* KT_ENUM, NULL-terminated */
-    /* KT_STR, KT_PATH: extra rule; returns the rule broken ("must …") or NULL */
+    /* KT_STR, KT_PATH: extra rule; KT_LIST, KT_WORDS: rule for each item;
+     * returns the rule broken ("must …") or NULL */
     const char *(*check)(const char *s);
     const char *help;
 };
@@ -104,6 +105,24 @@ socket_rule(const char *s)
     struct sockaddr_un sa;
 
     return strlen(s) < sizeof(sa.sun_path) ? NULL : "must be shorter than 108 bytes (sun_path)";
+}
+
+/* An item of attempt_env: a variable name, or a prefix of names ending in
+ * '*'; not one of the variables that runner.c's attempt_env() sets from
+ * the user database and esd's PATH. */
+static const char *
+env_pattern_rule(const char *s)
+{
+    static const char *const fixed[] = { "HOME", "LOGNAME", "PATH", "SHELL", "USER" };
+    size_t n = strcspn(s, "*");
+
+    if ((s[n] == '*' && s[n + 1]) || (n && s[0] >= '0' && s[0] <= '9') ||
+        strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") != n)
+        return "must be variable names, or prefixes ending in '*'";
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        if (!strcmp(s, fixed[i]))
+            return "must not name HOME, LOGNAME, PATH, SHELL or USER (esd sets them)";
+    return NULL;
 }
 
 #define F(field) offsetof(struct esd_conf, field)
@@ -163,6 +182,12 @@ static const struct key keys[] = {
       .def = "21600", .min = 60, .max = 30 * DAY,
       .help = "a helper process of esd's (a shard's validation and publication, a merge, a "
               "job's loading, a control operation) running longer is killed" },
+    { .name = "attempt_env", .type = KT_WORDS, .off = F(attempt_env),
+      .def = "LANG LANGUAGE LC_* TZ CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES HF_ENDPOINT "
+             "HF_HUB_OFFLINE HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy",
+      .check = env_pattern_rule,
+      .help = "the only variables of esd's environment that attempts get (NAME, or PREFIX*); "
+              "besides, their user's HOME, USER, LOGNAME, SHELL, esd's PATH and spec 8.4's" },
     { .name = "drain_timeout_secs", .type = KT_INT, .off = F(drain_timeout_secs), .def = "60",
       .min = 0, .max = DAY,
       .help = "on SIGTERM, how long running attempts may finish before they are stopped" },
@@ -339,14 +364,25 @@ key_set(struct esd_conf *c, const struct key *k, const char *s, size_t n, bool p
                 return 0;
             }
         break;
-    case KT_WORDS:
+    case KT_WORDS: {
+        struct strv words;
+
         if (memchr(s, '\0', n)) {
             buf_puts(why, "must not contain NUL bytes");
             return -EINVAL;
         }
+        strv_init(&words);
+        strv_split(&words, s);
+        for (size_t i = 0; k->check && i < words.n; i++)
+            if ((rule = k->check(words.v[i]))) {
+                buf_printf(why, "items %s", rule);
+                strv_free(&words);
+                return -EINVAL;
+            }
         strv_free(field(c, k));
-        strv_split(field(c, k), s);
+        *(struct strv *)field(c, k) = words;
         return 0;
+    }
     case KT_LIST:
         break;
     }
@@ -589,6 +625,7 @@ parse_list(struct parse *ps, const struct key *k)
     struct strv v;
     yaml_event_t ev;
     struct buf rule;
+    const char *item_rule;
     int r;
 
     strv_init(&v);
@@ -611,6 +648,13 @@ parse_list(struct parse *ps, const struct key *k)
             break;
         }
         strv_push_owned(&v, xstrndup((const char *)ev.data.scalar.value, ev.data.scalar.length));
+        if (k->check && (item_rule = k->check(v.v[v.n - 1]))) {
+            buf_reset(&rule);
+            buf_printf(&rule, "items %s", item_rule);
+            r = bad_value(ps, k->name, rule.p, &ev);
+            yaml_event_delete(&ev);
+            break;
+        }
         yaml_event_delete(&ev);
     }
     strv_free(&v);
@@ -992,9 +1036,10 @@ config_key_name(size_t i)
 void
 config_print_keys(void)
 {
-    struct buf type;
+    struct buf type, list;
 
     buf_init(&type);
+    buf_init(&list);
     for (size_t i = 0; i < NKEYS; i++) {
         const struct key *k = &keys[i];
         const char *def = k->def ? k->def : k->computed ? k->computed : "(none)";
@@ -1018,15 +1063,25 @@ config_print_keys(void)
                 buf_printf(&type, "%s%s", j ? "|" : "", k->names[j].name);
             break;
         case KT_LIST:
-            buf_puts(&type, "list");
-            def = "[]";
+        case KT_WORDS: {
+            /* the default as a YAML list, like config_json */
+            struct strv words;
+
+            buf_puts(&type, k->type == KT_LIST ? "list" : "string|list");
+            strv_init(&words);
+            strv_split(&words, k->def ? k->def : "");
+            buf_reset(&list);
+            buf_putc(&list, '[');
+            for (size_t j = 0; j < words.n; j++)
+                buf_printf(&list, "%s%s", j ? ", " : "", words.v[j]);
+            buf_putc(&list, ']');
+            def = list.p;
+            strv_free(&words);
             break;
-        case KT_WORDS:
-            buf_puts(&type, "string|list");
-            def = "[]";
-            break;
+        }
         }
         printf("%s\t%s\t%s\t%s\n", k->name, type.p, def, k->help);
     }
+    buf_free(&list);
     buf_free(&type);
 }

@@ -54,6 +54,9 @@ struct esd_conf {
     int socket_mode;         /* socket_mode: 0600, 0660 (default) or 0666 */
     char *spool_dir;         /* spool_dir: shared job registrations; NULL */
     long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
+    struct strv attempt_env; /* attempt_env: the variables of esd's environment that attempts
+                                get (NAME, or NAME* for a prefix); default: locale, TZ, GPU
+                                selection, Hugging Face endpoint, proxies */
     long drain_timeout_secs; /* drain_timeout_secs: default 60 */
     long helper_timeout_secs; /* helper_timeout_secs: default 21600 */
     long max_infra_failures; /* max_infra_failures: default 10 */

@@ -992,6 +992,14 @@ load_start(struct job *j)
     int fd;
     pid_t pid;
 
+    /* (the owner's groups as the user database has them now) */
+    struct spawn_cred now;
+
+    if (spawn_cred_for_uid(j->uid, &now, &err) == 0) {
+        spawn_cred_free(&j->owner);
+        j->owner = now;
+        j->gid = now.gid;
+    }
     jobs_helper_id(j, &who);
     if ((pid = helper_fork("loading", &who, &fd, &err)) < 0) {
         log_warning(&(struct log_ctx){ .job = j->key }, "job %s: %s; trying again later",

@@ -31,6 +31,8 @@
  * everything): a processor that prints without end must not flood the
  * journal. */
 #define LOG_ATTEMPT_MAX ((size_t)1 << 20)
+/* An attempt's PATH when esd has none */
+#define DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
 
 extern char **environ;
 
@@ -270,17 +272,51 @@ run_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     run_kill(r);
 }
 
-/* The attempt's environment: esd's (less systemd's variables for esd),
- * plus what the Ray head needs. */
-static struct strv
-attempt_env(void)
+/* name=value matches one of the attempt_env patterns (NAME, or PREFIX*). */
+static bool
+env_allowed(const struct strv *allow, const char *entry)
 {
+    size_t n = strcspn(entry, "=");
+
+    for (size_t i = 0; i < allow->n; i++) {
+        const char *p = allow->v[i];
+        size_t pn = strlen(p);
+
+        if (pn && p[pn - 1] == '*' ? pn - 1 <= n && !strncmp(entry, p, pn - 1)
+                                   : pn == n && !strncmp(entry, p, n))
+            return true;
+    }
+    return false;
+}
+
+/*
+ * The attempt's environment: the variables of esd's that attempt_env
+ * names (never systemd's for esd), the login variables of the user it
+ * runs as, esd's PATH, and what the Ray head needs; attempt_prepare adds
+ * spec §8.4's. Nothing else of esd's: its environment is the operator's
+ * (or root's), not the job owner's to read.
+ */
+static struct strv
+attempt_env(const struct esd_conf *c, const struct spawn_cred *cred)
+{
+    static const char *const fixed[] = { "HOME=", "USER=", "LOGNAME=", "SHELL=", "PATH=" };
+    const char *path = getenv("PATH");
     struct strv env;
 
     strv_init(&env);
-    for (char **e = environ; e && *e; e++)
-        if (!notify_env_private(*e))
+    for (char **e = environ; e && *e; e++) {
+        bool set_here = false;
+
+        for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+            set_here |= !strncmp(*e, fixed[i], strlen(fixed[i]));
+        if (!set_here && !notify_env_private(*e) && env_allowed(&c->attempt_env, *e))
             strv_push(&env, *e);
+    }
+    strv_push_owned(&env, xasprintf("HOME=%s", cred->home));
+    strv_push_owned(&env, xasprintf("USER=%s", cred->name));
+    strv_push_owned(&env, xasprintf("LOGNAME=%s", cred->name));
+    strv_push_owned(&env, xasprintf("SHELL=%s", cred->shell));
+    strv_push_owned(&env, xasprintf("PATH=%s", path && *path ? path : DEFAULT_PATH));
     ray_env(&env);
     return env;
 }
@@ -293,6 +329,7 @@ runner_start(struct job *j, struct claim *cl)
     struct attempt_opts ao = { 0 };
     struct esd_err err;
     struct strv env;
+    struct spawn_cred cred = { 0 };
     struct fsid prev;
     const char *addr = ray_address();
     bool as_owner = geteuid() == 0;
@@ -327,7 +364,11 @@ runner_start(struct job *j, struct claim *cl)
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
     ao.ray_address = r->ray_addr;
-    env = attempt_env();
+    /* the owner as the user database has it (not the job directory's
+     * group); esd's own user when it does not run as root */
+    if (spawn_cred_for_uid(as_owner ? j->uid : geteuid(), &cred, &err) < 0)
+        goto start_failed;
+    env = attempt_env(c, &cred);
     ao.env = env.v;
     /* the attempt directory and process.log are the job owner's */
     prev = jobs_fs_owner(j);
@@ -342,14 +383,14 @@ runner_start(struct job *j, struct claim *cl)
         strv_free(&env);
         goto start_failed;
     }
-    if ((as_owner ? spawn_start_as(r->cmd.argv, r->cmd.envp, r->cmd.cwd, j->uid, j->gid,
-                                   &r->child, &err)
+    if ((as_owner ? spawn_start_as(r->cmd.argv, r->cmd.envp, r->cmd.cwd, &cred, &r->child, &err)
                   : spawn_start(r->cmd.argv, r->cmd.envp, r->cmd.cwd, &r->child, &err)) < 0) {
         dprintf(r->log_fd, "\nUnable to start Data-Juicer: %s\n", err.msg);
         strv_free(&env);
         goto start_failed;
     }
     strv_free(&env);
+    spawn_cred_free(&cred);
     r->running = true;
     fcntl(r->child.out_fd, F_SETFL, fcntl(r->child.out_fd, F_GETFL) | O_NONBLOCK);
     ev_io_init(&r->out_w, run_out_cb, r->child.out_fd, EV_READ);
@@ -366,6 +407,7 @@ runner_start(struct job *j, struct claim *cl)
     return;
 
 start_failed:
+    spawn_cred_free(&cred);
     r->start_failed = true;
     snprintf(r->error, sizeof(r->error), "%s", err.msg);
     log_warning(&r->ctx, "cannot start the attempt: %s", err.msg);

@@ -67,7 +67,11 @@
 #                              processor $MINI, ray.mode off, state_dir
 #                              $W/NAME/state, socket $W/NAME/esd.sock,
 #                              spool_dir $W/spool, log.target stderr,
-#                              log.level debug. KEY=VALUE (ray.mode=... for
+#                              log.level debug, attempt_env esd's default
+#                              plus the stand-ins' knobs (MINI_DJ_*,
+#                              FAKE_RAY_*) and the sanitizers' options, so
+#                              that knobs given to start_daemon reach the
+#                              attempts. KEY=VALUE (ray.mode=... for
 #                              a section's key) replaces a default or adds
 #                              a key; VALUE is written as YAML, unquoted.
 #   start_daemon NAME [ENV=VALUE...]
@@ -259,12 +263,16 @@ case $ESD in /*) ;; *) ESD=$(pwd)/$ESD ;; esac
 declare -A DPID=()
 # shellcheck disable=SC2034 # read by the scripts
 DRC=0
+# esd's default attempt_env and what the tests pass through esd to attempts
+DAEMON_ATTEMPT_ENV="LANG, LANGUAGE, LC_*, TZ, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES,\
+ HF_ENDPOINT, HF_HUB_OFFLINE, HTTP_PROXY, HTTPS_PROXY, NO_PROXY, http_proxy, https_proxy,\
+ no_proxy, MINI_DJ_*, FAKE_RAY_*, ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS"
 daemon_conf() {
     local name=$1 kv k sec
     local -A v=([node_name]=$name [slots]=1 [lease_secs]=3 [poll_interval_secs]=1
         [processor]=$MINI [ray.mode]=off [state_dir]=$W/$name/state
         [socket]=$W/$name/esd.sock [spool_dir]=$W/spool [log.target]=stderr
-        [log.level]=debug)
+        [log.level]=debug [attempt_env]="[$DAEMON_ATTEMPT_ENV]")
     shift
     for kv in "$@"; do v[${kv%%=*}]=${kv#*=}; done
     mkdir -p "$W/$name" "$W/spool"

@@ -87,6 +87,7 @@ slots: 1
 lease_secs: 10
 poll_interval_secs: 1
 processor: /opt/esd-test/tools/mini-dj
+attempt_env: [LANG, LC_*, MINI_DJ_*, ASAN_OPTIONS]
 drain_timeout_secs: 1
 log:
   level: debug

@@ -123,12 +123,19 @@
  *   MINI_DJ_RECORD=FILE    append one JSON line per invocation, before the
  *                          flags are checked: {"argv":[...],"cwd":"...",
  *                          "env":{"DJ_PRODUCED_DATA_DIR":..,"HF_HOME":..,
- *                          "PYTHONPATH":..,"XDG_CACHE_HOME":..},"pid":N}
- *                          (null for an unset variable)
+ *                          "PYTHONPATH":..,"XDG_CACHE_HOME":..},"pid":N,
+ *                          "environ":["NAME=value",...],"fds":[0,1,2,...],
+ *                          "status":{"SigBlk":..,"SigIgn":..,"Uid":..,
+ *                          "Gid":..,"Groups":..}} (null for an unset
+ *                          variable; environ is the whole environment in
+ *                          its order, fds the open descriptors, status
+ *                          those lines of /proc/self/status as written,
+ *                          tabs kept: what the process was given)
  *
  * Exit status: 0 ok; 1 input or I/O error; 2 usage, knob or recipe error;
  * 3 Ray unreachable; N for MINI_DJ_EXIT=N; killed by SIGABRT for CRASH.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -199,7 +206,8 @@ usage(FILE *f)
         "                            per part (not JSONL)\n"
         "  MINI_DJ_RAY_EACH_ROW=1    reach the Ray head again before every row; exit 3 when\n"
         "                            it is gone\n"
-        "  MINI_DJ_RECORD=FILE       append {argv, cwd, env, pid} as one JSON line\n"
+        "  MINI_DJ_RECORD=FILE       append {argv, cwd, env, pid, environ, fds, status} as one\n"
+        "                            JSON line\n"
         "\n"
         "exit status: 0 ok, 1 input or I/O error, 2 usage/knob/recipe error,\n"
         "3 Ray unreachable, N for MINI_DJ_EXIT=N, SIGABRT for MINI_DJ_CRASH.\n",
@@ -459,6 +467,59 @@ put_str(struct buf *out, const char *s)
     buf_free(&tmp);
 }
 
+/* What the process was given besides its arguments: its whole
+ * environment, its open descriptors (before the record file is opened),
+ * its signal mask and ignored signals, its credentials. */
+static void
+record_given(struct buf *b)
+{
+    static const char *const lines[] = { "SigBlk", "SigIgn", "Uid", "Gid", "Groups" };
+    extern char **environ;
+    DIR *d = opendir("/proc/self/fd");
+    FILE *st;
+    const struct dirent *e;
+    char line[4096];
+    bool first = true;
+
+    buf_puts(b, ",\"environ\":[");
+    for (char **v = environ; v && *v; v++) {
+        if (v != environ)
+            buf_putc(b, ',');
+        put_str(b, *v);
+    }
+    buf_puts(b, "],\"fds\":[");
+    while (d && (e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+
+        /* the listing's own descriptor is not one it was given (procfs
+         * lists in numeric order) */
+        if (*end || end == e->d_name || fd == dirfd(d))
+            continue;
+        buf_printf(b, "%s%ld", first ? "" : ",", fd);
+        first = false;
+    }
+    if (d)
+        closedir(d);
+    st = fopen("/proc/self/status", "re");
+    buf_puts(b, "],\"status\":{");
+    first = true;
+    while (st && fgets(line, sizeof(line), st)) {
+        size_t n = strcspn(line, ":");
+
+        line[strcspn(line, "\n")] = '\0';
+        for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+            if (line[n] == ':' && n == strlen(lines[i]) && !strncmp(line, lines[i], n)) {
+                buf_printf(b, "%s\"%s\":", first ? "" : ",", lines[i]);
+                put_str(b, line + n + 1 + strspn(line + n + 1, "\t"));
+                first = false;
+            }
+    }
+    if (st)
+        fclose(st);
+    buf_putc(b, '}');
+}
+
 static int
 record_invocation(const char *path, int argc, char **argv, struct esd_err *err)
 {
@@ -490,7 +551,9 @@ record_invocation(const char *path, int argc, char **argv, struct esd_err *err)
         else
             buf_puts(&b, "null");
     }
-    buf_printf(&b, "},\"pid\":%ld}\n", (long)getpid());
+    buf_printf(&b, "},\"pid\":%ld", (long)getpid());
+    record_given(&b);
+    buf_puts(&b, "}\n");
     free(cwd);
     /* One write() with O_APPEND: lines of concurrent runs do not mix. */
     fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

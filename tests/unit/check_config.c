@@ -155,6 +155,12 @@ START_TEST(test_defaults)
     ck_assert_str_eq(c.socket_group, "esd");
     ck_assert_ptr_null(c.spool_dir);
     ck_assert_int_eq(c.attempt_timeout_secs, 0);
+    ck_assert_uint_eq(c.attempt_env.n, 14);
+    ck_assert_str_eq(c.attempt_env.v[0], "LANG");
+    ck_assert_str_eq(c.attempt_env.v[2], "LC_*");
+    ck_assert(strv_contains(&c.attempt_env, "CUDA_VISIBLE_DEVICES"));
+    ck_assert(strv_contains(&c.attempt_env, "https_proxy"));
+    ck_assert(!strv_contains(&c.attempt_env, "HF_TOKEN"));
     ck_assert_int_eq(c.drain_timeout_secs, 60);
     ck_assert_int_eq(c.max_infra_failures, 10);
     ck_assert_int_eq(c.log_target, LOG_TARGET_AUTO);
@@ -217,6 +223,7 @@ static const char full[] = "node_name: gpu-07.rack_3\n"
                            "socket_group: wheel\n"
                            "spool_dir: /mnt/shared/spool\n"
                            "attempt_timeout_secs: 3600\n"
+                           "attempt_env: [LANG, MY_*]\n"
                            "drain_timeout_secs: 0\n"
                            "max_infra_failures: 3\n"
                            "log:\n"
@@ -249,6 +256,9 @@ START_TEST(test_full)
     ck_assert_str_eq(conf.socket_group, "wheel");
     ck_assert_str_eq(conf.spool_dir, "/mnt/shared/spool");
     ck_assert_int_eq(conf.attempt_timeout_secs, 3600);
+    ck_assert_uint_eq(conf.attempt_env.n, 2);
+    ck_assert_str_eq(conf.attempt_env.v[0], "LANG");
+    ck_assert_str_eq(conf.attempt_env.v[1], "MY_*");
     ck_assert_int_eq(conf.drain_timeout_secs, 0);
     ck_assert_int_eq(conf.max_infra_failures, 3);
     ck_assert_int_eq(conf.log_target, LOG_TARGET_STDERR);
@@ -296,6 +306,7 @@ START_TEST(test_nulls_mean_default)
            "socket_group:\n"
            "spool_dir:\n"
            "attempt_timeout_secs:\n"
+           "attempt_env:\n"
            "drain_timeout_secs:\n"
            "max_infra_failures:\n"
            "log:\n"
@@ -352,6 +363,52 @@ START_TEST(test_processor_forms)
               "esd.yaml:2: ray.args items must be non-empty strings, got \"\"");
     refuse_eq("ray:\n  args: --num-cpus 8\n",
               "esd.yaml:2: ray.args must be a list of strings, got --num-cpus 8");
+}
+END_TEST
+
+START_TEST(test_attempt_env)
+{
+    static const char *const bad[] = { "FOO-BAR", "1ABC", "A*B", "**", "LC_*X", "A B*" };
+    static const char *const fixed[] = { "HOME", "PATH", "USER", "LOGNAME", "SHELL" };
+    char yaml[128], want[256];
+
+    /* names, prefixes, '*' for everything; a string is split on blanks */
+    accept("attempt_env: [TZ, _X, a9, MINI_DJ_*, '*', HOME_*, PATHS]\n");
+    ck_assert_uint_eq(conf.attempt_env.n, 7);
+    ck_assert_str_eq(conf.attempt_env.v[3], "MINI_DJ_*");
+    ck_assert_str_eq(conf.attempt_env.v[4], "*");
+    accept("attempt_env: LANG  TZ\tFAKE_RAY_*\n");
+    ck_assert_uint_eq(conf.attempt_env.n, 3);
+    ck_assert_str_eq(conf.attempt_env.v[2], "FAKE_RAY_*");
+    /* empty: nothing of esd's environment (null is the default) */
+    accept("attempt_env: []\n");
+    ck_assert_uint_eq(conf.attempt_env.n, 0);
+    accept("attempt_env: ''\n");
+    ck_assert_uint_eq(conf.attempt_env.n, 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(yaml, sizeof(yaml), "slots: 1\nattempt_env: [LANG, '%s']\n", bad[i]);
+        snprintf(want, sizeof(want),
+                 "esd.yaml:2: attempt_env items must be variable names, or prefixes ending "
+                 "in '*', got \"%s\"",
+                 bad[i]);
+        refuse_eq(yaml, want);
+    }
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+        snprintf(yaml, sizeof(yaml), "attempt_env:\n  - TZ\n  - %s\n", fixed[i]);
+        snprintf(want, sizeof(want),
+                 "esd.yaml:3: attempt_env items must not name HOME, LOGNAME, PATH, SHELL or "
+                 "USER (esd sets them), got %s",
+                 fixed[i]);
+        refuse_eq(yaml, want);
+    }
+    refuse_eq("attempt_env: LANG FOO-BAR\n",
+              "esd.yaml:1: attempt_env items must be variable names, or prefixes ending in "
+              "'*', got LANG FOO-BAR");
+    refuse_eq("attempt_env: TZ HOME\n",
+              "esd.yaml:1: attempt_env items must not name HOME, LOGNAME, PATH, SHELL or USER "
+              "(esd sets them), got TZ HOME");
+    refuse_eq("attempt_env: [LANG, '']\n",
+              "esd.yaml:1: attempt_env items must be non-empty strings, got \"\"");
 }
 END_TEST
 
@@ -872,6 +929,7 @@ config_suite(void)
     tcase_add_test(tc, test_nulls_mean_default);
     tcase_add_test(tc, test_temp_dir_follows_state_dir);
     tcase_add_test(tc, test_processor_forms);
+    tcase_add_test(tc, test_attempt_env);
     tcase_add_test(tc, test_booleans);
     tcase_add_test(tc, test_integer_ranges);
     tcase_add_test(tc, test_integer_syntax);

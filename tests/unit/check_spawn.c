@@ -1,21 +1,30 @@
 /*
  * check_spawn: how attempts are started: stdout and stderr on one pipe, a
  * process group of its own, the given environment and working directory,
- * exec failures reported as errors (and no zombie), the whole tree
- * signalled, and wait statuses described as the reference words them.
+ * nothing inherited but descriptors 0-2 (with close_range and without
+ * it), every signal at its default and unblocked, the credentials given
+ * (supplementary groups included; as root only) and read from the user
+ * database, exec failures reported as errors (and no zombie), the whole
+ * tree signalled, and wait statuses described as the reference words them.
  */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -248,6 +257,210 @@ START_TEST(test_spawn_exec_failures)
 }
 END_TEST
 
+/* The output of argv, started with spawn_start (cred NULL) or
+ * spawn_start_as, after it exited 0. Caller frees. */
+static char *
+output_of(const struct strv *argv, const struct spawn_cred *cred)
+{
+    struct spawned s;
+    struct esd_err err;
+    char *text;
+    int st, r;
+
+    r = cred ? spawn_start_as(argv->v, environ, NULL, cred, &s, &err)
+             : spawn_start(argv->v, environ, NULL, &s, &err);
+    ck_assert_msg(r == 0, "%s", err.msg);
+    text = read_all(s.out_fd);
+    close(s.out_fd);
+    st = wait_for(s.pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed: %s", argv->v[0], text);
+    return text;
+}
+
+/* Descriptors the parent holds without O_CLOEXEC (a low one and a high
+ * one) do not reach the child: the shell lists its own 0, 1, 2 only. */
+static void
+only_stdio_inherited(void)
+{
+    struct strv argv = vec("sh", "-c", "ls /proc/$$/fd", NULL);
+    int low = open("/dev/null", O_RDONLY), high;
+    char *text;
+
+    ck_assert_int_ge(low, 3);
+    ck_assert_int_eq(fcntl(low, F_GETFD) & FD_CLOEXEC, 0);
+    high = dup2(low, 700);
+    ck_assert_int_eq(high, 700);
+    text = output_of(&argv, NULL);
+    ck_assert_str_eq(text, "0\n1\n2\n");
+    /* the parent's stay open */
+    ck_assert_int_eq(fcntl(low, F_GETFD), 0);
+    ck_assert_int_eq(fcntl(high, F_GETFD), 0);
+    close(low);
+    close(high);
+    free(text);
+    strv_free(&argv);
+}
+
+START_TEST(test_spawn_closes_descriptors)
+{
+    only_stdio_inherited();
+}
+END_TEST
+
+/* As on a kernel without close_range(2) (before 5.9): a seccomp filter
+ * makes it fail with ENOSYS in this (forked) test process, and the child
+ * still closes everything through /proc/self/fd. */
+START_TEST(test_spawn_closes_descriptors_without_close_range)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_close_range, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = { .len = sizeof(f) / sizeof(f[0]), .filter = f };
+
+    ck_assert_int_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+    ck_assert_int_eq(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog), 0);
+    errno = 0;
+    ck_assert_int_eq(close_range(900, 901, 0), -1);
+    ck_assert_int_eq(errno, ENOSYS);
+    only_stdio_inherited();
+}
+END_TEST
+
+/* The child gets no ignored and no blocked signal from its parent (esd
+ * ignores SIGPIPE; an ignored SIGPIPE would survive the exec). */
+START_TEST(test_spawn_default_signals)
+{
+    struct strv argv = vec("grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status", NULL);
+    struct sigaction ign = { .sa_handler = SIG_IGN };
+    sigset_t block;
+    char *text;
+
+    sigemptyset(&ign.sa_mask);
+    ck_assert_int_eq(sigaction(SIGPIPE, &ign, NULL), 0);
+    ck_assert_int_eq(sigaction(SIGINT, &ign, NULL), 0);
+    ck_assert_int_eq(sigaction(SIGRTMIN + 2, &ign, NULL), 0);
+#if defined(__x86_64__) || defined(__aarch64__)
+    {
+        /* a signal the C library keeps to itself (its sigaction refuses
+         * it), ignored through the kernel's, whose layout here starts with
+         * the handler */
+        struct {
+            void (*handler)(int);
+            unsigned long flags;
+            void *restorer;
+            unsigned long mask;
+        } kign = { .handler = SIG_IGN };
+
+        ck_assert_int_eq(syscall(SYS_rt_sigaction, SIGRTMIN - 1, &kign, NULL, 8), 0);
+    }
+#endif
+    sigemptyset(&block);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGUSR1);
+    ck_assert_int_eq(sigprocmask(SIG_BLOCK, &block, NULL), 0);
+    text = output_of(&argv, NULL);
+    ck_assert_str_eq(text, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+    free(text);
+    /* the parent's are untouched */
+    ck_assert_int_eq(sigaction(SIGPIPE, NULL, &ign), 0);
+    ck_assert_ptr_eq((void *)ign.sa_handler, (void *)SIG_IGN);
+    ck_assert_int_eq(sigprocmask(SIG_BLOCK, NULL, &block), 0);
+    ck_assert(sigismember(&block, SIGTERM));
+    strv_free(&argv);
+}
+END_TEST
+
+/* Root: the child has exactly the uid, primary group and supplementary
+ * groups given, none of the parent's, and cannot become root again. */
+START_TEST(test_spawn_as_credentials)
+{
+    struct strv argv = vec("grep", "-E", "^(Uid|Gid|Groups):", "/proc/self/status", NULL);
+    struct strv back = vec("sh", "-c", "chroot / true 2>/dev/null || echo not root", NULL);
+    gid_t groups[] = { 4343, 65534, 4242 };
+    struct spawn_cred cred = { .uid = 65534, .gid = 4242, .groups = groups, .ngroups = 3 };
+    struct spawn_cred root = { .uid = 0, .gid = 0 };
+    struct spawned s = { .pid = -7 };
+    struct esd_err err;
+    gid_t mine[] = { 0, 4 };
+    char *text;
+
+    if (geteuid() != 0) {
+        fprintf(stderr, "check_spawn: not root, credential test skipped\n");
+        return;
+    }
+    ck_assert_int_eq(setgroups(2, mine), 0);
+    text = output_of(&argv, &cred);
+    ck_assert_str_eq(text, "Uid:\t65534\t65534\t65534\t65534\n"
+                           "Gid:\t4242\t4242\t4242\t4242\n"
+                           "Groups:\t4242 4343 65534 \n");
+    free(text);
+    text = output_of(&back, &cred);
+    ck_assert_str_eq(text, "not root\n");
+    free(text);
+    /* no groups at all is a set like any other */
+    cred.ngroups = 0;
+    cred.groups = NULL;
+    text = output_of(&argv, &cred);
+    ck_assert_ptr_nonnull(strstr(text, "Groups:\t \n"));
+    free(text);
+    ck_assert_int_eq(spawn_start_as(argv.v, environ, NULL, &root, &s, &err), -EPERM);
+    ck_assert_ptr_nonnull(strstr(err.msg, "as root"));
+    ck_assert_int_eq(s.pid, -7);
+    strv_free(&argv);
+    strv_free(&back);
+}
+END_TEST
+
+/* spawn_cred_for_uid: the passwd entry and the group list of the user
+ * database, as id(1) reads them; a uid without an entry is refused. */
+START_TEST(test_spawn_cred_for_uid)
+{
+    struct spawn_cred c = { 0 };
+    struct esd_err err;
+    char *cmd, *id_groups, *got;
+    struct strv argv;
+    struct buf b;
+    uid_t none = 3999999999u;
+
+    ck_assert_msg(spawn_cred_for_uid(getuid(), &c, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(c.uid, getuid());
+    ck_assert_ptr_nonnull(c.name);
+    ck_assert_int_eq(c.home[0], '/');
+    ck_assert_int_eq(c.shell[0], '/');
+    /* the same groups as id -G, in some order */
+    cmd = xasprintf("id -G %s | tr ' ' '\\n' | sort -n", c.name);
+    argv = vec("sh", "-c", cmd, NULL);
+    id_groups = output_of(&argv, NULL);
+    strv_free(&argv);
+    free(cmd);
+    buf_init(&b);
+    for (size_t i = 0; i < c.ngroups; i++)
+        buf_printf(&b, " %lu", (unsigned long)c.groups[i]);
+    cmd = xasprintf("printf '%%s\\n'%s | sort -n", b.p);
+    argv = vec("sh", "-c", cmd, NULL);
+    got = output_of(&argv, NULL);
+    strv_free(&argv);
+    ck_assert_str_eq(got, id_groups);
+    spawn_cred_free(&c);
+    spawn_cred_free(&c); /* a freed one is zeroed */
+    free(got);
+    free(id_groups);
+    free(cmd);
+    buf_free(&b);
+
+    while (getpwuid(none))
+        none--;
+    memset(&c, 0x5a, sizeof(c));
+    ck_assert_int_eq(spawn_cred_for_uid(none, &c, &err), -ENOENT);
+    cmd = xasprintf("uid %lu has no entry in the user database (passwd)", (unsigned long)none);
+    ck_assert_str_eq(err.msg, cmd);
+    free(cmd);
+}
+END_TEST
+
 START_TEST(test_spawn_describe)
 {
     char how[64];
@@ -281,6 +494,11 @@ spawn_suite(void)
     tcase_add_test(tc, test_spawn_signal_reaches_grandchildren);
     tcase_add_test(tc, test_spawn_child_dies_with_parent);
     tcase_add_test(tc, test_spawn_exec_failures);
+    tcase_add_test(tc, test_spawn_closes_descriptors);
+    tcase_add_test(tc, test_spawn_closes_descriptors_without_close_range);
+    tcase_add_test(tc, test_spawn_default_signals);
+    tcase_add_test(tc, test_spawn_as_credentials);
+    tcase_add_test(tc, test_spawn_cred_for_uid);
     tcase_add_test(tc, test_spawn_describe);
     suite_add_tcase(s, tc);
     return s;
