@@ -278,6 +278,45 @@ spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err)
     return 0;
 }
 
+bool
+spawn_env_allowed(const struct strv *allow, const char *entry)
+{
+    size_t n = strcspn(entry, "=");
+
+    for (size_t i = 0; i < allow->n; i++) {
+        const char *p = allow->v[i];
+        size_t pn = strlen(p);
+
+        if (pn && p[pn - 1] == '*' ? pn - 1 <= n && !strncmp(entry, p, pn - 1)
+                                   : pn == n && !strncmp(entry, p, n))
+            return true;
+    }
+    return false;
+}
+
+void
+spawn_env_base(const struct strv *allow, const struct spawn_cred *cred,
+               bool (*skip)(const char *entry), struct strv *out)
+{
+    extern char **environ;
+    static const char *const fixed[] = { "HOME=", "USER=", "LOGNAME=", "SHELL=", "PATH=" };
+    const char *path = getenv("PATH");
+
+    for (char **e = environ; e && *e; e++) {
+        bool set_here = false;
+
+        for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+            set_here |= !strncmp(*e, fixed[i], strlen(fixed[i]));
+        if (!set_here && !(skip && skip(*e)) && spawn_env_allowed(allow, *e))
+            strv_push(out, *e);
+    }
+    strv_push_owned(out, xasprintf("HOME=%s", cred->home));
+    strv_push_owned(out, xasprintf("USER=%s", cred->name));
+    strv_push_owned(out, xasprintf("LOGNAME=%s", cred->name));
+    strv_push_owned(out, xasprintf("SHELL=%s", cred->shell));
+    strv_push_owned(out, xasprintf("PATH=%s", path && *path ? path : SPAWN_DEFAULT_PATH));
+}
+
 void
 spawn_cred_free(struct spawn_cred *c)
 {

@@ -15,6 +15,7 @@
 #ifndef ESD_SPAWN_H
 #define ESD_SPAWN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -56,6 +57,22 @@ int spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err);
 
 /* Frees what spawn_cred_for_uid filled in; accepts a zeroed struct. */
 void spawn_cred_free(struct spawn_cred *c);
+
+/* An environment entry "NAME=value" that one of allow's patterns names
+ * (NAME, PREFIX* for every name it begins, * for all). */
+bool spawn_env_allowed(const struct strv *allow, const char *entry);
+
+/*
+ * Appends to out (a strv of "NAME=value") the environment of a child run
+ * for cred: the entries of this process's environment that allow names,
+ * but none that skip (NULL: none) refuses and none of the five set here,
+ * then HOME, USER, LOGNAME and SHELL of cred and this process's PATH
+ * (SPAWN_DEFAULT_PATH when it has none). Nothing else: a daemon's
+ * environment is its operator's, not a job owner's to read.
+ */
+#define SPAWN_DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
+void spawn_env_base(const struct strv *allow, const struct spawn_cred *cred,
+                    bool (*skip)(const char *entry), struct strv *out);
 
 /*
  * spawn_start with cred's identity (supplementary groups, then primary

@@ -56,6 +56,7 @@ struct ray_settings {
     long port;
     char *temp_dir;
     struct strv args;
+    struct strv env_allow; /* attempt_env: what of esd's environment the head gets */
 };
 
 /* One head, from spawn until its process group is empty. */
@@ -120,6 +121,9 @@ settings_copy(struct ray_settings *s, const struct esd_conf *c)
     strv_init(&s->args);
     for (size_t i = 0; i < c->ray_args.n; i++)
         strv_push(&s->args, c->ray_args.v[i]);
+    strv_init(&s->env_allow);
+    for (size_t i = 0; i < c->attempt_env.n; i++)
+        strv_push(&s->env_allow, c->attempt_env.v[i]);
 }
 
 static void
@@ -128,6 +132,7 @@ settings_free(struct ray_settings *s)
     free(s->command);
     free(s->temp_dir);
     strv_free(&s->args);
+    strv_free(&s->env_allow);
     memset(s, 0, sizeof(*s));
 }
 
@@ -632,22 +637,36 @@ head_exit_cb(struct ev_loop *loop, ev_child *w, int revents)
 
 /* esd's environment (less systemd's variables for esd) with the head's
  * own variables in place of any inherited ones. */
-static void
-head_environment(struct ray *r, struct strv *env)
+/* Entries the head never takes from esd's environment: systemd's word to
+ * esd, and the Ray settings esd sets itself. */
+static bool
+head_env_skip(const char *e)
 {
-    extern char **environ;
     static const char *const ours[] = { "RAY_AUTH_MODE=", "RAY_AUTH_TOKEN_PATH=",
                                         "RAY_USAGE_STATS_ENABLED=",
                                         "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=" };
 
-    for (char **e = environ; e && *e; e++) {
-        bool skip = false;
+    for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
+        if (!strncmp(e, ours[i], strlen(ours[i])))
+            return true;
+    return notify_env_private(e);
+}
 
-        for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++)
-            skip = skip || !strncmp(*e, ours[i], strlen(ours[i]));
-        if (!skip && !notify_env_private(*e))
-            strv_push(env, *e);
+static void
+head_environment(struct ray *r, struct strv *env)
+{
+    struct spawn_cred self = { 0 };
+    struct esd_err err;
+
+    /* The head's workers run recipes: they get what attempts get of esd's
+     * environment (attempt_env), and the login variables of esd's user. */
+    if (spawn_cred_for_uid(geteuid(), &self, &err) < 0) {
+        self.name = xstrdup("esd");
+        self.home = xstrdup("/");
+        self.shell = xstrdup("/bin/sh");
     }
+    spawn_env_base(&r->set.env_allow, &self, head_env_skip, env);
+    spawn_cred_free(&self);
     strv_push(env, "RAY_AUTH_MODE=token");
     strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN_PATH=%s", r->token_path));
     strv_push(env, "RAY_USAGE_STATS_ENABLED=0");

@@ -31,8 +31,6 @@
  * everything): a processor that prints without end must not flood the
  * journal. */
 #define LOG_ATTEMPT_MAX ((size_t)1 << 20)
-/* An attempt's PATH when esd has none */
-#define DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
 
 extern char **environ;
 
@@ -272,23 +270,6 @@ run_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     run_kill(r);
 }
 
-/* name=value matches one of the attempt_env patterns (NAME, or PREFIX*). */
-static bool
-env_allowed(const struct strv *allow, const char *entry)
-{
-    size_t n = strcspn(entry, "=");
-
-    for (size_t i = 0; i < allow->n; i++) {
-        const char *p = allow->v[i];
-        size_t pn = strlen(p);
-
-        if (pn && p[pn - 1] == '*' ? pn - 1 <= n && !strncmp(entry, p, pn - 1)
-                                   : pn == n && !strncmp(entry, p, n))
-            return true;
-    }
-    return false;
-}
-
 /*
  * The attempt's environment: the variables of esd's that attempt_env
  * names (never systemd's for esd), the login variables of the user it
@@ -299,24 +280,10 @@ env_allowed(const struct strv *allow, const char *entry)
 static struct strv
 attempt_env(const struct esd_conf *c, const struct spawn_cred *cred)
 {
-    static const char *const fixed[] = { "HOME=", "USER=", "LOGNAME=", "SHELL=", "PATH=" };
-    const char *path = getenv("PATH");
     struct strv env;
 
     strv_init(&env);
-    for (char **e = environ; e && *e; e++) {
-        bool set_here = false;
-
-        for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
-            set_here |= !strncmp(*e, fixed[i], strlen(fixed[i]));
-        if (!set_here && !notify_env_private(*e) && env_allowed(&c->attempt_env, *e))
-            strv_push(&env, *e);
-    }
-    strv_push_owned(&env, xasprintf("HOME=%s", cred->home));
-    strv_push_owned(&env, xasprintf("USER=%s", cred->name));
-    strv_push_owned(&env, xasprintf("LOGNAME=%s", cred->name));
-    strv_push_owned(&env, xasprintf("SHELL=%s", cred->shell));
-    strv_push_owned(&env, xasprintf("PATH=%s", path && *path ? path : DEFAULT_PATH));
+    spawn_env_base(&c->attempt_env, cred, notify_env_private, &env);
     ray_env(&env);
     return env;
 }

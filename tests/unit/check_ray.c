@@ -94,6 +94,9 @@ setup(void)
     conf.ray_port = free_port();
     conf.ray_temp_dir = fs_join(tmp, "ray");
     strv_init(&conf.ray_args);
+    /* the stand-in's knobs reach the head as attempt_env lets them */
+    strv_init(&conf.attempt_env);
+    strv_push(&conf.attempt_env, "FAKE_RAY_*");
     calls = ready_calls = down_calls = stops_done = 0;
     ray_set_listener(on_change);
 }
@@ -105,6 +108,7 @@ teardown(void)
     free(conf.ray_command);
     free(conf.ray_temp_dir);
     strv_free(&conf.ray_args);
+    strv_free(&conf.attempt_env);
     fs_rm_rf(tmp);
     free(tmp);
     free(fake_ray);
