@@ -5,6 +5,7 @@
 #include "proto.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,4 +172,81 @@ proto_frame(const cJSON *msg, struct buf *out)
 {
     json_dump(msg, JSON_COMPACT, out);
     buf_putc(out, '\n');
+}
+
+/* ---- fair shares ---- */
+
+/* Each tier leaves room for the ones above it, and one key never fills a tier. */
+_Static_assert(PROTO_MAX_PER_UID < PROTO_MAX_CONN_UNPRIV &&
+               PROTO_MAX_CONN_UNPRIV < PROTO_MAX_CONN_NOT_ROOT &&
+               PROTO_MAX_CONN_NOT_ROOT < PROTO_MAX_CONNECTIONS, "connection shares");
+_Static_assert(PROTO_MAX_OPS_PER_UID < PROTO_MAX_OPS_UNPRIV &&
+               PROTO_MAX_OPS_UNPRIV < PROTO_MAX_OPS_NOT_ROOT &&
+               PROTO_MAX_OPS_NOT_ROOT < PROTO_MAX_OPS, "operation shares");
+
+const struct proto_limits proto_conn_limits = {
+    .max = PROTO_MAX_CONNECTIONS,
+    .not_root = PROTO_MAX_CONN_NOT_ROOT,
+    .unpriv = PROTO_MAX_CONN_UNPRIV,
+    .per_key = PROTO_MAX_PER_UID,
+};
+
+const struct proto_limits proto_op_limits = {
+    .max = PROTO_MAX_OPS,
+    .not_root = PROTO_MAX_OPS_NOT_ROOT,
+    .unpriv = PROTO_MAX_OPS_UNPRIV,
+    .per_key = PROTO_MAX_OPS_PER_UID,
+};
+
+void
+proto_usage_add(struct proto_usage *u, const struct proto_share *held,
+                const struct proto_share *who)
+{
+    u->all++;
+    u->not_root += held->cls != PROTO_CLASS_ROOT;
+    u->unpriv += held->cls == PROTO_CLASS_OTHER;
+    u->key += held->key == who->key;
+}
+
+enum proto_full
+proto_share_admit(const struct proto_limits *lim, const struct proto_usage *u,
+                  const struct proto_share *who)
+{
+    if (u->key >= lim->per_key)
+        return PROTO_FULL_KEY;
+    if (who->cls == PROTO_CLASS_OTHER && u->unpriv >= lim->unpriv)
+        return PROTO_FULL_UNPRIV;
+    if (who->cls != PROTO_CLASS_ROOT && u->not_root >= lim->not_root)
+        return PROTO_FULL_NOT_ROOT;
+    if (u->all >= lim->max)
+        return PROTO_FULL_ALL;
+    return PROTO_FULL_NONE;
+}
+
+void
+proto_share_explain(enum proto_full full, const struct proto_limits *lim,
+                    const struct proto_share *who, const char *what, char *buf, size_t n)
+{
+    switch (full) {
+    case PROTO_FULL_KEY:
+        if (who->key == PROTO_SHARE_POOL)
+            snprintf(buf, n, "too many %s of uids without an account on this node (at most %u "
+                     "for all of them together); try again later", what, lim->per_key);
+        else
+            snprintf(buf, n, "too many %s of uid %u (at most %u); try again later", what,
+                     (unsigned)who->key, lim->per_key);
+        break;
+    case PROTO_FULL_UNPRIV:
+        snprintf(buf, n, "too many %s of unprivileged users (at most %u together; the rest is "
+                 "kept for root, esd and socket_group); try again later", what, lim->unpriv);
+        break;
+    case PROTO_FULL_NOT_ROOT:
+        snprintf(buf, n, "too many %s (the last %u of %u are kept for root); try again later",
+                 what, lim->max - lim->not_root, lim->max);
+        break;
+    case PROTO_FULL_ALL:
+    default:
+        snprintf(buf, n, "too many %s (at most %u); try again later", what, lim->max);
+        break;
+    }
 }

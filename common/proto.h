@@ -34,10 +34,12 @@
  * paths must be absolute), and who may run it:
  *   read  any peer that can connect: ping, version, list, status, verify,
  *         logs, config;
- *   node  root, esd's own uid, or a member of the control group
- *         (socket_group): drain, resume;
- *   job   as node, and the caller owns the job directory (root: any job
- *         not owned by root): submit, prepare, retry, merge, cancel.
+ *   node  root, or a member of the control group (socket_group): drain,
+ *         resume. Not esd's own uid when esd does not run as root, even
+ *         with the group: its attempts run with exactly its credentials;
+ *   job   as node, or esd's own uid, and the caller owns the job directory
+ *         (root: any job not owned by root): submit, prepare, retry, merge,
+ *         cancel.
  * A refusal is the error "denied", logged with the peer's uid and pid.
  * Commands on a job directory (status with one, prepare, retry, merge,
  * verify, logs, submit with --config) run in a child process that has the
@@ -52,9 +54,10 @@
  * (invalid UTF-8 replaced by U+FFFD). A client that closes the connection
  * cancels its running operation (a prepare or merge leaves nothing behind).
  *
- * Connections. The daemon serves at most PROTO_MAX_CONNECTIONS at once and
- * PROTO_MAX_PER_UID of one uid; a connection beyond either gets one "busy"
- * error line (id -1) and is closed. A connection idle for PROTO_IDLE_SECS
+ * Connections and operations are shared out by the limits below ("Fair
+ * shares"); a connection beyond them gets one "busy" error line (id -1) and
+ * is closed, a request for an operation beyond them a "busy" error reply
+ * (the connection stays). A connection idle for PROTO_IDLE_SECS
  * (no complete request received, no reply bytes taken, no operation
  * running for it) is closed; a partial line does not count. A line longer
  * than PROTO_MAX_MESSAGE gets a "too-large" error (id -1) and the
@@ -68,6 +71,7 @@
 #define ESD_PROTO_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include <cjson/cJSON.h>
 
@@ -78,10 +82,38 @@
 
 #define PROTO_VERSION 1
 #define PROTO_MAX_MESSAGE (1024 * 1024) /* bytes in one line, "\n" excluded */
-#define PROTO_MAX_CONNECTIONS 256       /* served at once */
-#define PROTO_MAX_PER_UID 32            /* of them from one uid */
 #define PROTO_MAX_REPLY (256 * 1024 * 1024) /* bytes in one line a client takes */
 #define PROTO_IDLE_SECS 60              /* idle connection closed after */
+
+/*
+ * Fair shares (DESIGN.md "Security model"). Each connection, and each
+ * operation run in a child for a request, is held by a peer of a class:
+ *   root     uid 0;
+ *   service  a member of the control group (socket_group), or esd's own uid;
+ *   other    every other peer: unprivileged;
+ * and counts against a share key: the peer's uid when the uid has an entry
+ * in the user database (getpwuid), else PROTO_SHARE_POOL, one key for all
+ * the uids without one (esd's own uid always keys itself). Those are the
+ * uids user namespaces hand out: a user with 65,536 subordinate uids
+ * (Debian's default, newuidmap) can connect as any of them, but as one
+ * share. Limits, for connections and for operations alike:
+ *   *_PER_UID    held by one share key;
+ *   *_UNPRIV     held by unprivileged peers together, so that
+ *                *_NOT_ROOT - *_UNPRIV stay for the service class;
+ *   *_NOT_ROOT   held by every peer but root, so that the rest stays for
+ *                root whoever else holds what;
+ *   the maximum  held by everyone.
+ * The figures are in esctl version's reply (cmd_version) and esctl(1).
+ */
+#define PROTO_MAX_CONNECTIONS 256       /* connections served at once */
+#define PROTO_MAX_CONN_NOT_ROOT 248     /* by all but root: 8 always left for root */
+#define PROTO_MAX_CONN_UNPRIV 192       /* by unprivileged peers: 56 more kept for service */
+#define PROTO_MAX_PER_UID 32            /* by one share key */
+#define PROTO_MAX_OPS 16                /* operations (children) running at once */
+#define PROTO_MAX_OPS_NOT_ROOT 14       /* for all but root: 2 always left for root */
+#define PROTO_MAX_OPS_UNPRIV 10         /* for unprivileged peers: 4 more kept for service */
+#define PROTO_MAX_OPS_PER_UID 4         /* for one share key: a user's logs --follow calls
+                                           take at most this many */
 
 
 /* Error codes (error.code in a reply). */
@@ -139,5 +171,69 @@ cJSON *proto_reply_error(long long id, const char *code, const char *message);
 
 /* Appends msg to out as one line: compact JSON, sorted keys, then "\n". */
 void proto_frame(const cJSON *msg, struct buf *out);
+
+/* ---- fair shares ---- */
+
+enum proto_class {
+    PROTO_CLASS_ROOT,    /* uid 0 */
+    PROTO_CLASS_SERVICE, /* socket_group members, esd's own uid */
+    PROTO_CLASS_OTHER,   /* unprivileged */
+};
+
+/* The share key of every uid without an entry in the user database. No
+ * process has this uid: (uid_t)-1 means "unchanged" to setresuid(2). */
+#define PROTO_SHARE_POOL ((uid_t)-1)
+
+/* Who holds (or asks for) a connection or an operation. */
+struct proto_share {
+    enum proto_class cls;
+    uid_t key; /* the uid, or PROTO_SHARE_POOL */
+};
+
+/* One kind of capacity (see "Fair shares" above). */
+struct proto_limits {
+    unsigned max;      /* held at once, by everyone */
+    unsigned not_root; /* by every class but root */
+    unsigned unpriv;   /* by class other */
+    unsigned per_key;  /* by one share key */
+};
+
+extern const struct proto_limits proto_conn_limits; /* PROTO_MAX_CONN* and PROTO_MAX_PER_UID */
+extern const struct proto_limits proto_op_limits;   /* PROTO_MAX_OPS* */
+
+/* What is held, counted from the point of view of one asking peer. */
+struct proto_usage {
+    unsigned all, not_root, unpriv; /* as in struct proto_limits */
+    unsigned key;                   /* by the asker's share key */
+};
+
+/* The limit that refuses one more (PROTO_FULL_NONE: admitted). */
+enum proto_full {
+    PROTO_FULL_NONE,
+    PROTO_FULL_KEY,      /* the asker's share key has per_key */
+    PROTO_FULL_UNPRIV,   /* unprivileged peers have unpriv */
+    PROTO_FULL_NOT_ROOT, /* everyone but root has not_root */
+    PROTO_FULL_ALL,      /* everyone has max */
+};
+
+/* Counts one thing held by held into u, as seen by who. u starts zeroed. */
+void proto_usage_add(struct proto_usage *u, const struct proto_share *held,
+                     const struct proto_share *who);
+
+/*
+ * May who have one more, with u (counted for who) held? Pure: returns
+ * PROTO_FULL_NONE or the first limit that refuses, the asker's own share
+ * first. Root is refused only by its own share or by max.
+ */
+enum proto_full proto_share_admit(const struct proto_limits *lim, const struct proto_usage *u,
+                                  const struct proto_share *who);
+
+/*
+ * Writes into buf (size n, NUL-terminated, cut if need be) why who got
+ * "busy": "too many <what> of uid 1000 (at most 32); try again later", or
+ * of the uids without an account, of unprivileged users, or in all.
+ */
+void proto_share_explain(enum proto_full full, const struct proto_limits *lim,
+                         const struct proto_share *who, const char *what, char *buf, size_t n);
 
 #endif

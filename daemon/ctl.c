@@ -1,8 +1,10 @@
 /*
  * ctl: the control server. A listening UNIX socket (created here with mode
  * 0660 before anyone can connect, or handed over by systemd) and up to
- * PROTO_MAX_CONNECTIONS connections (PROTO_MAX_PER_UID of one uid), each an
- * object that embeds its read and write watchers and its idle timer.
+ * PROTO_MAX_CONNECTIONS connections, shared out between root, esd and its
+ * control group, and the others by the limits of common/proto.h ("Fair
+ * shares"), each an object that embeds its read and write watchers and its
+ * idle timer.
  * Requests are read as lines of at most PROTO_MAX_MESSAGE bytes, checked
  * against the command table (common/cmds.c: arguments, then who may run
  * it), and answered: at once, or by an operation in a child process
@@ -48,6 +50,7 @@
 #define HANGUP_CHECK_SECS 1.0  /* while an operation runs for a half-closed
                                   connection: is the peer still there? */
 #define MAX_GROUPS 65536
+#define PW_BUF_MAX (1024 * 1024) /* for getpwuid_r: larger entries count as none */
 
 /* One client connection. */
 struct conn {
@@ -55,6 +58,7 @@ struct conn {
     struct ucred cred;  /* the peer, from SO_PEERCRED at accept */
     gid_t *groups;      /* its supplementary groups (SO_PEERGROUPS) */
     size_t ngroups;
+    struct proto_share share; /* what it counts against, set at accept */
     ev_io read_w;       /* readable: conn_read_cb */
     ev_io write_w;      /* writable while a reply is pending: conn_write_cb */
     ev_timer idle_w;    /* idle_secs without a complete request or a reply
@@ -106,22 +110,88 @@ must(cJSON *v)
 /* ---- who may do what ---- */
 
 static bool
-in_group(const struct conn *c, gid_t g)
+in_group(const struct ucred *cred, const gid_t *groups, size_t ngroups, gid_t g)
 {
-    if (c->cred.gid == g)
+    if (cred->gid == g)
         return true;
-    for (size_t i = 0; i < c->ngroups; i++)
-        if (c->groups[i] == g)
+    for (size_t i = 0; i < ngroups; i++)
+        if (groups[i] == g)
             return true;
     return false;
 }
 
-/* Root, esd's own uid, or a member of the control group. */
+/* The peer is esd's own uid, and that is not root: the uid esd's attempts
+ * run as, with esd's groups, so it may be running a job's recipe code. */
+static bool
+is_esd_uid(const struct ucred *cred)
+{
+    return geteuid() != 0 && cred->uid == geteuid();
+}
+
+static bool
+in_control_group(const struct ucred *cred, const gid_t *groups, size_t ngroups)
+{
+    return server.have_group && in_group(cred, groups, ngroups, server.group);
+}
+
+/* May c run node commands? Root, or a member of the control group; never
+ * esd's own (non-root) uid, which is the attempts' uid, whatever its groups
+ * (the shipped unit's esd user has the control group as primary group). */
 static bool
 privileged(const struct conn *c)
 {
-    return c->cred.uid == 0 || c->cred.uid == geteuid() ||
-           (server.have_group && in_group(c, server.group));
+    if (c->cred.uid == 0)
+        return true;
+    return !is_esd_uid(&c->cred) && in_control_group(&c->cred, c->groups, c->ngroups);
+}
+
+static const char *
+group_name(void)
+{
+    return server.conf && server.conf->socket_group && *server.conf->socket_group
+               ? server.conf->socket_group
+               : "esd";
+}
+
+/* Has uid an entry in the user database? A lookup that fails counts as
+ * none: the peer then shares the pool, which only ever tightens its share. */
+static bool
+uid_known(uid_t uid)
+{
+    long hint = sysconf(_SC_GETPW_R_SIZE_MAX);
+    size_t size = hint > 0 && hint < PW_BUF_MAX ? (size_t)hint : 16384;
+    struct passwd pw, *found = NULL;
+    char *buf = NULL;
+    int r;
+
+    for (;;) {
+        buf = xrealloc(buf, size);
+        r = getpwuid_r(uid, &pw, buf, size, &found);
+        if (r != ERANGE || size >= PW_BUF_MAX)
+            break;
+        size *= 2;
+    }
+    free(buf);
+    return r == 0 && found;
+}
+
+struct proto_share
+ctl_peer_share(const struct ucred *cred, const gid_t *groups, size_t ngroups)
+{
+    struct proto_share s = { .cls = PROTO_CLASS_OTHER, .key = cred->uid };
+
+    if (cred->uid == 0) {
+        s.cls = PROTO_CLASS_ROOT;
+        return s;
+    }
+    if (cred->uid == geteuid())
+        s.cls = PROTO_CLASS_SERVICE;
+    else if (in_control_group(cred, groups, ngroups))
+        s.cls = PROTO_CLASS_SERVICE;
+    /* esd's own uid keys itself even without an entry (DynamicUser=). */
+    if (cred->uid != geteuid() && !uid_known(cred->uid))
+        s.key = PROTO_SHARE_POOL;
+    return s;
 }
 
 /* What a request on a job directory found out about it. */
@@ -224,10 +294,26 @@ authorise(const struct conn *c, const struct cmd_def *cmd, const cJSON *args, st
     int r;
 
     memset(jr, 0, sizeof(*jr));
-    if (cmd->auth != AUTH_READ && !privileged(c)) {
-        snprintf(msg, sizeof(msg), "%s changes this node's work: only root, uid %u (esd) or "
-                 "members of group %s may run it", cmd->name, (unsigned)geteuid(),
-                 server.conf && server.conf->socket_group ? server.conf->socket_group : "esd");
+    if (cmd->auth == AUTH_NODE && !privileged(c)) {
+        if (is_esd_uid(&c->cred))
+            snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
+                     "group %s may run it, not uid %u, which esd and its attempts run as",
+                     cmd->name, group_name(), (unsigned)c->cred.uid);
+        else
+            snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
+                     "group %s may run it", cmd->name, group_name());
+        return deny(c, cmd, code, err, msg);
+    }
+    /* esd's own uid works its own jobs: the service-user deployment's
+     * `sudo -u esd esctl submit` (the ownership check below). */
+    if (cmd->auth == AUTH_JOB && !privileged(c) && !is_esd_uid(&c->cred)) {
+        if (geteuid() != 0)
+            snprintf(msg, sizeof(msg), "%s changes this node's work: only root, members of "
+                     "group %s or uid %u (esd), on jobs they own, may run it", cmd->name,
+                     group_name(), (unsigned)geteuid());
+        else
+            snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
+                     "group %s may run it", cmd->name, group_name());
         return deny(c, cmd, code, err, msg);
     }
     if (!dir)
@@ -293,8 +379,15 @@ cmd_version(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct
     json_add_int(r, "protocol", PROTO_VERSION);
     json_add_str(r, "node", server.node);
     json_add_int(r, "max_message", PROTO_MAX_MESSAGE);
-    json_add_int(r, "max_connections", PROTO_MAX_CONNECTIONS);
-    json_add_int(r, "max_connections_per_uid", PROTO_MAX_PER_UID);
+    /* the fair shares of common/proto.h */
+    json_add_int(r, "max_connections", proto_conn_limits.max);
+    json_add_int(r, "max_connections_not_root", proto_conn_limits.not_root);
+    json_add_int(r, "max_connections_unprivileged", proto_conn_limits.unpriv);
+    json_add_int(r, "max_connections_per_uid", proto_conn_limits.per_key);
+    json_add_int(r, "max_operations", proto_op_limits.max);
+    json_add_int(r, "max_operations_not_root", proto_op_limits.not_root);
+    json_add_int(r, "max_operations_unprivileged", proto_op_limits.unpriv);
+    json_add_int(r, "max_operations_per_uid", proto_op_limits.per_key);
     json_add_int(r, "idle_secs", (long long)idle_secs);
     return r;
 }
@@ -593,7 +686,7 @@ start_op(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref 
         return NULL;
     }
     ident_for(c, jr, &who);
-    c->op = opchild_start(id, args, &who, &op_callbacks, c, code, err);
+    c->op = opchild_start(id, args, &who, &c->share, &op_callbacks, c, code, err);
     if (!c->op)
         return NULL;
     c->op_id = req_id;
@@ -994,9 +1087,13 @@ static void
 server_admit(int fd)
 {
     socklen_t len = sizeof(struct ucred);
+    struct proto_usage u = { 0 };
+    struct proto_share share;
+    enum proto_full full;
     struct ucred cred;
-    unsigned same = 0;
-    char msg[160];
+    gid_t *groups;
+    size_t ngroups;
+    char msg[256];
     struct conn *c;
 
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred)) {
@@ -1005,24 +1102,24 @@ server_admit(int fd)
         close(fd);
         return;
     }
-    if (server.nconns >= PROTO_MAX_CONNECTIONS) {
-        snprintf(msg, sizeof(msg), "too many control connections (at most %d); try again later",
-                 PROTO_MAX_CONNECTIONS);
-        server_refuse(fd, &cred, msg);
-        return;
-    }
+    peer_groups(fd, &cred, &groups, &ngroups);
+    share = ctl_peer_share(&cred, groups, ngroups);
     for (c = server.conns; c; c = c->next)
-        same += c->cred.uid == cred.uid;
-    if (same >= PROTO_MAX_PER_UID) {
-        snprintf(msg, sizeof(msg), "too many control connections of uid %u (at most %d); try "
-                 "again later", (unsigned)cred.uid, PROTO_MAX_PER_UID);
+        proto_usage_add(&u, &c->share, &share);
+    full = proto_share_admit(&proto_conn_limits, &u, &share);
+    if (full != PROTO_FULL_NONE) {
+        free(groups);
+        proto_share_explain(full, &proto_conn_limits, &share, "control connections", msg,
+                            sizeof(msg));
         server_refuse(fd, &cred, msg);
         return;
     }
     c = xcalloc(1, sizeof(*c));
     c->fd = fd;
     c->cred = cred;
-    peer_groups(fd, &cred, &c->groups, &c->ngroups);
+    c->groups = groups;
+    c->ngroups = ngroups;
+    c->share = share;
     buf_init(&c->in);
     buf_init(&c->out);
     ev_io_init(&c->read_w, conn_read_cb, fd, EV_READ);
@@ -1291,6 +1388,7 @@ ctl_test_answer(const struct ucred *peer, const gid_t *groups, size_t ngroups, c
         memcpy(c.groups, groups, ngroups * sizeof(gid_t));
         c.ngroups = ngroups;
     }
+    c.share = ctl_peer_share(peer, groups, ngroups);
     no_children = true;
     reply = conn_answer(&c, line, len);
     no_children = false;

@@ -17,6 +17,7 @@
 #include <ev.h>
 
 #include "config.h"
+#include "proto.h"
 #include "util.h"
 
 /*
@@ -35,6 +36,16 @@ void ctl_reconfigure(const struct esd_conf *c);
 /* Closes every connection and the socket (the path is removed unless it
  * came from socket activation). */
 void ctl_fini(void);
+
+/*
+ * The share (common/proto.h "Fair shares") a peer with these credentials
+ * and supplementary groups counts against: class root (uid 0), service (a
+ * member of the control group, or esd's own uid) or other; keyed by its uid
+ * if the user database knows the uid (getpwuid_r), else by
+ * PROTO_SHARE_POOL. Looks the uid up, so it may read /etc/passwd or ask
+ * NSS; called once per accepted connection.
+ */
+struct proto_share ctl_peer_share(const struct ucred *cred, const gid_t *groups, size_t ngroups);
 
 /* Test only: closes connections idle for secs instead of PROTO_IDLE_SECS
  * (applies to connections accepted later). */

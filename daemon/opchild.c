@@ -41,6 +41,7 @@ struct opchild {
     char *code, *message;
     const struct opchild_ops *ops;
     void *ctx;
+    struct proto_share share; /* whose slot it holds */
     struct opchild *prev, *next;
 };
 
@@ -294,19 +295,35 @@ child_cb(struct ev_loop *loop, ev_child *w, int revents)
     maybe_finish(o);
 }
 
+/* May share start one more operation? Every child counts until it is
+ * freed, a cancelled one still running included. */
+static enum proto_full
+slot_check(const struct proto_share *share)
+{
+    struct proto_usage u = { 0 };
+
+    for (const struct opchild *o = O.head; o; o = o->next)
+        proto_usage_add(&u, &o->share, share);
+    return proto_share_admit(&proto_op_limits, &u, share);
+}
+
 struct opchild *
 opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
-              const struct opchild_ops *ops, void *ctx, const char **ret_code,
-              struct esd_err *err)
+              const struct proto_share *share, const struct opchild_ops *ops, void *ctx,
+              const char **ret_code, struct esd_err *err)
 {
+    enum proto_full full = slot_check(share);
     struct opchild *o;
     int fds[2];
     pid_t pid;
 
-    if (O.n >= OPCHILD_MAX) {
+    if (full != PROTO_FULL_NONE) {
+        char why[256];
+
+        proto_share_explain(full, &proto_op_limits, share, "running operations", why,
+                            sizeof(why));
         *ret_code = PROTO_E_BUSY;
-        err_set(err, -EBUSY, "%d operations are running on this node; try again later",
-                OPCHILD_MAX);
+        err_set(err, -EBUSY, "%s", why);
         return NULL;
     }
     if (pipe2(fds, O_CLOEXEC) < 0) {
@@ -334,6 +351,7 @@ opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
     o->id = id;
     o->ops = ops;
     o->ctx = ctx;
+    o->share = *share;
     buf_init(&o->in);
     ev_io_init(&o->out_w, out_cb, o->fd, EV_READ);
     ev_child_init(&o->child_w, child_cb, pid, 0);

@@ -19,10 +19,8 @@
 
 #include "cmds.h"
 #include "config.h"
+#include "proto.h"
 #include "util.h"
-
-/* Operations running at once (busy beyond). */
-#define OPCHILD_MAX 16
 
 /* Who the child runs as. */
 struct ident {
@@ -48,12 +46,15 @@ void opchild_init(struct ev_loop *loop, const struct esd_conf *c);
 void opchild_reconfigure(const struct esd_conf *c);
 
 /*
- * Starts command id with args (checked; copied) as who. Returns the child
- * or NULL with *ret_code (PROTO_E_BUSY, PROTO_E_INTERNAL) and err set.
+ * Starts command id with args (checked; copied) as who, for the peer whose
+ * share is share (the caller's, whoever the child runs as): admitted only
+ * within proto_op_limits (common/proto.h), counted until the child is
+ * freed. Returns the child or NULL with *ret_code (PROTO_E_BUSY,
+ * PROTO_E_INTERNAL) and err set.
  */
 struct opchild *opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
-                              const struct opchild_ops *ops, void *ctx, const char **ret_code,
-                              struct esd_err *err);
+                              const struct proto_share *share, const struct opchild_ops *ops,
+                              void *ctx, const char **ret_code, struct esd_err *err);
 
 /* Stop reading its events (hold) or read again. */
 void opchild_hold(struct opchild *o, bool hold);

@@ -342,7 +342,7 @@ ok "j2's merged.jsonl equals the independent expectation"
 
 # ---- (e) what nobody may and may not do ----
 if $ROOT; then
-    DENY="only root, uid 0 (esd) or members of group daemon may run it"
+    DENY="only root or members of group daemon may run it"
     for c in "submit $J1" "prepare --config $REC --dataset-path $DATA --job-dir $W/nobody-job --num-shards 2" \
         "retry $J1 --all-failed" "merge $J1 --output $J1/n.jsonl" "cancel $J1" drain resume; do
         # shellcheck disable=SC2086 # the words of c

@@ -7,12 +7,16 @@
  * 1 MiB), the connection limit, the idle timeout, replies larger than the
  * socket buffer to a peer that does not read yet, peers that hang up, and
  * the socket file: mode 0660, group, stale sockets replaced, anything else
- * left alone, removed by ctl_fini, and sockets passed by systemd.
+ * left alone, removed by ctl_fini, and sockets passed by systemd; the fair
+ * shares of connections and operations (common/proto.h) as a pure decision
+ * over tables of what is held, the share a peer gets (uids without an
+ * account pooled), and that esd's own non-root uid is not privileged.
  */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -908,6 +912,395 @@ START_TEST(test_path_too_long)
 }
 END_TEST
 
+
+/* ---- fair shares: the decision -------------------------------------- */
+
+#define ROOT_SHARE ((struct proto_share){ PROTO_CLASS_ROOT, 0 })
+#define SERVICE(uid) ((struct proto_share){ PROTO_CLASS_SERVICE, (uid) })
+#define USER(uid) ((struct proto_share){ PROTO_CLASS_OTHER, (uid) })
+#define POOLED ((struct proto_share){ PROTO_CLASS_OTHER, PROTO_SHARE_POOL })
+
+/* A table of what is held: n of share each. */
+struct held {
+    struct proto_share share;
+    unsigned n;
+};
+
+/* The decision for who with the rows of table held, counted as the
+ * daemon counts them: one proto_usage_add per thing held. */
+static enum proto_full
+decide(const struct proto_limits *lim, const struct held *table, size_t rows,
+       struct proto_share who)
+{
+    struct proto_usage u = { 0 };
+
+    for (size_t i = 0; i < rows; i++)
+        for (unsigned k = 0; k < table[i].n; k++)
+            proto_usage_add(&u, &table[i].share, &who);
+    return proto_share_admit(lim, &u, &who);
+}
+
+#define DECIDE(lim, table, who) decide(lim, table, sizeof(table) / sizeof(table[0]), who)
+
+START_TEST(test_share_connections)
+{
+    const struct proto_limits *L = &proto_conn_limits;
+    /* The pool: every uid without an account is one share, however many
+     * of them a user namespace hands out. */
+    const struct held pool_full[] = { { POOLED, PROTO_MAX_PER_UID } };
+    /* Six users with accounts fill the unprivileged part. */
+    const struct held users_full[] = {
+        { USER(1000), 32 }, { USER(1001), 32 }, { USER(1002), 32 },
+        { USER(1003), 32 }, { USER(1004), 32 }, { POOLED, 32 },
+    };
+    /* ... and the service class the rest but root's. */
+    const struct held not_root_full[] = {
+        { USER(1000), 32 }, { USER(1001), 32 }, { USER(1002), 32 }, { USER(1003), 32 },
+        { USER(1004), 32 }, { POOLED, 32 },     { SERVICE(998), 32 }, { SERVICE(1100), 24 },
+    };
+    const struct held all_full[] = {
+        { USER(1000), 32 }, { USER(1001), 32 }, { USER(1002), 32 }, { USER(1003), 32 },
+        { USER(1004), 32 }, { POOLED, 32 },     { SERVICE(998), 32 }, { SERVICE(1100), 24 },
+        { ROOT_SHARE, 8 },
+    };
+    const struct held root_own[] = { { ROOT_SHARE, PROTO_MAX_PER_UID } };
+    const struct held empty[] = { { ROOT_SHARE, 0 } };
+
+    ck_assert_int_eq(DECIDE(L, empty, USER(1000)), PROTO_FULL_NONE);
+    ck_assert_int_eq(DECIDE(L, pool_full, POOLED), PROTO_FULL_KEY);
+    ck_assert_int_eq(DECIDE(L, pool_full, USER(1000)), PROTO_FULL_NONE);
+    /* a group member in a user namespace (no account) shares the pool too */
+    ck_assert_int_eq(DECIDE(L, pool_full, ((struct proto_share){ PROTO_CLASS_SERVICE,
+                                                                 PROTO_SHARE_POOL })),
+                     PROTO_FULL_KEY);
+    ck_assert_int_eq(DECIDE(L, pool_full, ROOT_SHARE), PROTO_FULL_NONE);
+
+    ck_assert_int_eq(DECIDE(L, users_full, USER(1005)), PROTO_FULL_UNPRIV);
+    ck_assert_int_eq(DECIDE(L, users_full, USER(1000)), PROTO_FULL_KEY);
+    ck_assert_int_eq(DECIDE(L, users_full, SERVICE(998)), PROTO_FULL_NONE);
+    ck_assert_int_eq(DECIDE(L, users_full, ROOT_SHARE), PROTO_FULL_NONE);
+
+    ck_assert_int_eq(DECIDE(L, not_root_full, SERVICE(1101)), PROTO_FULL_NOT_ROOT);
+    ck_assert_int_eq(DECIDE(L, not_root_full, USER(1005)), PROTO_FULL_UNPRIV);
+    ck_assert_int_eq(DECIDE(L, not_root_full, ROOT_SHARE), PROTO_FULL_NONE);
+
+    ck_assert_int_eq(DECIDE(L, all_full, ROOT_SHARE), PROTO_FULL_ALL);
+    /* root is held to its own share as well */
+    ck_assert_int_eq(DECIDE(L, root_own, ROOT_SHARE), PROTO_FULL_KEY);
+    ck_assert_int_eq(DECIDE(L, root_own, USER(1000)), PROTO_FULL_NONE);
+}
+END_TEST
+
+START_TEST(test_share_operations)
+{
+    const struct proto_limits *L = &proto_op_limits;
+    /* One user's logs --follow calls: PROTO_MAX_OPS_PER_UID, no more. */
+    const struct held follower[] = { { USER(1000), PROTO_MAX_OPS_PER_UID } };
+    /* Unprivileged users (and the pool) together: PROTO_MAX_OPS_UNPRIV. */
+    const struct held readers[] = { { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 } };
+    const struct held not_root[] = { { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 },
+                                     { SERVICE(998), 4 } };
+    const struct held all[] = { { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 },
+                                { SERVICE(998), 4 }, { ROOT_SHARE, 2 } };
+
+    ck_assert_int_eq(DECIDE(L, follower, USER(1000)), PROTO_FULL_KEY);
+    ck_assert_int_eq(DECIDE(L, follower, USER(1001)), PROTO_FULL_NONE);
+    ck_assert_int_eq(DECIDE(L, follower, ROOT_SHARE), PROTO_FULL_NONE);
+    ck_assert_int_eq(DECIDE(L, readers, USER(1001)), PROTO_FULL_UNPRIV);
+    ck_assert_int_eq(DECIDE(L, readers, POOLED), PROTO_FULL_KEY);
+    ck_assert_int_eq(DECIDE(L, readers, SERVICE(998)), PROTO_FULL_NONE);
+    ck_assert_int_eq(DECIDE(L, readers, ROOT_SHARE), PROTO_FULL_NONE);
+    ck_assert_int_eq(DECIDE(L, not_root, SERVICE(1100)), PROTO_FULL_NOT_ROOT);
+    ck_assert_int_eq(DECIDE(L, not_root, ROOT_SHARE), PROTO_FULL_NONE);
+    ck_assert_int_eq(DECIDE(L, all, ROOT_SHARE), PROTO_FULL_ALL);
+}
+END_TEST
+
+/* Whatever mix of other peers takes what it can, one at a time, root
+ * still gets its reserve: and the service class its own while only
+ * unprivileged peers ask. */
+START_TEST(test_share_reserve_survives_any_flood)
+{
+    const struct proto_limits *lims[] = { &proto_conn_limits, &proto_op_limits };
+    unsigned seed = 12345;
+
+    for (size_t l = 0; l < 2; l++) {
+        const struct proto_limits *L = lims[l];
+
+        for (int round = 0; round < 50; round++) {
+            struct proto_share held[PROTO_MAX_CONNECTIONS];
+            size_t n = 0;
+            bool service_asks = round % 2;
+
+            /* up to 10,000 requests from random peers, each admitted or not */
+            for (int i = 0; i < 10000 && n < L->max; i++) {
+                struct proto_usage u = { 0 };
+                struct proto_share who;
+                unsigned pick;
+
+                seed = seed * 1103515245u + 12345u;
+                pick = (seed >> 8) % 100;
+                if (service_asks && pick < 20)
+                    who = SERVICE(990 + pick % 3);
+                else if (pick < 60)
+                    who = POOLED;
+                else
+                    who = USER(1000 + pick % 7);
+                for (size_t k = 0; k < n; k++)
+                    proto_usage_add(&u, &held[k], &who);
+                if (proto_share_admit(L, &u, &who) == PROTO_FULL_NONE)
+                    held[n++] = who;
+            }
+            {
+                struct proto_usage u = { 0 };
+                struct proto_share root = ROOT_SHARE, svc = SERVICE(4242);
+                unsigned pooled = 0, other = 0;
+
+                for (size_t k = 0; k < n; k++) {
+                    proto_usage_add(&u, &held[k], &root);
+                    pooled += held[k].key == PROTO_SHARE_POOL;
+                    other += held[k].cls == PROTO_CLASS_OTHER;
+                }
+                ck_assert_uint_le(pooled, L->per_key);
+                ck_assert_uint_le(other, L->unpriv);
+                ck_assert_uint_le(u.not_root, L->not_root);
+                /* root: admitted, and room for the whole reserve */
+                ck_assert_int_eq(proto_share_admit(L, &u, &root), PROTO_FULL_NONE);
+                ck_assert_uint_ge(L->max - u.all, L->max - L->not_root);
+                if (!service_asks) {
+                    memset(&u, 0, sizeof(u));
+                    for (size_t k = 0; k < n; k++)
+                        proto_usage_add(&u, &held[k], &svc);
+                    ck_assert_int_eq(proto_share_admit(L, &u, &svc), PROTO_FULL_NONE);
+                }
+            }
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_share_explain)
+{
+    char buf[256];
+    struct proto_share who = USER(1000), pool = POOLED;
+
+    proto_share_explain(PROTO_FULL_KEY, &proto_conn_limits, &who, "control connections", buf,
+                        sizeof(buf));
+    ck_assert_str_eq(buf, "too many control connections of uid 1000 (at most 32); try again "
+                          "later");
+    proto_share_explain(PROTO_FULL_KEY, &proto_op_limits, &pool, "running operations", buf,
+                        sizeof(buf));
+    ck_assert_str_eq(buf, "too many running operations of uids without an account on this "
+                          "node (at most 4 for all of them together); try again later");
+    proto_share_explain(PROTO_FULL_UNPRIV, &proto_conn_limits, &who, "control connections",
+                        buf, sizeof(buf));
+    ck_assert_ptr_nonnull(strstr(buf, "of unprivileged users (at most 192 together"));
+    proto_share_explain(PROTO_FULL_NOT_ROOT, &proto_op_limits, &who, "running operations", buf,
+                        sizeof(buf));
+    ck_assert_ptr_nonnull(strstr(buf, "the last 2 of 16 are kept for root"));
+    proto_share_explain(PROTO_FULL_ALL, &proto_conn_limits, &who, "control connections", buf,
+                        sizeof(buf));
+    ck_assert_str_eq(buf, "too many control connections (at most 256); try again later");
+    /* cut, not overrun */
+    proto_share_explain(PROTO_FULL_ALL, &proto_conn_limits, &who, "control connections", buf, 8);
+    ck_assert_str_eq(buf, "too man");
+}
+END_TEST
+
+/* ---- fair shares: who is who ------------------------------------------ */
+
+/* A uid at or above from without an entry in the user database. */
+static uid_t
+unknown_uid(uid_t from)
+{
+    for (uid_t u = from; u < from + 1000; u++)
+        if (!getpwuid(u))
+            return u;
+    ck_abort_msg("every uid from %u has an account", (unsigned)from);
+    return 0;
+}
+
+START_TEST(test_peer_share)
+{
+    struct ucred root = { .pid = 1, .uid = 0, .gid = 0 };
+    struct ucred ns = { .pid = 1, .uid = unknown_uid(100000), .gid = 100000 };
+    struct ucred ns2 = { .pid = 1, .uid = unknown_uid(ns.uid + 1), .gid = 100000 };
+    struct ucred self = { .pid = 1, .uid = geteuid(), .gid = getegid() };
+    struct passwd *nobody = getpwnam("nobody");
+    struct group *gr = getgrgid(getegid());
+    struct proto_share s;
+    gid_t g;
+
+    s = ctl_peer_share(&root, NULL, 0);
+    ck_assert_int_eq(s.cls, PROTO_CLASS_ROOT);
+    ck_assert_uint_eq(s.key, 0);
+    /* two uids without an account (user namespaces): one key */
+    s = ctl_peer_share(&ns, NULL, 0);
+    ck_assert_int_eq(s.cls, PROTO_CLASS_OTHER);
+    ck_assert_uint_eq(s.key, PROTO_SHARE_POOL);
+    s = ctl_peer_share(&ns2, NULL, 0);
+    ck_assert_uint_eq(s.key, PROTO_SHARE_POOL);
+    if (nobody && nobody->pw_uid != geteuid()) {
+        struct ucred nb = { .pid = 1, .uid = nobody->pw_uid, .gid = nobody->pw_gid };
+
+        s = ctl_peer_share(&nb, NULL, 0);
+        ck_assert_int_eq(s.cls, PROTO_CLASS_OTHER);
+        ck_assert_uint_eq(s.key, nobody->pw_uid);
+    }
+    if (self.uid != 0) {
+        s = ctl_peer_share(&self, NULL, 0);
+        ck_assert_int_eq(s.cls, PROTO_CLASS_SERVICE);
+        ck_assert_uint_eq(s.key, self.uid);
+    }
+    /* a member of the control group, by a supplementary group, is service;
+     * without an account it still counts against the pool */
+    ck_assert_ptr_nonnull(gr);
+    conf.socket_group = xstrdup(gr->gr_name);
+    ctl_reconfigure(&conf);
+    g = gr->gr_gid;
+    s = ctl_peer_share(&ns, &g, 1);
+    ck_assert_int_eq(s.cls, PROTO_CLASS_SERVICE);
+    ck_assert_uint_eq(s.key, PROTO_SHARE_POOL);
+    s = ctl_peer_share(&ns, NULL, 0);
+    ck_assert_int_eq(s.cls, PROTO_CLASS_OTHER);
+}
+END_TEST
+
+START_TEST(test_version_reports_shares)
+{
+    static const struct {
+        const char *key;
+        long long want;
+    } figures[] = {
+        { "max_connections", PROTO_MAX_CONNECTIONS },
+        { "max_connections_not_root", PROTO_MAX_CONN_NOT_ROOT },
+        { "max_connections_unprivileged", PROTO_MAX_CONN_UNPRIV },
+        { "max_connections_per_uid", PROTO_MAX_PER_UID },
+        { "max_operations", PROTO_MAX_OPS },
+        { "max_operations_not_root", PROTO_MAX_OPS_NOT_ROOT },
+        { "max_operations_unprivileged", PROTO_MAX_OPS_UNPRIV },
+        { "max_operations_per_uid", PROTO_MAX_OPS_PER_UID },
+    };
+    struct client *cl;
+    const cJSON *res;
+    cJSON *r;
+
+    start();
+    cl = client_open();
+    r = client_call(cl, "{\"v\":1,\"id\":1,\"cmd\":\"version\"}\n");
+    res = expect_ok(r, 1);
+    for (size_t i = 0; i < sizeof(figures) / sizeof(figures[0]); i++)
+        ck_assert_msg(get_int(res, figures[i].key) == figures[i].want, "%s", figures[i].key);
+    cJSON_Delete(r);
+    client_close(cl);
+}
+END_TEST
+
+/* ---- who may do what: esd's own uid ----------------------------------- */
+
+/* The reply's error code and message for one request by peer (both
+ * copied into the caller's buffers). */
+static void
+answer(const struct ucred *peer, const gid_t *groups, size_t n, const char *line, char *code,
+       char *msg)
+{
+    cJSON *r = ctl_test_answer(peer, groups, n, line, strlen(line));
+    const cJSON *e = cJSON_GetObjectItem(r, "error");
+
+    snprintf(code, 64, "%s", e ? json_get_str(e, "code") : "ok");
+    snprintf(msg, 512, "%s", e ? json_get_str(e, "message") : "");
+    cJSON_Delete(r);
+}
+
+/*
+ * The service-user deployment (esd not root): esd's own uid, whose
+ * credentials its attempts have, may not drain or resume the node even
+ * with the control group as its primary group (the shipped unit's esd
+ * user), but still works its own jobs (submit gets as far as the job
+ * directory); a member of the group that is another uid is privileged;
+ * anyone else is denied with the new message.
+ */
+START_TEST(test_esd_uid_not_privileged)
+{
+    const char *drain = "{\"v\":1,\"id\":1,\"cmd\":\"drain\"}";
+    const char *resume = "{\"v\":1,\"id\":2,\"cmd\":\"resume\"}";
+    char submit[256], want[256], code[64], msg[512];
+    uid_t esd_uid;
+    gid_t group;
+    struct group *gr;
+
+    if (geteuid() == 0) {
+        /* play the service user: this test runs in its own process */
+        struct passwd *nb = getpwnam("nobody");
+
+        ck_assert_ptr_nonnull(nb);
+        ck_assert_int_eq(setegid(nb->pw_gid), 0);
+        ck_assert_int_eq(seteuid(nb->pw_uid), 0);
+    }
+    esd_uid = geteuid();
+    group = getegid();
+    gr = getgrgid(group);
+    ck_assert_ptr_nonnull(gr);
+    conf.socket_group = xstrdup(gr->gr_name);
+    ctl_reconfigure(&conf);
+    /* a path every uid can look at, and find missing */
+    snprintf(submit, sizeof(submit), "{\"v\":1,\"id\":3,\"cmd\":\"submit\",\"args\":"
+             "{\"job_dir\":\"/nonexistent-esd-check/job-%d\"}}", (int)getpid());
+    {
+        struct ucred esd = { .pid = 1, .uid = esd_uid, .gid = group };
+        struct ucred member = { .pid = 1, .uid = unknown_uid(100000), .gid = group };
+        struct ucred other = { .pid = 1, .uid = unknown_uid(100000), .gid = group + 1 };
+
+        answer(&esd, &group, 1, drain, code, msg);
+        ck_assert_str_eq(code, PROTO_E_DENIED);
+        snprintf(want, sizeof(want), "drain changes this node's work: only root or members of "
+                 "group %s may run it, not uid %u, which esd and its attempts run as",
+                 gr->gr_name, (unsigned)esd_uid);
+        ck_assert_str_eq(msg, want);
+        answer(&esd, NULL, 0, resume, code, msg);
+        ck_assert_str_eq(code, PROTO_E_DENIED);
+        /* its own jobs: past authorisation, to the job directory */
+        answer(&esd, &group, 1, submit, code, msg);
+        ck_assert_str_eq(code, PROTO_E_NOT_FOUND);
+        ck_assert_ptr_nonnull(strstr(msg, "no job directory"));
+        /* another uid of the group may; here too the job is missing */
+        answer(&member, NULL, 0, submit, code, msg);
+        ck_assert_str_eq(code, PROTO_E_NOT_FOUND);
+        /* anyone else: denied, told who may */
+        answer(&other, NULL, 0, submit, code, msg);
+        ck_assert_str_eq(code, PROTO_E_DENIED);
+        snprintf(want, sizeof(want), "submit changes this node's work: only root, members of "
+                 "group %s or uid %u (esd), on jobs they own, may run it", gr->gr_name,
+                 (unsigned)esd_uid);
+        ck_assert_str_eq(msg, want);
+        answer(&other, NULL, 0, drain, code, msg);
+        ck_assert_str_eq(code, PROTO_E_DENIED);
+    }
+    if (getuid() == 0) {
+        /* and back, for the teardown */
+        ck_assert_int_eq(seteuid(0), 0);
+        ck_assert_int_eq(setegid(0), 0);
+    }
+}
+END_TEST
+
+/* esd as root: root and group members are privileged; the deny message
+ * names no esd uid. */
+START_TEST(test_root_esd_denies)
+{
+    const char *drain = "{\"v\":1,\"id\":1,\"cmd\":\"drain\"}";
+    struct ucred nb = { .pid = 1, .uid = unknown_uid(100000), .gid = 100000 };
+    char code[64], msg[512];
+
+    if (geteuid() != 0)
+        return; /* covered by test_esd_uid_not_privileged */
+    answer(&nb, NULL, 0, drain, code, msg);
+    ck_assert_str_eq(code, PROTO_E_DENIED);
+    ck_assert_str_eq(msg, "drain changes this node's work: only root or members of group esd "
+                          "may run it");
+}
+END_TEST
+
 static Suite *
 ctl_suite(void)
 {
@@ -915,6 +1308,7 @@ ctl_suite(void)
     TCase *req = tcase_create("requests");
     TCase *conn = tcase_create("connections");
     TCase *file = tcase_create("socket file");
+    TCase *share = tcase_create("fair shares");
 
     tcase_add_checked_fixture(req, setup, teardown);
     tcase_add_test(req, test_ping);
@@ -944,6 +1338,17 @@ ctl_suite(void)
     tcase_add_test(file, test_activated_socket);
     tcase_add_test(file, test_path_too_long);
     suite_add_tcase(s, file);
+
+    tcase_add_checked_fixture(share, setup, teardown);
+    tcase_add_test(share, test_share_connections);
+    tcase_add_test(share, test_share_operations);
+    tcase_add_test(share, test_share_reserve_survives_any_flood);
+    tcase_add_test(share, test_share_explain);
+    tcase_add_test(share, test_peer_share);
+    tcase_add_test(share, test_version_reports_shares);
+    tcase_add_test(share, test_esd_uid_not_privileged);
+    tcase_add_test(share, test_root_esd_denies);
+    suite_add_tcase(s, share);
     return s;
 }
 
