@@ -40,6 +40,7 @@
 #include "proto.h"
 #include "runner.h"
 #include "sched.h"
+#include "spawn.h"
 
 #define READ_CHUNK 65536       /* bytes read at once from a connection */
 #define ACCEPT_BURST 64        /* connections accepted in one callback */
@@ -239,28 +240,56 @@ jobref_get(const struct conn *c, const char *job_dir, struct jobref *jr, const c
     return r;
 }
 
-/* The identity an operation on jr runs with (DESIGN.md "Security model"). */
-static void
-ident_for(const struct conn *c, const struct jobref *jr, struct ident *who)
+/*
+ * The identity an operation on jr runs with (DESIGN.md "Security model"):
+ * a user's own, with the groups the kernel gave their connection; root's
+ * on a user's job, that job's owner's, with the owner's groups from the
+ * user database (never the directory's group); root's into a directory
+ * that does not exist yet (prepare), the owner's of the parent directory
+ * when that is not root, so that nothing root-owned appears in a user's
+ * directory and no link planted there redirects root's writes. *cred
+ * holds what was looked up (spawn_cred_free). 0, or a negative errno with
+ * err set when the owner has no entry in the user database.
+ */
+static int
+ident_for(const struct conn *c, const struct jobref *jr, struct ident *who,
+          struct spawn_cred *cred, struct esd_err *err)
 {
+    uid_t owner = 0;
+    struct stat st;
+    int r;
+
     memset(who, 0, sizeof(*who));
+    memset(cred, 0, sizeof(*cred));
     if (geteuid() != 0)
-        return;
+        return 0;
     if (c->cred.uid != 0) {
         who->change = true;
         who->uid = c->cred.uid;
         who->gid = c->cred.gid;
         who->groups = c->groups;
         who->ngroups = c->ngroups;
-    } else if (jr && jr->exists && jr->st.st_uid != 0) {
-        /* root acts on a user's job as that user: no root-owned files in it */
-        who->change = true;
-        who->uid = jr->st.st_uid;
-        who->gid = jr->st.st_gid;
-        who->group1 = jr->st.st_gid;
-        who->groups = &who->group1;
-        who->ngroups = 1;
+        return 0;
     }
+    if (jr && jr->exists) {
+        owner = jr->st.st_uid;
+    } else if (jr && jr->dir) {
+        char *parent = fs_dirname(jr->dir);
+
+        if (lstat(parent, &st) == 0 && S_ISDIR(st.st_mode))
+            owner = st.st_uid;
+        free(parent);
+    }
+    if (owner == 0)
+        return 0;
+    if ((r = spawn_cred_for_uid(owner, cred, err)) < 0)
+        return r;
+    who->change = true;
+    who->uid = cred->uid;
+    who->gid = cred->gid;
+    who->groups = cred->groups;
+    who->ngroups = cred->ngroups;
+    return 0;
 }
 
 static int
@@ -679,14 +708,19 @@ start_op(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref 
          long long req_id, const char **code, struct esd_err *err)
 {
     struct ident who;
+    struct spawn_cred cred;
 
     if (no_children) {
         *code = PROTO_E_INTERNAL;
         err_set(err, -ENOSYS, "operations are not run here");
         return NULL;
     }
-    ident_for(c, jr, &who);
+    if (ident_for(c, jr, &who, &cred, err) < 0) {
+        *code = PROTO_E_DENIED;
+        return NULL;
+    }
     c->op = opchild_start(id, args, &who, &c->share, &op_callbacks, c, code, err);
+    spawn_cred_free(&cred);
     if (!c->op)
         return NULL;
     c->op_id = req_id;

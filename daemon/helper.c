@@ -156,7 +156,7 @@ helper_describe(int status, char out[96])
 static void
 guard_kill(struct helper_guard *g, struct ev_loop *loop, const char *why)
 {
-    if (g->fired)
+    if (g->fired || g->pid <= 0)
         return;
     g->fired = true;
     log_warning(&g->ctx, "the %s process %d %s: killing it", g->what, (int)g->pid, why);
@@ -210,7 +210,18 @@ helper_guard_start(struct helper_guard *g, struct ev_loop *loop, pid_t pid, cons
 void
 helper_guard_fed(struct helper_guard *g, struct ev_loop *loop)
 {
-    if (ev_is_active(&g->silence_w))
+    if (g->pid > 0 && ev_is_active(&g->silence_w))
+        ev_timer_again(loop, &g->silence_w);
+}
+
+void
+helper_guard_pause(struct helper_guard *g, struct ev_loop *loop, bool pause)
+{
+    if (g->fired || !g->pid)
+        return;
+    if (pause)
+        ev_timer_stop(loop, &g->silence_w);
+    else
         ev_timer_again(loop, &g->silence_w);
 }
 
@@ -219,6 +230,8 @@ helper_guard_stop(struct helper_guard *g, struct ev_loop *loop)
 {
     ev_timer_stop(loop, &g->silence_w);
     ev_timer_stop(loop, &g->limit_w);
+    /* (its pid may be another process's soon: never signalled again) */
+    g->pid = 0;
 }
 
 void

@@ -83,6 +83,9 @@ void helper_guard_start(struct helper_guard *g, struct ev_loop *loop, pid_t pid,
                         const char *what, const struct log_ctx *ctx, double limit);
 /* The helper sent something: it is alive. */
 void helper_guard_fed(struct helper_guard *g, struct ev_loop *loop);
+/* While paused (its reader is held back, so it cannot be heard) a helper
+ * is not killed for its silence; its time limit still runs. */
+void helper_guard_pause(struct helper_guard *g, struct ev_loop *loop, bool pause);
 /* The helper ended (or is abandoned): stop watching. */
 void helper_guard_stop(struct helper_guard *g, struct ev_loop *loop);
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "helper.h"
 #include "json.h"
 #include "log.h"
 #include "ops.h"
@@ -42,6 +43,7 @@ struct opchild {
     const struct opchild_ops *ops;
     void *ctx;
     struct proto_share share; /* whose slot it holds */
+    struct helper_guard guard;
     struct opchild *prev, *next;
 };
 
@@ -95,7 +97,7 @@ child_write(const char *member, cJSON *v)
     json_dump(m, JSON_COMPACT, &b);
     buf_append(&b, "\n", 1);
     /* The parent is gone if this fails: nothing to do but stop. */
-    if (fs_write_all(child_fd, b.p, b.len) < 0)
+    if (helper_write(child_fd, b.p, b.len) < 0)
         child_cancel = 1;
     buf_free(&b);
     cJSON_Delete(m);
@@ -107,40 +109,24 @@ child_event(void *ctx, cJSON *ev)
     child_write("event", ev);
 }
 
+/* The operation, in a helper (helper_fork: nothing of esd's, the
+ * caller's identity, a death signal, the tick). */
 static void __attribute__((noreturn))
-child_main(enum cmd_id id, const cJSON *args, const struct ident *who, int fd)
+child_main(enum cmd_id id, const cJSON *args, int fd)
 {
     struct sigaction sa = { .sa_handler = child_on_term };
     struct op_env env = { 0 };
     struct esd_err err;
-    sigset_t all;
     cJSON *res = NULL;
     int r = 0;
 
     child_fd = fd;
-    /* Nothing of the parent's: not the control socket (a restarted esd
-     * would find it still listening), not its clients, not job locks. */
-    spawn_close_sockets();
-    /* The loop's signal watchers are the parent's; here SIGTERM cancels. */
+    /* here SIGTERM (esd's cancel) and SIGINT stop the operation cleanly */
     sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    signal(SIGHUP, SIG_IGN);
-    signal(SIGPIPE, SIG_IGN);
-    signal(SIGCHLD, SIG_DFL);
-    sigemptyset(&all);
-    sigprocmask(SIG_SETMASK, &all, NULL);
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (who->change) {
-        if (setgroups(who->ngroups, who->groups) < 0 || setresgid(who->gid, who->gid, who->gid) < 0 ||
-            setresuid(who->uid, who->uid, who->uid) < 0 || setuid(0) == 0) {
-            err_sys(&err, -errno, "cannot take the identity of uid %u", (unsigned)who->uid);
-            r = -EPERM;
-        }
-        /* Files it creates are the caller's, with the caller's usual mode. */
-        umask(022);
-    }
-    if (r == 0) {
+    {
         env.event = child_event;
         env.cancel = &child_cancel;
         env.confined = true;
@@ -175,6 +161,7 @@ opchild_free(struct opchild *o)
     if (o->next)
         o->next->prev = o->prev;
     O.n--;
+    helper_guard_stop(&o->guard, O.loop);
     ev_io_stop(O.loop, &o->out_w);
     ev_child_stop(O.loop, &o->child_w);
     if (o->fd >= 0)
@@ -221,6 +208,8 @@ handle_line(struct opchild *o, const char *line, size_t len)
     struct esd_err err;
     cJSON *m = NULL, *v;
 
+    if (len == 0)
+        return; /* the helper's tick */
     if (o->got_end || json_parse_object(line, len, "an operation's report", &m, &err) < 0) {
         log_warning(NULL, "%s process %d: unexpected report line, ignoring", cmd_table[o->id].name,
                     (int)o->pid);
@@ -260,6 +249,7 @@ out_cb(struct ev_loop *loop, ev_io *w, int revents)
             ev_io_stop(loop, w);
         } else if (n > 0) {
             o->in.len += (size_t)n;
+            helper_guard_fed(&o->guard, loop);
         }
     }
     /* Lines one at a time while not held, so that a consumer that fills
@@ -290,6 +280,7 @@ child_cb(struct ev_loop *loop, ev_child *w, int revents)
     struct opchild *o = w->data;
 
     ev_child_stop(loop, w);
+    helper_guard_stop(&o->guard, loop);
     o->exited = true;
     o->status = w->rstatus;
     maybe_finish(o);
@@ -313,8 +304,10 @@ opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
               const char **ret_code, struct esd_err *err)
 {
     enum proto_full full = slot_check(share);
+    struct helper_id hid = { .change = who->change, .uid = who->uid, .gid = who->gid,
+                             .groups = who->groups, .ngroups = who->ngroups };
     struct opchild *o;
-    int fds[2];
+    int fd;
     pid_t pid;
 
     if (full != PROTO_FULL_NONE) {
@@ -326,28 +319,15 @@ opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
         err_set(err, -EBUSY, "%s", why);
         return NULL;
     }
-    if (pipe2(fds, O_CLOEXEC) < 0) {
+    if ((pid = helper_fork(cmd_table[id].name, &hid, &fd, err)) < 0) {
         *ret_code = PROTO_E_INTERNAL;
-        err_sys(err, -errno, "cannot start %s", cmd_table[id].name);
         return NULL;
     }
-    pid = fork();
-    if (pid < 0) {
-        *ret_code = PROTO_E_INTERNAL;
-        err_sys(err, -errno, "cannot start %s", cmd_table[id].name);
-        close(fds[0]);
-        close(fds[1]);
-        return NULL;
-    }
-    if (pid == 0) {
-        close(fds[0]);
-        child_main(id, args, who, fds[1]);
-    }
-    close(fds[1]);
-    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    if (pid == 0)
+        child_main(id, args, fd);
     o = xcalloc(1, sizeof(*o));
     o->pid = pid;
-    o->fd = fds[0];
+    o->fd = fd;
     o->id = id;
     o->ops = ops;
     o->ctx = ctx;
@@ -358,6 +338,10 @@ opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
     o->out_w.data = o->child_w.data = o;
     ev_io_start(O.loop, &o->out_w);
     ev_child_start(O.loop, &o->child_w);
+    /* (a follower waits for new log lines as long as its client wants) */
+    helper_guard_start(&o->guard, O.loop, pid, cmd_table[id].name, NULL,
+                       id == CMD_LOGS && cmd_arg_flag(args, O_FOLLOW)
+                           ? 0 : (double)O.conf->helper_timeout_secs);
     o->next = O.head;
     if (o->next)
         o->next->prev = o;
@@ -374,6 +358,8 @@ opchild_hold(struct opchild *o, bool hold)
     if (o->held == hold)
         return;
     o->held = hold;
+    /* a helper held back by its client sends nothing: that is not silence */
+    helper_guard_pause(&o->guard, O.loop, hold);
     if (hold) {
         ev_io_stop(O.loop, &o->out_w);
         return;
