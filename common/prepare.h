@@ -5,6 +5,12 @@
  * staging directory published by a single rename, and idempotent
  * re-prepare. Memory stays bounded whatever the input size: records are
  * streamed, one at a time.
+ *
+ * The directory the job goes in may belong to someone else, who can
+ * rename and replace its entries while prepare runs (DESIGN.md "Security
+ * model"). So prepare makes and fills the staging directory only through
+ * descriptors (the parent opened once, every name below it opened without
+ * following links).
  */
 #ifndef ESD_PREPARE_H
 #define ESD_PREPARE_H
@@ -65,5 +71,23 @@ void prepare_opts_init(struct prepare_opts *o);
  */
 int prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd_err *err);
 void prepare_result_free(struct prepare_result *r);
+
+/* The points at which prepare calls prepare_test_hook. */
+enum prepare_step {
+    PREPARE_STEP_PARENT, /* before the parent is opened to make the job in (parent_fd -1) */
+    PREPARE_STEP_MKDIR,  /* before the staging directory is made */
+    PREPARE_STEP_OPEN,   /* made, before it is opened */
+    PREPARE_STEP_FILLED, /* filled and synced, before it is checked for publication */
+    PREPARE_STEP_RENAME, /* checked, before the rename that publishes it */
+};
+
+/*
+ * Defined only by the unit tests, which play an attacker who renames
+ * entries of the parent directory (open on parent_fd) between prepare's
+ * steps; staging and job are names in it. Programs do not define it: the
+ * reference is weak, so prepare never calls it there.
+ */
+void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging,
+                       const char *job);
 
 #endif
