@@ -24,6 +24,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@
 #include "manifest.h"
 #include "record.h"
 #include "sha256.h"
+#include "spawn.h"
 
 /* Tests define it (prepare.h); in programs the weak reference is NULL. */
 extern void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging,
@@ -1331,5 +1333,53 @@ out:
     staging_remove(&j);
     free(parent);
     job_free(&j);
+    return r;
+}
+
+int
+prepare_owner(const char *job_dir, uid_t *ret_uid, char **ret_where, struct esd_err *err)
+{
+    char *p = xstrdup(job_dir), *up;
+    struct stat st;
+
+    /* lstat: a link there is the work of whoever owns it, and prepare
+     * refuses to follow it anyway; a file is its owner's too. */
+    while (lstat(p, &st) < 0) {
+        if ((errno != ENOENT && errno != ENOTDIR) || !strcmp(p, "/") || !strcmp(p, ".")) {
+            int r = err_sys(err, -errno, "Cannot examine %s, where job directory %s would be "
+                            "created", p, job_dir);
+
+            free(p);
+            return r;
+        }
+        up = fs_dirname(p);
+        free(p);
+        p = up;
+    }
+    *ret_uid = st.st_uid;
+    if (ret_where)
+        *ret_where = p;
+    else
+        free(p);
+    return 0;
+}
+
+int
+prepare_become(uid_t uid, struct esd_err *err)
+{
+    struct spawn_cred c;
+    int r;
+
+    if ((r = spawn_cred_for_uid(uid, &c, err)) < 0)
+        return r;
+    /* groups first: setresuid gives up the right to change them */
+    if (setgroups(c.ngroups, c.groups) < 0 || setresgid(c.gid, c.gid, c.gid) < 0 ||
+        setresuid(uid, uid, uid) < 0)
+        r = err_sys(err, -errno, "Cannot take the identity of %s (uid %u)", c.name,
+                    (unsigned)uid);
+    else if (uid != 0 && setuid(0) == 0)
+        r = err_set(err, -EPERM, "Taking the identity of %s (uid %u) left root's behind", c.name,
+                    (unsigned)uid);
+    spawn_cred_free(&c);
     return r;
 }

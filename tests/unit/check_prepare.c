@@ -6,12 +6,14 @@
  * Then an attacker who can write the job's parent directory, played in
  * prepare_test_hook between prepare's steps: whatever name they swap, no
  * byte lands outside prepare's own staging directory, and no swap is
- * published as the job.
+ * published as the job. Last, whose identity a root prepare takes.
  */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -775,6 +777,63 @@ START_TEST(test_reprepare_link_not_followed)
 }
 END_TEST
 
+START_TEST(test_owner)
+{
+    char *dir = tu_tmpdir(), *job = fs_join(dir, "a/b/job"), *where = NULL;
+    struct esd_err err;
+    uid_t uid = 1;
+
+    /* the nearest existing ancestor of a job to be made */
+    ck_assert_int_eq(prepare_owner(job, &uid, &where, &err), 0);
+    ck_assert_uint_eq(uid, geteuid());
+    ck_assert_str_eq(where, dir);
+    free(where);
+    if (geteuid() == 0) {
+        ck_assert_int_eq(chown(dir, 4242, 4242), 0);
+        ck_assert_int_eq(prepare_owner(job, &uid, NULL, &err), 0);
+        ck_assert_uint_eq(uid, 4242);
+        /* an existing job directory is its own owner's */
+        free(tu_write(dir, "a/b/job/x", "", 0));
+        ck_assert_int_eq(chown(job, 4343, 4343), 0);
+        ck_assert_int_eq(prepare_owner(job, &uid, &where, &err), 0);
+        ck_assert_uint_eq(uid, 4343);
+        ck_assert_str_eq(where, job);
+        free(where);
+    }
+    fs_rm_rf(dir);
+    free(job);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_become)
+{
+    struct passwd *pw;
+    struct esd_err err;
+    gid_t groups[64];
+    int n;
+
+    if (geteuid() != 0)
+        return; /* only root changes identity */
+    /* no user database entry: refused, nothing changed */
+    ck_assert_int_lt(prepare_become(3999999, &err), 0);
+    ck_assert_msg(strstr(err.msg, "no entry in the user database"), "%s", err.msg);
+    ck_assert_uint_eq(geteuid(), 0);
+    ck_assert_ptr_nonnull(pw = getpwnam("nobody"));
+    ck_assert_msg(prepare_become(pw->pw_uid, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(getuid(), pw->pw_uid);
+    ck_assert_uint_eq(geteuid(), pw->pw_uid);
+    ck_assert_uint_eq(getgid(), pw->pw_gid);
+    ck_assert_uint_eq(getegid(), pw->pw_gid);
+    /* root's groups are gone: only the user's own */
+    n = getgroups(64, groups);
+    ck_assert_int_ge(n, 0);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(groups[i] != 0 || pw->pw_gid == 0, "group 0 kept");
+    ck_assert_int_lt(setuid(0), 0);
+}
+END_TEST
+
 static Suite *
 prepare_suite(void)
 {
@@ -797,6 +856,8 @@ prepare_suite(void)
     tcase_add_test(tc, test_race_staging_full);
     tcase_add_test(tc, test_race_planted_links);
     tcase_add_test(tc, test_reprepare_link_not_followed);
+    tcase_add_test(tc, test_owner);
+    tcase_add_test(tc, test_become);
     suite_add_tcase(s, tc);
     return s;
 }
