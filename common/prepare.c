@@ -9,11 +9,22 @@
  * it trusts the scan's validation, because a fast 64-bit hash of the raw
  * bytes, compared at the end of the file, proves the bytes did not change
  * in between (the reference rehashes with SHA-256 for the same purpose).
+ *
+ * Descriptors. The job directory's parent may be writable by someone who
+ * wants root's shards and manifest in another user's job: between two
+ * path lookups they can swap any name in it for a symlink. So the parent
+ * is opened once, without following links on the way; the staging
+ * directory is made and opened relative to it and checked to be this
+ * process's new directory; everything in it is made relative to that
+ * descriptor; and the name is checked to still be that directory just
+ * before the rename that publishes it, and after (see publish()).
  */
 #include "prepare.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +38,11 @@
 #include "manifest.h"
 #include "record.h"
 #include "sha256.h"
+#include "spawn.h"
+
+/* Tests define it (prepare.h); in programs the weak reference is NULL. */
+extern void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging,
+                              const char *job) __attribute__((weak));
 
 /* ---- a streaming 64-bit hash for change detection between passes ---- */
 
@@ -200,7 +216,151 @@ discover(const char *dataset, struct files *out, char **ret_media_root, struct e
     return 0;
 }
 
-/* ---- the job being prepared ---- */
+/* ---- directories through descriptors ---- */
+
+static bool
+same_inode(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/*
+ * Opens the directory at path (absolute and resolved) one component at a
+ * time, each relative to the one before and never through a symbolic link:
+ * the path was resolved, so a link on it now was put there since by
+ * whoever can write the directory holding it. With create, missing
+ * components are made (0755, as mkdir -p). The last component is opened
+ * with last_flags (O_RDONLY to sync it, O_PATH only to look inside), the
+ * others O_PATH, which needs no read permission. *ret_fd is O_CLOEXEC.
+ */
+static int
+dir_open_path(const char *path, bool create, int last_flags, int *ret_fd, struct esd_err *err)
+{
+    const int walk = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    char *copy, *name, *end;
+    int fd, r = 0;
+
+    if (path[0] != '/')
+        return err_set(err, -EINVAL, "cannot open directory %s: not an absolute path", path);
+    copy = xstrdup(path);
+    name = copy + strspn(copy, "/");
+    fd = open("/", *name ? walk : last_flags | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        r = err_sys(err, -errno, "cannot open directory /");
+    while (r == 0 && *name) {
+        int flags, nfd, len;
+        bool last;
+
+        end = name + strcspn(name, "/");
+        len = (int)(end - copy); /* path up to this component, for messages */
+        last = end[strspn(end, "/")] == '\0';
+        if (*end)
+            *end++ = '\0';
+        flags = last ? last_flags | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC : walk;
+        nfd = openat(fd, name, flags);
+        if (nfd < 0 && errno == ENOENT && create) {
+            if (mkdirat(fd, name, 0755) < 0 && errno != EEXIST) {
+                r = err_sys(err, -errno, "cannot create directory %.*s", len, path);
+                break;
+            }
+            nfd = openat(fd, name, flags);
+        }
+        if (nfd < 0) {
+            struct stat lst;
+
+            r = -errno;
+            if ((r == -ENOTDIR || r == -ELOOP) && fstatat(fd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
+                S_ISLNK(lst.st_mode))
+                r = err_set(err, -ENOTDIR, "cannot use directory %.*s: a symbolic link appeared "
+                            "there after the path was resolved (not followed)", len, path);
+            else if (r == -ENOTDIR)
+                err_set(err, r, "cannot create directory %.*s: it exists and is not a directory",
+                        len, path);
+            else
+                err_sys(err, r, "cannot open directory %.*s", len, path);
+            break;
+        }
+        close(fd);
+        fd = nfd;
+        name = end + strspn(end, "/");
+    }
+    free(copy);
+    if (r < 0) {
+        if (fd >= 0)
+            close(fd);
+        return r;
+    }
+    *ret_fd = fd;
+    return 0;
+}
+
+/*
+ * Removes everything inside the directory open on dfd, never following a
+ * link. Only for this process's own staging directory, which nobody else
+ * can write: what is in it was made here. Best effort.
+ */
+static void
+dir_clear(int dfd)
+{
+    struct strv names;
+    struct dirent *e;
+    DIR *d;
+    int fd;
+
+    if ((fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return;
+    if (!(d = fdopendir(fd))) {
+        close(fd);
+        return;
+    }
+    strv_init(&names);
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            strv_push(&names, e->d_name);
+    closedir(d);
+    for (size_t i = 0; i < names.n; i++) {
+        if (unlinkat(dfd, names.v[i], 0) == 0 || (errno != EISDIR && errno != EPERM))
+            continue;
+        fd = openat(dfd, names.v[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        dir_clear(fd);
+        close(fd);
+        unlinkat(dfd, names.v[i], AT_REMOVEDIR);
+    }
+    strv_free(&names);
+}
+
+/* True if the directory open on dfd holds nothing but "." and "..". */
+static bool
+dir_is_empty(int dfd)
+{
+    struct dirent *e;
+    bool empty = true;
+    DIR *d;
+    int fd;
+
+    if ((fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return false;
+    if (!(d = fdopendir(fd))) {
+        close(fd);
+        return false;
+    }
+    while (empty && (e = readdir(d)))
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
+}
+
+/* fsync of an open directory; shown names it in messages. */
+static int
+dir_sync(int fd, const char *shown, struct esd_err *err)
+{
+    /* EINVAL: the filesystem cannot sync directories; there is nothing more to do. */
+    if (fsync(fd) < 0 && errno != EINVAL)
+        return err_sys(err, -errno, "cannot fsync directory %s", shown);
+    return 0;
+}
 
 struct job {
     const struct prepare_opts *o;
@@ -217,7 +377,13 @@ struct job {
     char *media_root;
     struct files files;
     char *job_dir;
-    char *staging;
+    char *staging;       /* its path, for messages */
+    char *staging_name;  /* its name in the parent */
+    int parent_fd;       /* the job directory's parent, or -1 */
+    int staging_fd;      /* or -1 */
+    int shards_fd;       /* staging's shards/, or -1 */
+    struct stat staging_st; /* of staging_fd: what the name must still be at publication */
+    bool staged;         /* staging_name was made here: removed on failure */
     struct record_ctx rctx;
     struct strv warnings;
     uint64_t total_raw;
@@ -340,29 +506,41 @@ load_request(struct job *j, struct esd_err *err)
     return fs_resolve_cli(o->job_dir, &j->job_dir, err);
 }
 
-/* Spec §6.6: does the existing job directory match this request? */
+/*
+ * Spec §6.6: does the existing job directory match this request? Its name
+ * is looked up in the parent open on parent_fd and its manifest read from
+ * there: a link at either (put there after the path was resolved) is not
+ * followed and matches nothing, nor does a manifest that is not a regular
+ * file.
+ */
 static int
-matches_existing(struct job *j, bool *ret_match, struct esd_err *err)
+matches_existing(struct job *j, int parent_fd, bool *ret_match, struct esd_err *err)
 {
     struct manifest m;
     struct esd_err ignore;
     const cJSON *files, *recipe, *f;
     cJSON *doc = NULL;
     long long n;
-    size_t i = 0;
+    size_t i = 0, len = 0;
     bool match = false;
-    char *mpath = fs_join(j->job_dir, "manifest.json");
-    struct stat st;
-    int r;
+    char *mpath, *text = NULL;
+    int jfd, r;
 
-    if (lstat(mpath, &st) < 0) {
-        free(mpath);
-        *ret_match = false;
+    *ret_match = false;
+    jfd = openat(parent_fd, fs_basename(j->job_dir), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (jfd < 0)
         return 0;
-    }
+    mpath = fs_join(j->job_dir, "manifest.json");
+    r = fs_read_job_at(jfd, "manifest.json", mpath, MANIFEST_MAX_BYTES, &text, &len, err);
+    close(jfd);
+    if (r == -ENOENT || r == -ELOOP || r == -EINVAL) /* none, a link, not a file */
+        r = 1;
+    else if (r == 0)
+        r = manifest_parse(text, len, j->job_dir, mpath, &doc, &m, err);
+    free(text);
     free(mpath);
-    if ((r = manifest_load_doc(j->job_dir, &m, &doc, err)) < 0)
-        return r;
+    if (r != 0)
+        return r < 0 ? r : 0;
     recipe = cJSON_GetObjectItemCaseSensitive(doc, "recipe");
     files = cJSON_GetObjectItemCaseSensitive(doc, "input_files");
     if (!json_get_str(doc, "dataset_path") ||
@@ -528,13 +706,16 @@ static int
 shard_open(struct writer *w, long long i, struct esd_err *err)
 {
     struct shard_out *s = &w->shards[i];
-    char *dir = fs_join(w->j->staging, "shards");
+    char *dir = fs_join(w->j->staging, "shards"), *name;
 
     s->id = manifest_shard_id(i, w->j->o->num_shards);
     s->rel = xasprintf("shards/%s.jsonl", s->id);
     s->path = xasprintf("%s/%s.jsonl", dir, s->id);
     free(dir);
-    s->fd = open(s->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    name = xasprintf("%s.jsonl", s->id);
+    s->fd = openat(w->j->shards_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                   0644);
+    free(name);
     if (s->fd < 0)
         return err_sys(err, -errno, "Cannot create shard %s", s->path);
     sha256_init(&s->sha);
@@ -778,7 +959,8 @@ write_recipe_copy(struct job *j, struct esd_err *err)
     struct timespec ts[2] = { j->recipe_st.st_atim, j->recipe_st.st_mtim };
     int fd, r = 0;
 
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    fd = openat(j->staging_fd, "recipe.yaml", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                0600);
     if (fd < 0) {
         r = err_sys(err, -errno, "Cannot create %s", path);
         goto out;
@@ -799,31 +981,172 @@ static const char *const state_dirs[] = {
     "state/history/attempts", "state/clock",
 };
 
+/* mkdir -p of rel below the staging directory's descriptor, following no
+ * link; the last level is returned open. */
+static int
+staging_mkdir(struct job *j, const char *rel, struct esd_err *err)
+{
+    char *shown = fs_join(j->staging, rel);
+    int fd = fs_mkdir_beneath(j->staging_fd, rel, 0755, shown, err);
+
+    free(shown);
+    return fd;
+}
+
+/* The state directories, and shards/ (kept open in shards_fd). */
 static int
 make_dirs(struct job *j, struct esd_err *err)
 {
     for (size_t i = 0; i < sizeof(state_dirs) / sizeof(state_dirs[0]); i++) {
-        char *d = fs_join(j->staging, state_dirs[i]);
-        int r = fs_mkdir_p(d, 0755, err);
+        int fd = staging_mkdir(j, state_dirs[i], err);
 
-        free(d);
-        if (r < 0)
-            return r;
+        if (fd < 0)
+            return fd;
+        close(fd);
     }
+    j->shards_fd = staging_mkdir(j, "shards", err);
+    return j->shards_fd < 0 ? j->shards_fd : 0;
+}
+
+/* manifest.json, as json_write_atomic writes it (0666 less the umask); a
+ * new name in a directory nobody else can write needs no temporary file. */
+static int
+write_manifest(struct job *j, const cJSON *manifest, struct esd_err *err)
+{
+    char *path = fs_join(j->staging, "manifest.json");
+    struct buf b;
+    int fd, r;
+
+    buf_init(&b);
+    json_dump(manifest, JSON_PRETTY, &b);
+    fd = openat(j->staging_fd, "manifest.json",
+                O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        r = err_sys(err, -errno, "cannot create %s", path);
+    } else {
+        r = fs_write_all(fd, b.p, b.len);
+        if (r == 0 && fsync(fd) < 0)
+            r = -errno;
+        /* NFS may report a write error only at close */
+        if (close(fd) < 0 && errno != EINTR && r == 0)
+            r = -errno;
+        if (r < 0)
+            err_sys(err, r, "cannot write %s", path);
+    }
+    buf_free(&b);
+    free(path);
+    return r;
+}
+
+static void
+hook(const struct job *j, enum prepare_step step)
+{
+    if (prepare_test_hook)
+        prepare_test_hook(step, j->parent_fd, j->staging_name, fs_basename(j->job_dir));
+}
+
+/*
+ * Makes the staging directory in the parent (open on parent_fd), opens it
+ * and checks that what the name led to is the directory just made: a link
+ * swapped in between is not followed, and what else can be put there is
+ * refused: a directory of another uid, one that others may write, or one
+ * that is not empty (say, another job of this uid's, moved in by whoever
+ * can write the parent, which a failure would otherwise empty). Only then
+ * is staging_fd kept, written below and emptied on failure.
+ */
+static int
+staging_make(struct job *j, struct esd_err *err)
+{
+    int fd;
+
+    hook(j, PREPARE_STEP_MKDIR);
+    if (mkdirat(j->parent_fd, j->staging_name, 0755) < 0)
+        return err_sys(err, -errno, "Cannot create staging directory %s", j->staging);
+    j->staged = true;
+    hook(j, PREPARE_STEP_OPEN);
+    fd = openat(j->parent_fd, j->staging_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return err_sys(err, -errno, "Cannot open staging directory %s (replaced after it was "
+                       "made?); nothing was written", j->staging);
+    if (fstat(fd, &j->staging_st) < 0) {
+        close(fd);
+        return err_sys(err, -errno, "Cannot open staging directory %s", j->staging);
+    }
+    /* The owner proves it: nobody but this uid (and root) can make a
+     * directory owned by this uid. A file server that maps root to
+     * another uid (root_squash) fails here too, which is the safe way. */
+    if (j->staging_st.st_uid != geteuid()) {
+        close(fd);
+        return err_set(err, -EPERM, "Staging directory %s is owned by uid %u, not by this "
+                       "prepare (uid %u): it was replaced after it was made, or the file server "
+                       "maps this uid to another; nothing was written",
+                       j->staging, (unsigned)j->staging_st.st_uid, (unsigned)geteuid());
+    }
+    /* mkdirat's 0755 never gives group or others write, whatever the umask */
+    if ((j->staging_st.st_mode & (S_IWGRP | S_IWOTH)) || !dir_is_empty(fd)) {
+        close(fd);
+        return err_set(err, -EPERM, "Staging directory %s is not the empty directory this "
+                       "prepare made: it was replaced after it was made; nothing was written",
+                       j->staging);
+    }
+    j->staging_fd = fd;
     return 0;
 }
 
-/* Rename the staging directory onto the job directory, never over one that
- * appeared meanwhile. */
+/*
+ * After a failure: empties the staging directory through its descriptor
+ * and removes its name if that is still the directory. Between the check
+ * and unlinkat the name may be swapped again; unlinkat never follows a
+ * link and removes only an empty directory, which whoever swapped it could
+ * remove as well. A staging directory never opened (someone replaced it at
+ * once) is left as it is.
+ */
+static void
+staging_remove(struct job *j)
+{
+    struct stat st;
+
+    if (!j->staged || j->staging_fd < 0)
+        return;
+    dir_clear(j->staging_fd);
+    if (fstatat(j->parent_fd, j->staging_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        same_inode(&st, &j->staging_st))
+        unlinkat(j->parent_fd, j->staging_name, AT_REMOVEDIR);
+}
+
+/*
+ * Renames the staging directory onto the job directory, never over one
+ * that appeared meanwhile, and only while the staging name is still the
+ * directory this prepare filled.
+ */
 static int
 publish(struct job *j, struct esd_err *err)
 {
-    int r = renameat2(AT_FDCWD, j->staging, AT_FDCWD, j->job_dir, RENAME_NOREPLACE);
+    const char *name = fs_basename(j->job_dir);
+    struct stat st;
+    char *parent;
+    int r;
 
+    hook(j, PREPARE_STEP_FILLED);
+    if (fstatat(j->parent_fd, j->staging_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+        !same_inode(&st, &j->staging_st))
+        return err_set(err, -ESTALE, "Staging directory %s was moved or replaced while this "
+                       "prepare ran; nothing was published", j->staging);
+    hook(j, PREPARE_STEP_RENAME);
+    /*
+     * The residual window: rename renames whatever the staging name is at
+     * that instant, and whoever can write the parent may swap it in the
+     * moment since the check above. The job's name then becomes their own
+     * entry (a link to another job, say); nothing is written through it,
+     * and the check after the rename sees it, so this prepare fails and
+     * claims nothing. Closing the window needs a rename by descriptor,
+     * which Linux does not have.
+     */
+    r = renameat2(j->parent_fd, j->staging_name, j->parent_fd, name, RENAME_NOREPLACE);
     /* Without RENAME_NOREPLACE (some NFS servers) rename(2) still refuses
      * a non-empty target. */
     if (r < 0 && (errno == EINVAL || errno == ENOSYS))
-        r = rename(j->staging, j->job_dir);
+        r = renameat(j->parent_fd, j->staging_name, j->parent_fd, name);
     if (r < 0 && (errno == EEXIST || errno == ENOTEMPTY))
         return err_set(err, -EEXIST,
                        "Job directory %s appeared while this prepare ran (another prepare?); "
@@ -831,7 +1154,16 @@ publish(struct job *j, struct esd_err *err)
                        j->job_dir);
     if (r < 0)
         return err_sys(err, -errno, "Cannot publish job directory %s", j->job_dir);
-    return fs_fsync_parent(j->job_dir, err);
+    if (fstatat(j->parent_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+        !same_inode(&st, &j->staging_st))
+        return err_set(err, -ESTALE, "Job directory %s is not the directory this prepare made: "
+                       "its staging directory was replaced just before publication. Nothing was "
+                       "published; do not use what is there now", j->job_dir);
+    j->staged = false;
+    parent = fs_dirname(j->job_dir);
+    r = dir_sync(j->parent_fd, parent, err);
+    free(parent);
+    return r;
 }
 
 void
@@ -866,6 +1198,13 @@ job_free(struct job *j)
     files_free(&j->files);
     free(j->job_dir);
     free(j->staging);
+    free(j->staging_name);
+    if (j->shards_fd >= 0)
+        close(j->shards_fd);
+    if (j->staging_fd >= 0)
+        close(j->staging_fd);
+    if (j->parent_fd >= 0)
+        close(j->parent_fd);
     strv_free(&j->warnings);
     hashq_free(j->hq);
     hashq_free(j->hq2);
@@ -879,18 +1218,28 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     struct stat st;
     cJSON *manifest = NULL;
     char all_sha[SHA256_HEX_LEN + 1];
-    bool match = false, staged = false;
+    bool match = false, exists = false;
+    char *parent = NULL;
     int r;
 
     j.o = o;
     j.lim = o->limits ? *o->limits : jsonl_default_limits;
     j.t0 = time_mono();
+    j.parent_fd = j.staging_fd = j.shards_fd = -1;
     strv_init(&j.warnings);
     if ((r = load_request(&j, err)) < 0)
         goto out;
-    if (lstat(j.job_dir, &st) == 0) {
-        if ((r = matches_existing(&j, &match, err)) < 0)
+    parent = fs_dirname(j.job_dir);
+    /* A parent that cannot be reached holds no job yet; making it says why. */
+    if (dir_open_path(parent, false, O_PATH, &j.parent_fd, NULL) == 0) {
+        exists = fstatat(j.parent_fd, fs_basename(j.job_dir), &st, AT_SYMLINK_NOFOLLOW) == 0;
+        r = exists ? matches_existing(&j, j.parent_fd, &match, err) : 0;
+        close(j.parent_fd);
+        j.parent_fd = -1;
+        if (r < 0)
             goto out;
+    }
+    if (exists) {
         if (!match) {
             r = err_set(err, -EEXIST,
                         "Job directory already exists and does not match this request: %s. "
@@ -914,30 +1263,17 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
         goto out;
     }
     {
-        char *parent = fs_dirname(j.job_dir);
         char hex[33];
 
-        r = fs_mkdir_p(parent, 0755, err);
         rand_hex32(hex);
-        j.staging = xasprintf("%s/.%s.preparing.%s", parent, fs_basename(j.job_dir), hex);
-        free(parent);
-        if (r < 0)
-            goto out;
+        j.staging_name = xasprintf(".%s.preparing.%s", fs_basename(j.job_dir), hex);
+        j.staging = xasprintf("%s/%s", parent, j.staging_name);
     }
-    if (mkdir(j.staging, 0755) < 0) {
-        r = err_sys(err, -errno, "Cannot create staging directory %s", j.staging);
+    hook(&j, PREPARE_STEP_PARENT);
+    if ((r = dir_open_path(parent, true, O_RDONLY, &j.parent_fd, err)) < 0 ||
+        (r = staging_make(&j, err)) < 0 || (r = write_recipe_copy(&j, err)) < 0 ||
+        (r = make_dirs(&j, err)) < 0)
         goto out;
-    }
-    staged = true;
-    if ((r = write_recipe_copy(&j, err)) < 0 || (r = make_dirs(&j, err)) < 0)
-        goto out;
-    {
-        char *d = fs_join(j.staging, "shards");
-        r = fs_mkdir_p(d, 0755, err);
-        free(d);
-        if (r < 0)
-            goto out;
-    }
     w.j = &j;
     w.shards = xcalloc((size_t)o->num_shards, sizeof(*w.shards));
     for (long long i = 0; i < o->num_shards; i++)
@@ -949,22 +1285,19 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     sha256_final(&w.all, all_sha);
     manifest = build_manifest(&j, &w, all_sha);
     {
-        char *mpath = fs_join(j.staging, "manifest.json");
         char *sdir = fs_join(j.staging, "shards");
 
-        r = json_write_atomic(mpath, manifest, JSON_PRETTY, err);
+        r = write_manifest(&j, manifest, err);
         if (r == 0)
-            r = fs_fsync_dir(sdir, err);
+            r = dir_sync(j.shards_fd, sdir, err);
         if (r == 0)
-            r = fs_fsync_dir(j.staging, err);
-        free(mpath);
+            r = dir_sync(j.staging_fd, j.staging, err);
         free(sdir);
         if (r < 0)
             goto out;
     }
     if ((r = publish(&j, err)) < 0)
         goto out;
-    staged = false;
 done:
     memset(ret, 0, sizeof(*ret));
     ret->job_dir = j.job_dir;
@@ -982,8 +1315,6 @@ out:
         hashq_sync(j.hq);
     if (j.hq2)
         hashq_sync(j.hq2);
-    if (staged)
-        fs_rm_rf(j.staging);
     if (w.shards) {
         for (long long i = 0; i < o->num_shards; i++) {
             if (w.shards[i].fd >= 0)
@@ -998,6 +1329,57 @@ out:
     sha256_abort(&w.all);
     free(w.buf);
     cJSON_Delete(manifest);
+    /* after the shards are closed: nothing of ours is open inside any more */
+    staging_remove(&j);
+    free(parent);
     job_free(&j);
+    return r;
+}
+
+int
+prepare_owner(const char *job_dir, uid_t *ret_uid, char **ret_where, struct esd_err *err)
+{
+    char *p = xstrdup(job_dir), *up;
+    struct stat st;
+
+    /* lstat: a link there is the work of whoever owns it, and prepare
+     * refuses to follow it anyway; a file is its owner's too. */
+    while (lstat(p, &st) < 0) {
+        if ((errno != ENOENT && errno != ENOTDIR) || !strcmp(p, "/") || !strcmp(p, ".")) {
+            int r = err_sys(err, -errno, "Cannot examine %s, where job directory %s would be "
+                            "created", p, job_dir);
+
+            free(p);
+            return r;
+        }
+        up = fs_dirname(p);
+        free(p);
+        p = up;
+    }
+    *ret_uid = st.st_uid;
+    if (ret_where)
+        *ret_where = p;
+    else
+        free(p);
+    return 0;
+}
+
+int
+prepare_become(uid_t uid, struct esd_err *err)
+{
+    struct spawn_cred c;
+    int r;
+
+    if ((r = spawn_cred_for_uid(uid, &c, err)) < 0)
+        return r;
+    /* groups first: setresuid gives up the right to change them */
+    if (setgroups(c.ngroups, c.groups) < 0 || setresgid(c.gid, c.gid, c.gid) < 0 ||
+        setresuid(uid, uid, uid) < 0)
+        r = err_sys(err, -errno, "Cannot take the identity of %s (uid %u)", c.name,
+                    (unsigned)uid);
+    else if (uid != 0 && setuid(0) == 0)
+        r = err_set(err, -EPERM, "Taking the identity of %s (uid %u) left root's behind", c.name,
+                    (unsigned)uid);
+    spawn_cred_free(&c);
     return r;
 }

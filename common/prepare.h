@@ -5,6 +5,13 @@
  * staging directory published by a single rename, and idempotent
  * re-prepare. Memory stays bounded whatever the input size: records are
  * streamed, one at a time.
+ *
+ * The directory the job goes in may belong to someone else, who can
+ * rename and replace its entries while prepare runs (DESIGN.md "Security
+ * model"). So prepare makes and fills the staging directory only through
+ * descriptors (the parent opened once, every name below it opened without
+ * following links), and a process running as root takes the identity of
+ * that directory's owner first (prepare_owner, prepare_become).
  */
 #ifndef ESD_PREPARE_H
 #define ESD_PREPARE_H
@@ -12,6 +19,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "jsonl.h"
 #include "recipe.h"
@@ -65,5 +73,46 @@ void prepare_opts_init(struct prepare_opts *o);
  */
 int prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd_err *err);
 void prepare_result_free(struct prepare_result *r);
+
+/*
+ * Whose identity a prepare of job_dir (absolute, resolved) should run with
+ * when root runs it: the owner of the job directory if it exists, else the
+ * owner of its nearest existing ancestor, the directory it will be created
+ * in. *ret_uid is that owner; 0 means root's own directory, where root
+ * prepares as itself (through descriptors: even in a world-writable
+ * sticky directory such as /tmp, nobody else may rename or remove root's
+ * entries there, and a pre-planted name is never followed). If ret_where
+ * is not NULL it is set to that directory (caller frees). Returns 0, or a
+ * negative errno with err set when no ancestor can be examined.
+ */
+int prepare_owner(const char *job_dir, uid_t *ret_uid, char **ret_where, struct esd_err *err);
+
+/*
+ * Makes the calling process, which must be root, uid for good: the
+ * supplementary groups of its user database entry (spawn_cred_for_uid), its
+ * primary group, then the uid, real, effective and saved. Threads must not
+ * exist yet. Returns 0, or a negative errno with err set (no entry for
+ * uid, or a call failed) and the process may then be half changed: the
+ * caller must not go on with the work.
+ */
+int prepare_become(uid_t uid, struct esd_err *err);
+
+/* The points at which prepare calls prepare_test_hook. */
+enum prepare_step {
+    PREPARE_STEP_PARENT, /* before the parent is opened to make the job in (parent_fd -1) */
+    PREPARE_STEP_MKDIR,  /* before the staging directory is made */
+    PREPARE_STEP_OPEN,   /* made, before it is opened */
+    PREPARE_STEP_FILLED, /* filled and synced, before it is checked for publication */
+    PREPARE_STEP_RENAME, /* checked, before the rename that publishes it */
+};
+
+/*
+ * Defined only by the unit tests, which play an attacker who renames
+ * entries of the parent directory (open on parent_fd) between prepare's
+ * steps; staging and job are names in it. Programs do not define it: the
+ * reference is weak, so prepare never calls it there.
+ */
+void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging,
+                       const char *job);
 
 #endif

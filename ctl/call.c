@@ -7,15 +7,18 @@
  * results are shown by ctl/render.c whichever ran the command.
  */
 #include <errno.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "esctl.h"
 #include "fsutil.h"
 #include "json.h"
 #include "ops.h"
+#include "prepare.h"
 #include "proto.h"
 
 #define PLAIN_TIMEOUT 30.0 /* seconds for a command that is not CMDF_LONG */
@@ -121,17 +124,58 @@ struct failure {
     struct esd_err err;
 };
 
+/*
+ * prepare as root: esctl becomes, for good (it only shows the result
+ * after), the owner of the job directory or of the directory it will be
+ * created in, so that its owner cannot steer root's writes (issue 11
+ * class 5) and the job is theirs. Root's own directories stay root's.
+ * *as names who it became ("" if nobody).
+ */
+static int
+prepare_identity(const cJSON *args, char *as, size_t n, struct esd_err *err)
+{
+    const char *job_dir = cmd_arg_str(args, O_JOB_DIR);
+    struct passwd *pw;
+    char *where = NULL;
+    uid_t uid;
+    int r;
+
+    *as = '\0';
+    if (geteuid() != 0 || !job_dir)
+        return 0; /* without --job-dir prepare says so */
+    if ((r = prepare_owner(job_dir, &uid, &where, err)) < 0 || uid == 0 ||
+        (r = prepare_become(uid, err)) < 0) {
+        free(where);
+        return r;
+    }
+    pw = getpwuid(uid);
+    snprintf(as, n, "prepare ran as %s (uid %u), the owner of %s", pw ? pw->pw_name : "?",
+             (unsigned)uid, where);
+    free(where);
+    return 0;
+}
+
 /* Runs id in-process. Returns 0 (*ret result), or 1 (f says why). */
 static int
 run_local(struct call *c, enum cmd_id id, const cJSON *args, cJSON **ret, struct failure *f)
 {
     struct op_env env = { .event = event_cb, .ctx = c, .cancel = &interrupted };
+    char as[ESD_ERR_MAX / 2];
     int r;
 
-    r = op_run(id, args, &env, ret, &f->err);
+    as[0] = '\0';
+    r = id == CMD_PREPARE ? prepare_identity(args, as, sizeof(as), &f->err) : 0;
+    if (r == 0)
+        r = op_run(id, args, &env, ret, &f->err);
     out_progress_end(c);
     if (r == 0)
         return 0;
+    if (*as) {
+        char prev[ESD_ERR_MAX];
+
+        memcpy(prev, f->err.msg, sizeof(prev));
+        err_set(&f->err, r, "%s (%s)", prev, as);
+    }
     snprintf(f->code, sizeof(f->code), "%s",
              r == -EACCES || r == -EPERM ? PROTO_E_DENIED : PROTO_E_FAILED);
     return 1;

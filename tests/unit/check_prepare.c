@@ -3,11 +3,18 @@
  * (the spec's worked example), discovery and ordering, byte-preserving
  * normalisation of media paths and index keys, manifest fields, idempotent
  * re-prepare and its mismatch rules, and errors that leave nothing behind.
+ * Then an attacker who can write the job's parent directory, played in
+ * prepare_test_hook between prepare's steps: whatever name they swap, no
+ * byte lands outside prepare's own staging directory, and no swap is
+ * published as the job. Last, whose identity a root prepare takes.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
-#include <signal.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -492,6 +499,341 @@ START_TEST(test_cancel)
 }
 END_TEST
 
+/* ---- the attacker in the parent directory ---- */
+
+enum attack_kind {
+    ATTACK_NONE,
+    ATTACK_SWAP_LINK,    /* staging moved aside, a link to the victim in its place */
+    ATTACK_SWAP_DIR,     /* staging moved aside, a directory of another uid in its place */
+    ATTACK_SWAP_FULL,    /* staging moved aside, another directory of prepare's uid in its place */
+    ATTACK_PLANT_STAGING, /* a link to the victim at the staging name before it is made */
+    ATTACK_PLANT_JOB,    /* a link to the victim at the job's name */
+    ATTACK_SWAP_PARENT,  /* the parent swapped for a link to the victim */
+};
+
+static struct {
+    enum attack_kind kind;
+    enum prepare_step step;
+    const char *victim; /* absolute */
+    const char *parent; /* ATTACK_SWAP_PARENT: its path */
+    int fired;
+} attack;
+
+/* Called by prepare between its steps (prepare.h); plays attack. */
+void
+prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging, const char *job)
+{
+    char *aside;
+
+    if (attack.kind == ATTACK_NONE || step != attack.step)
+        return;
+    attack.fired++;
+    switch (attack.kind) {
+    case ATTACK_SWAP_LINK:
+    case ATTACK_SWAP_DIR:
+    case ATTACK_SWAP_FULL:
+        ck_assert_int_eq(renameat(parent_fd, staging, parent_fd, "aside"), 0);
+        if (attack.kind == ATTACK_SWAP_LINK) {
+            ck_assert_int_eq(symlinkat(attack.victim, parent_fd, staging), 0);
+        } else if (attack.kind == ATTACK_SWAP_FULL) {
+            ck_assert_int_eq(renameat(parent_fd, "older", parent_fd, staging), 0);
+        } else {
+            ck_assert_int_eq(mkdirat(parent_fd, staging, 0777), 0);
+            ck_assert_int_eq(fchownat(parent_fd, staging, 4242, 4242, AT_SYMLINK_NOFOLLOW), 0);
+        }
+        break;
+    case ATTACK_PLANT_STAGING:
+        ck_assert_int_eq(symlinkat(attack.victim, parent_fd, staging), 0);
+        break;
+    case ATTACK_PLANT_JOB:
+        ck_assert_int_eq(symlinkat(attack.victim, parent_fd, job), 0);
+        break;
+    case ATTACK_SWAP_PARENT:
+        aside = xasprintf("%s.aside", attack.parent);
+        ck_assert_int_eq(rename(attack.parent, aside), 0);
+        ck_assert_int_eq(symlink(attack.victim, attack.parent), 0);
+        free(aside);
+        break;
+    case ATTACK_NONE:
+        break;
+    }
+}
+
+static int
+open_fds(void)
+{
+    return tu_count_entries("/proc/self/fd");
+}
+
+/*
+ * Prepares f's job (in f->dir/p/job) with attack played at step; the
+ * victim is another job's directory, f->dir/victim, holding one file.
+ * Returns prepare's result, having checked that the victim is as it was.
+ */
+static int
+attacked_prepare(enum attack_kind kind, enum prepare_step step, struct fixture *f,
+                 struct esd_err *err)
+{
+    struct prepare_result res;
+    char *input, *victim, *parent, *cwd_job;
+    int r, fds;
+
+    fixture_init(f, RECIPE_PLAIN);
+    input = tu_write(f->dir, "in.jsonl", "{\"a\":1}\n{\"a\":2}\n", (size_t)-1);
+    free(tu_write(f->dir, "victim/manifest.json", "{}\n", (size_t)-1));
+    victim = fs_join(f->dir, "victim");
+    parent = fs_join(f->dir, "p");
+    ck_assert_int_eq(mkdir(parent, 0755), 0);
+    if (kind == ATTACK_SWAP_FULL)
+        free(tu_write(parent, "older/keep", "mine\n", (size_t)-1));
+    cwd_job = f->job;
+    f->job = fs_join(parent, "job");
+    free(cwd_job);
+    attack.kind = kind;
+    attack.step = step;
+    attack.victim = victim;
+    attack.parent = parent;
+    attack.fired = 0;
+    fds = open_fds();
+    r = run_prepare(f, input, 2, &res, err);
+    attack.kind = ATTACK_NONE;
+    ck_assert_int_eq(attack.fired, 1);
+    ck_assert_int_eq(open_fds(), fds); /* every descriptor closed, whatever failed */
+    if (r == 0)
+        prepare_result_free(&res);
+    /* nothing was written in the victim's job */
+    ck_assert_int_eq(tu_count_entries(victim), 1);
+    free(input);
+    free(victim);
+    free(parent);
+    return r;
+}
+
+/* Entries in f->dir/p/<rel>; -1 if it is not a directory. */
+static int
+entries_in(const struct fixture *f, const char *rel)
+{
+    char *p = xasprintf("%s/p/%s", f->dir, rel);
+    int n = tu_count_entries(p);
+
+    free(p);
+    return n;
+}
+
+START_TEST(test_race_staging_link)
+{
+    /* swapped for a link at once (not followed), once filled (not
+     * published), and in the last window before the rename (published
+     * under the job's name is the attacker's link, and prepare says so) */
+    static const enum prepare_step steps[] = { PREPARE_STEP_OPEN, PREPARE_STEP_FILLED,
+                                               PREPARE_STEP_RENAME };
+
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        struct fixture f;
+        struct esd_err err;
+        struct stat st;
+        int r = attacked_prepare(ATTACK_SWAP_LINK, steps[i], &f, &err);
+
+        ck_assert_msg(r < 0, "step %d: prepare succeeded", (int)steps[i]);
+        if (steps[i] == PREPARE_STEP_RENAME) {
+            ck_assert_int_eq(r, -ESTALE);
+            ck_assert_msg(strstr(err.msg, "is not the directory this prepare made"), "%s",
+                          err.msg);
+            ck_assert_int_eq(lstat(f.job, &st), 0);
+            ck_assert(S_ISLNK(st.st_mode));
+        } else {
+            ck_assert(!tu_exists(f.job));
+        }
+        if (steps[i] == PREPARE_STEP_FILLED)
+            ck_assert_msg(strstr(err.msg, "was moved or replaced"), "%s", err.msg);
+        /* what was ours, wherever the attacker moved it, was emptied */
+        ck_assert_int_eq(entries_in(&f, "aside"), 0);
+        fixture_free(&f);
+    }
+}
+END_TEST
+
+START_TEST(test_race_staging_dir)
+{
+    struct fixture f;
+    struct esd_err err;
+
+    if (geteuid() != 0)
+        return; /* only root can make a directory that is another uid's */
+    ck_assert_int_eq(attacked_prepare(ATTACK_SWAP_DIR, PREPARE_STEP_OPEN, &f, &err), -EPERM);
+    ck_assert_msg(strstr(err.msg, "is owned by uid 4242, not by this prepare"), "%s", err.msg);
+    /* the attacker's directory got nothing, and is still theirs */
+    ck_assert_int_eq(entries_in(&f, "aside"), 0);
+    ck_assert_int_eq(tu_count_entries(f.job), -1);
+    {
+        char *name = NULL;
+        DIR *d;
+        struct dirent *e;
+        char *p = xasprintf("%s/p", f.dir);
+
+        ck_assert_ptr_nonnull(d = opendir(p));
+        while ((e = readdir(d)))
+            if (strstr(e->d_name, ".preparing."))
+                name = xasprintf("%s/%s", p, e->d_name);
+        closedir(d);
+        ck_assert_ptr_nonnull(name);
+        ck_assert_int_eq(tu_count_entries(name), 0);
+        free(name);
+        free(p);
+    }
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_race_staging_full)
+{
+    struct fixture f;
+    struct esd_err err;
+    char *data;
+
+    /* another directory of the same uid's (an older job, say) moved in:
+     * neither written nor, on the failure, emptied */
+    ck_assert_int_eq(attacked_prepare(ATTACK_SWAP_FULL, PREPARE_STEP_OPEN, &f, &err), -EPERM);
+    ck_assert_msg(strstr(err.msg, "is not the empty directory this prepare made"), "%s",
+                  err.msg);
+    {
+        DIR *d;
+        struct dirent *e;
+        char *p = xasprintf("%s/p", f.dir);
+        int found = 0;
+
+        ck_assert_ptr_nonnull(d = opendir(p));
+        while ((e = readdir(d)))
+            if (!strncmp(e->d_name, ".job.preparing.", 15)) {
+                char *k = xasprintf("%s/%s/keep", p, e->d_name);
+
+                ck_assert_ptr_nonnull(data = tu_read(k, NULL));
+                ck_assert_str_eq(data, "mine\n");
+                ck_assert_int_eq(entries_in(&f, e->d_name), 1);
+                free(data);
+                free(k);
+                found++;
+            }
+        closedir(d);
+        ck_assert_int_eq(found, 1);
+        free(p);
+    }
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_race_planted_links)
+{
+    struct fixture f;
+    struct esd_err err;
+    struct stat st;
+
+    /* at the staging name before it is made: mkdirat fails, no link followed */
+    ck_assert_int_lt(attacked_prepare(ATTACK_PLANT_STAGING, PREPARE_STEP_MKDIR, &f, &err), 0);
+    ck_assert_msg(strstr(err.msg, "Cannot create staging directory"), "%s", err.msg);
+    ck_assert(!tu_exists(f.job));
+    fixture_free(&f);
+    /* at the job's name while prepare runs: not renamed over, not followed */
+    ck_assert_int_eq(attacked_prepare(ATTACK_PLANT_JOB, PREPARE_STEP_FILLED, &f, &err), -EEXIST);
+    ck_assert_msg(strstr(err.msg, "appeared while this prepare ran"), "%s", err.msg);
+    ck_assert_int_eq(lstat(f.job, &st), 0);
+    ck_assert(S_ISLNK(st.st_mode));
+    ck_assert_int_eq(entries_in(&f, ""), 1); /* the link; no staging left */
+    fixture_free(&f);
+    /* the parent itself swapped for a link after it was resolved */
+    ck_assert_int_eq(attacked_prepare(ATTACK_SWAP_PARENT, PREPARE_STEP_PARENT, &f, &err),
+                     -ENOTDIR);
+    ck_assert_msg(strstr(err.msg, "a symbolic link appeared there after the path was "
+                                  "resolved"), "%s", err.msg);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_reprepare_link_not_followed)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    char *input, *job, *link, *target;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    input = tu_write(f.dir, "in.jsonl", "{\"a\":1}\n{\"a\":2}\n", (size_t)-1);
+    ck_assert_int_eq(run_prepare(&f, input, 2, &res, &err), 0);
+    prepare_result_free(&res);
+    /* a job directory whose manifest is a link to a matching one */
+    job = f.job;
+    f.job = fs_join(f.dir, "other");
+    ck_assert_int_eq(mkdir(f.job, 0755), 0);
+    link = fs_join(f.job, "manifest.json");
+    target = fs_join(job, "manifest.json");
+    ck_assert_int_eq(symlink(target, link), 0);
+    ck_assert_int_eq(run_prepare(&f, input, 2, &res, &err), -EEXIST);
+    ck_assert_ptr_nonnull(strstr(err.msg, "does not match this request"));
+    free(link);
+    free(target);
+    free(job);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_owner)
+{
+    char *dir = tu_tmpdir(), *job = fs_join(dir, "a/b/job"), *where = NULL;
+    struct esd_err err;
+    uid_t uid = 1;
+
+    /* the nearest existing ancestor of a job to be made */
+    ck_assert_int_eq(prepare_owner(job, &uid, &where, &err), 0);
+    ck_assert_uint_eq(uid, geteuid());
+    ck_assert_str_eq(where, dir);
+    free(where);
+    if (geteuid() == 0) {
+        ck_assert_int_eq(chown(dir, 4242, 4242), 0);
+        ck_assert_int_eq(prepare_owner(job, &uid, NULL, &err), 0);
+        ck_assert_uint_eq(uid, 4242);
+        /* an existing job directory is its own owner's */
+        free(tu_write(dir, "a/b/job/x", "", 0));
+        ck_assert_int_eq(chown(job, 4343, 4343), 0);
+        ck_assert_int_eq(prepare_owner(job, &uid, &where, &err), 0);
+        ck_assert_uint_eq(uid, 4343);
+        ck_assert_str_eq(where, job);
+        free(where);
+    }
+    fs_rm_rf(dir);
+    free(job);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_become)
+{
+    struct passwd *pw;
+    struct esd_err err;
+    gid_t groups[64];
+    int n;
+
+    if (geteuid() != 0)
+        return; /* only root changes identity */
+    /* no user database entry: refused, nothing changed */
+    ck_assert_int_lt(prepare_become(3999999, &err), 0);
+    ck_assert_msg(strstr(err.msg, "no entry in the user database"), "%s", err.msg);
+    ck_assert_uint_eq(geteuid(), 0);
+    ck_assert_ptr_nonnull(pw = getpwnam("nobody"));
+    ck_assert_msg(prepare_become(pw->pw_uid, &err) == 0, "%s", err.msg);
+    ck_assert_uint_eq(getuid(), pw->pw_uid);
+    ck_assert_uint_eq(geteuid(), pw->pw_uid);
+    ck_assert_uint_eq(getgid(), pw->pw_gid);
+    ck_assert_uint_eq(getegid(), pw->pw_gid);
+    /* root's groups are gone: only the user's own */
+    n = getgroups(64, groups);
+    ck_assert_int_ge(n, 0);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(groups[i] != 0 || pw->pw_gid == 0, "group 0 kept");
+    ck_assert_int_lt(setuid(0), 0);
+}
+END_TEST
+
 static Suite *
 prepare_suite(void)
 {
@@ -509,6 +851,13 @@ prepare_suite(void)
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_ray_address_warning);
     tcase_add_test(tc, test_cancel);
+    tcase_add_test(tc, test_race_staging_link);
+    tcase_add_test(tc, test_race_staging_dir);
+    tcase_add_test(tc, test_race_staging_full);
+    tcase_add_test(tc, test_race_planted_links);
+    tcase_add_test(tc, test_reprepare_link_not_followed);
+    tcase_add_test(tc, test_owner);
+    tcase_add_test(tc, test_become);
     suite_add_tcase(s, tc);
     return s;
 }
