@@ -503,7 +503,18 @@ load_request(struct job *j, struct esd_err *err)
     j->rctx.media_keys = &j->recipe.media_keys;
     j->rctx.index_keys = &j->recipe.index_keys;
     j->rctx.media_root = j->media_root;
-    return fs_resolve_cli(o->job_dir, &j->job_dir, err);
+    if ((r = fs_resolve_cli(o->job_dir, &j->job_dir, err)) < 0)
+        return r;
+    /* its name is the job id, which every later load checks */
+    if (!manifest_job_id_ok(fs_basename(j->job_dir))) {
+        char *shown = str_escape_dup(fs_basename(j->job_dir));
+
+        r = err_set(err, -EINVAL, "The job directory's name '%s' cannot be a job id (1 to 255 "
+                    "bytes of UTF-8 without control characters, not starting with '-')", shown);
+        free(shown);
+        return r;
+    }
+    return 0;
 }
 
 /*

@@ -37,6 +37,7 @@
 #include "log.h"
 #include "merge.h"
 #include "opchild.h"
+#include "prepare.h"
 #include "proto.h"
 #include "runner.h"
 #include "sched.h"
@@ -245,8 +246,8 @@ jobref_get(const struct conn *c, const char *job_dir, struct jobref *jr, const c
  * a user's own, with the groups the kernel gave their connection; root's
  * on a user's job, that job's owner's, with the owner's groups from the
  * user database (never the directory's group); root's into a directory
- * that does not exist yet (prepare), the owner's of the parent directory
- * when that is not root, so that nothing root-owned appears in a user's
+ * that does not exist yet (prepare), the owner's of its nearest existing
+ * parent when that is not root (prepare_owner), so that nothing root-owned appears in a user's
  * directory and no link planted there redirects root's writes. *cred
  * holds what was looked up (spawn_cred_free). 0, or a negative errno with
  * err set when the owner has no entry in the user database.
@@ -256,7 +257,6 @@ ident_for(const struct conn *c, const struct jobref *jr, struct ident *who,
           struct spawn_cred *cred, struct esd_err *err)
 {
     uid_t owner = 0;
-    struct stat st;
     int r;
 
     memset(who, 0, sizeof(*who));
@@ -271,15 +271,10 @@ ident_for(const struct conn *c, const struct jobref *jr, struct ident *who,
         who->ngroups = c->ngroups;
         return 0;
     }
-    if (jr && jr->exists) {
+    if (jr && jr->exists)
         owner = jr->st.st_uid;
-    } else if (jr && jr->dir) {
-        char *parent = fs_dirname(jr->dir);
-
-        if (lstat(parent, &st) == 0 && S_ISDIR(st.st_mode))
-            owner = st.st_uid;
-        free(parent);
-    }
+    else if (jr && jr->dir && prepare_owner(jr->dir, &owner, NULL, NULL) < 0)
+        owner = 0; /* root, through descriptors; prepare says what is wrong */
     if (owner == 0)
         return 0;
     if ((r = spawn_cred_for_uid(owner, cred, err)) < 0)

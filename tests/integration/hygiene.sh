@@ -3,9 +3,10 @@
 # lines that job files, peers and processors write never reach a terminal
 # or a log raw: no ESC, BEL, CR or C1 byte, no forged line.
 #   (a) A job directory whose name holds an OSC title sequence, a colour
-#       and a newline followed by a fake esd log line: prepare's output is
-#       escaped; the job is refused at load (status --local exits 2) with
-#       one escaped line naming its manifest; --json's error is JSON.
+#       and a newline followed by a fake esd log line: prepare refuses the
+#       name, escaped; a job prepared under a good name and renamed to it
+#       is refused at load (status --local exits 2) with one escaped line
+#       naming its manifest; --json's error is JSON.
 #   (b) Records a job owner or a peer writes (a failed record's
 #       last_error, host names in a lock and in a done record, with ESC, a
 #       newline and the C1 CSI U+009B): status --all, human, has them
@@ -57,12 +58,22 @@ EVIL=$W/$EVIL_NAME
 OKJOB="$W/ok job é"
 REC_JOB=$W/records
 
-# ---- (a) the name is refused at load, escaped ----
-prepare_job "$EVIL" 2
-clean "prepare's output for the hostile directory" "$W/prepare.out"
-grep -qF "in $W/$EVIL_SHOWN" "$W/prepare.out" ||
-    fail "prepare names the directory escaped" "$(cat "$W/prepare.out")"
-ok "prepare names the directory escaped"
+# ---- (a) the name is refused by prepare and at load, escaped ----
+run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+    --job-dir "$EVIL" --num-shards 2
+check "prepare refuses the hostile name" 2 "" "The job directory's name 'evil\\x1b]0;pwned"
+clean "prepare's refusal of the hostile directory" "$W/stderr"
+[ ! -e "$EVIL" ] || fail "prepare left nothing under the hostile name"
+ok "prepare refuses the name, escaped, and leaves nothing"
+prepare_job "$W/good-name" 2
+mv "$W/good-name" "$EVIL"
+# (without a job_id the directory's name is the job id, as in the reference)
+python3 - "$EVIL/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+del m["job_id"]
+json.dump(m, open(sys.argv[1], "w"), indent=2)
+PY
 
 run "$ESCTL" status --local "$EVIL"
 check "status --local of the hostile job is refused" 2 "" "job_id '$EVIL_SHOWN' is not allowed"
