@@ -1007,12 +1007,20 @@ attack_6_failing_owner() {
 }
 
 # Mal SIGSTOPs every child of esd running as him (the finishing child that
-# validates his attempt's output, his merge child), for the whole test.
-# Secure: alice's job still completes, and esd still stops on SIGTERM within
-# a bound (drain_timeout_secs 5: every helper child has a timeout).
+# validates his attempt's output, his merge child), for the whole test; his
+# job's records are large (20 MB in all), so that those children live long
+# enough to be caught. Secure: alice's job still completes, and esd still
+# stops on SIGTERM within a bound (drain_timeout_secs 5: every helper child
+# has a timeout).
 attack_6_stop_children() {
     local a m
     a=$(udir "$ALICE") m=$(udir "$MAL")
+    "$PYBIN" -c '
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"id": i, "text": "word " * 100000}) + "\n")' "$AW/mal.jsonl"
+    chmod 644 "$AW/mal.jsonl"
     nconf n1 slots=2 drain_timeout_secs=5
     nstart n1 || return
     ping_watch n1
@@ -1037,7 +1045,7 @@ while time.time() < end:
     time.sleep(0.005)
 EOF
     bg_add "$!"
-    prep "$MAL" "$m/job" 1 || { nok "mal prepares" "$(cat "$AW/prep.out")"; return; }
+    prep "$MAL" "$m/job" 1 "$AW/mal.jsonl" || { nok "mal prepares" "$(cat "$AW/prep.out")"; return; }
     submit "$MAL" n1 "$m/job" || nok "mal submits" "$(cat "$AW/submit.out")"
     poll 20 grep -q stopped "$AW/stopper.out" || echo "# $A: mal stopped none of esd's children"
     honest "$ALICE" n1 honest
@@ -1045,6 +1053,34 @@ EOF
     ping_check n1
     if nstop n1 30; then ok "$A: esd stops on SIGTERM within 30 s"; else
         nok "esd stops on SIGTERM within 30 s (drain_timeout_secs 5)" "$(tail -n 5 "$AW/n1/log")"
+    fi
+}
+
+# Mal's processor leaves a FIFO among its part files, so that the child
+# which validates his attempt's output (as mal) blocks opening it, forever.
+# Secure: helper children have a timeout and refuse what is not a regular
+# file: alice's job completes, and esd stops on SIGTERM within a bound
+# (drain_timeout_secs 5).
+attack_6_hung_finishing() {
+    local m
+    m=$(udir "$MAL")
+    make_proc "$AW/proc" "case \$ds in */mal/*)
+    $MINI \"\$@\" || exit \$?
+    /usr/bin/mkfifo \"\$ex/zz_fifo_000000.json\"
+    exit 0 ;;
+esac"
+    nconf n1 processor="$AW/proc" slots=2 drain_timeout_secs=5
+    nstart n1 || return
+    ping_watch n1
+    prep "$MAL" "$m/job" 1 || { nok "mal prepares" "$(cat "$AW/prep.out")"; return; }
+    submit "$MAL" n1 "$m/job" || nok "mal submits" "$(cat "$AW/submit.out")"
+    poll 20 sh -c "ls '$m'/job/attempts/*/*/ray-output.jsonl/zz_fifo_000000.json" >/dev/null 2>&1 ||
+        nok "mal's processor made its FIFO"
+    honest "$ALICE" n1 honest
+    echo "# $A: mal's job: $(jfield n1 "$m/job" state)"
+    ping_check n1
+    if nstop n1 30; then ok "$A: esd stops on SIGTERM within 30 s"; else
+        nok "esd stops on SIGTERM within 30 s (drain_timeout_secs 5)" "$(grep -v debug "$AW/n1/log" | tail -n 3)"
     fi
 }
 
@@ -1407,7 +1443,7 @@ ALL=(1_jobdir_symlink 1_spool_foreign 1_spool_output 1_output_swap
     2_fifo_lock 2_fifo_recipe 2_fifo_clock 2_fifo_done 2_fifo_manifest 2_fifo_attempt_json
     2_fifo_finalize 2_fifo_cancelled 2_devzero_recipe 2_devzero_manifest 2_devtty_lock
     3_symlink_secrets 4_setgid_group 5_prepare_race_local 5_prepare_race_submit
-    6_conn_flood 6_op_slots 6_failing_owner 6_stop_children 7_huge_manifest 7_junk_attempts
+    6_conn_flood 6_op_slots 6_failing_owner 6_stop_children 6_hung_finishing 7_huge_manifest 7_junk_attempts
     8_control_chars 8_processor_escapes 8_output_flood 9_service_user 10_env_fds 10_kill9)
 # These load the disk (and so every esd's fsyncs) or the memory enough to
 # make another attack's esd miss a ping: they run first, one at a time.
