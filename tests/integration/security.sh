@@ -191,7 +191,7 @@ prep() {
 nconf() {
     local node=$1
     shift
-    daemon_conf "$A/$node" node_name="$A-$node" socket_mode='"0666"' socket_group="$CTL" \
+    daemon_conf "$A/$node" node_name="$node" socket_mode='"0666"' socket_group="$CTL" \
         spool_dir="$AW/spool" "${ATTEMPT_ENV[@]}" "$@"
 }
 ssock() { echo "$AW/$1/esd.sock"; }
@@ -385,8 +385,12 @@ no_marker() {
     hits=$(grep -rlaF -- "$1" "$AW" 2>/dev/null | head -n 5 || true)
     [ -z "$hits" ] || { WHY="found in: $hits"; return 1; }
 }
-# logged NODE ERE: NODE's log has a line matching ERE (case-insensitive).
-logged() { grep -aqiE -- "$2" "$AW/$1/log" || { WHY="no line matching /$2/ in the log"; return 1; }; }
+# logged NODE ERE: NODE's log has a line matching ERE (case-insensitive),
+# its "<time> esd <node>" prefix left out (node names hold attack names).
+logged() {
+    sed 's/^[^ ]* esd [^ ]* //' "$AW/$1/log" | grep -aqiE -- "$2" ||
+        { WHY="no line matching /$2/ in the log"; return 1; }
+}
 # make_proc PATH BODY: a processor wrapper: sh with ds (--dataset_path), ex
 # (--export_path), ad (the attempt directory), then BODY, then mini-dj.
 make_proc() {
@@ -464,15 +468,15 @@ attack_1_jobdir_symlink() {
 # registration there naming bob's prepared job, with bob's own file outside
 # the job as the output. Secure: a spool entry is validated like a submit by
 # the job's owner: the output outside the job dir is refused, and bob's job
-# is not worked on mal's say-so; /home/bob/precious.txt is unchanged. Alice's
+# is not worked on mal's say-so; /home/bob/precious-<attack>.txt is unchanged. Alice's
 # own job submitted --everywhere through the same spool still completes.
 attack_1_spool_foreign() {
-    local b m precious=/home/$BOB/precious.txt
+    local b m precious=/home/$BOB/precious-$A.txt
     b=$(udir "$BOB") m=$(udir "$MAL")
     prep "$BOB" "$b/job" 2 || { nok "bob prepares" "$(cat "$AW/prep.out")"; return; }
     as "$BOB" sh -c "echo 'bob precious $$' >'$precious'"
     snap "$b" "$AW/bob.snap"
-    snap "/home/$BOB" "$AW/home.snap"
+    snap "$precious" "$AW/precious.snap"
     mkdir -p "$AW/spool"
     chmod 777 "$AW/spool"
     nconf n1
@@ -489,7 +493,7 @@ attack_1_spool_foreign() {
         nok "alice submits --everywhere" "$(cat "$AW/prep.out" "$AW/submit.out")"
     fi
     poll 5 settled n1 "$b/job" || true
-    expect "bob's precious.txt (and his home) is unchanged" same "/home/$BOB" "$AW/home.snap"
+    expect "bob's precious file in his home is unchanged" same "$precious" "$AW/precious.snap"
     expect "bob's job is not worked on mal's say-so" same "$b" "$AW/bob.snap"
     expect "esd logs why it refuses spool/evil.json" \
         logged n1 "evil.json.*(refus|outside|owner|ignor|not)|(refus|outside|ignor).*evil.json"
@@ -501,11 +505,11 @@ attack_1_spool_foreign() {
 # refused (a spool entry is checked like a submit: output inside the job
 # dir), neither file changes; mal's job is refused or merged inside itself.
 attack_1_spool_output() {
-    local m precious=/home/$BOB/precious.txt rootfile=$AW/root-owned.txt
+    local m precious=/home/$BOB/precious-$A.txt rootfile=$AW/root-owned.txt
     m=$(udir "$MAL")
     as "$BOB" sh -c "echo 'bob precious $$' >'$precious'"
     echo "root's file" >"$rootfile"
-    snap "/home/$BOB" "$AW/home.snap"
+    snap "$precious" "$AW/precious.snap"
     snap "$rootfile" "$AW/root.snap"
     prep "$MAL" "$m/j1" 2 && prep "$MAL" "$m/j2" 2 || { nok "mal prepares" "$(cat "$AW/prep.out")"; return; }
     mkdir -p "$AW/spool"
@@ -521,7 +525,7 @@ attack_1_spool_output() {
     # a merge (if any) is over once the job is complete or failed
     poll 20 ended n1 "$m/j1" || true
     poll 20 ended n1 "$m/j2" || true
-    expect "bob's precious.txt is unchanged" same "/home/$BOB" "$AW/home.snap"
+    expect "bob's precious file in his home is unchanged" same "$precious" "$AW/precious.snap"
     expect "the root-owned file is unchanged" same "$rootfile" "$AW/root.snap"
     expect "esd logs that the outputs outside the jobs are refused" \
         logged n1 "(j1|j2).json.*(outside|refus)|(outside|refus).*(j1|j2).json"
@@ -586,7 +590,7 @@ blocking() {
     local what=$1 plant=$2 m
     m=$(udir "$MAL")
     prep "$MAL" "$m/job" 2 || { nok "mal prepares" "$(cat "$AW/prep.out")"; return; }
-    as "$MAL" env node="$A-n1" sh -c "cd '$m/job' && $plant" ||
+    as "$MAL" env node=n1 sh -c "cd '$m/job' && $plant" ||
         { nok "mal plants $what"; return; }
     nconf n1
     nstart n1 || return
