@@ -20,6 +20,20 @@ extern char **environ;
 
 #define ATTEMPT_JSON_MAX ((size_t)16 << 20)
 
+/*
+ * Bounds of one count, which runs with the shard's lock held in esd's event
+ * loop: entries of attempts/<shard>/ read (of any name: a legitimate shard
+ * has a few dozen attempts at most), and attempt.json bytes read over all
+ * attempts (a count stops once past it, so at most this plus one file).
+ */
+#define ATTEMPT_DIR_MAX 1024
+#define ATTEMPT_COUNT_BYTES ((size_t)32 << 20)
+
+/* Attempt numbers: 4 digits as "%04d" writes them, up to 9 (never overflows). */
+#define ATTEMPT_DIGITS_MIN 4
+#define ATTEMPT_DIGITS_MAX 9
+#define ATTEMPT_TOKEN_LEN 32
+
 static const char *const class_names[] = {
     [FC_NONE] = NULL,
     [FC_PROCESSOR] = "processor",
@@ -39,7 +53,139 @@ attempt_json_path(const struct claim *cl)
     return fs_join(cl->attempt_dir, "attempt.json");
 }
 
+/* ---- reading job files ---- */
+
+/* TODO(lead): replace with the shared job-file open helper */
+/*
+ * Reads the job file path (relative to dirfd, or absolute) whole: its
+ * owner or a peer controls it, so a final symlink is not followed (-ELOOP),
+ * the open does not wait on a FIFO or a device, anything but a regular file
+ * is refused after the open (-EINVAL), and at most max bytes are read
+ * (-EFBIG past it, also for a file that grows while read). *ret is
+ * NUL-terminated (caller frees); nothing is returned on error.
+ */
+static int
+job_file_read(int dirfd, const char *path, size_t max, char **ret, size_t *ret_len)
+{
+    struct stat st;
+    size_t len = 0, cap;
+    char *data;
+    int fd, r = 0;
+
+    fd = openat(dirfd, path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    if (fstat(fd, &st) < 0)
+        r = -errno;
+    else if (!S_ISREG(st.st_mode))
+        r = -EINVAL;
+    else if ((uintmax_t)st.st_size > max)
+        r = -EFBIG;
+    if (r < 0) {
+        close(fd);
+        return r;
+    }
+    cap = (size_t)st.st_size + 2;
+    data = xmalloc(cap);
+    for (;;) {
+        ssize_t n;
+
+        if (len + 1 >= cap) {
+            cap = cap > max / 2 ? max + 2 : cap * 2;
+            data = xrealloc(data, cap);
+        }
+        n = read(fd, data + len, cap - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = -errno;
+            break;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+        if (len > max) {
+            r = -EFBIG;
+            break;
+        }
+    }
+    close(fd);
+    if (r < 0) {
+        free(data);
+        return r;
+    }
+    data[len] = '\0';
+    *ret = data;
+    *ret_len = len;
+    return 0;
+}
+
+/*
+ * The JSON object in the job file dirfd/path (job_file_read's rules), or
+ * NULL if it is missing, not a regular file, too large or not a valid
+ * object: the reference ignores such attempt files. *ret_len (if not NULL)
+ * gets the bytes read. Caller frees.
+ */
+static cJSON *
+job_json_load(int dirfd, const char *path, size_t max, size_t *ret_len)
+{
+    cJSON *j = NULL;
+    size_t len = 0;
+    char *text;
+
+    if (job_file_read(dirfd, path, max, &text, &len) == 0) {
+        if (json_parse_object(text, len, path, &j, NULL) < 0)
+            j = NULL;
+        free(text);
+    }
+    if (ret_len)
+        *ret_len = len;
+    return j;
+}
+
 /* ---- counting ---- */
+
+/*
+ * The number of a well-formed attempt name "<digits>-<token>" (4 to 9
+ * digits, a 32-character lowercase hex token), or -1 for any other name.
+ */
+static long long
+attempt_name_number(const char *name)
+{
+    long long v = 0;
+    size_t k = 0;
+
+    for (; name[k] >= '0' && name[k] <= '9'; k++) {
+        if (k == ATTEMPT_DIGITS_MAX)
+            return -1;
+        v = v * 10 + (name[k] - '0');
+    }
+    if (k < ATTEMPT_DIGITS_MIN || name[k++] != '-')
+        return -1;
+    for (size_t t = 0; t < ATTEMPT_TOKEN_LEN; t++, k++)
+        if (!((name[k] >= '0' && name[k] <= '9') || (name[k] >= 'a' && name[k] <= 'f')))
+            return -1;
+    return name[k] ? -1 : v;
+}
+
+/* Adds the failure an attempt.json records to n. */
+static void
+count_record(const cJSON *j, struct attempt_counts *n)
+{
+    const char *status = json_get_str(j, "status");
+    const char *fc = json_get_str(j, "failure_class");
+
+    if (fc) {
+        if (!strcmp(fc, "processor") || !strcmp(fc, "output"))
+            n->counted++;
+        else if (!strcmp(fc, "infrastructure") && (!status || strcmp(status, "released")))
+            n->infra++;
+    } else if (status && !strcmp(status, "failed")) {
+        n->counted++;
+    } else if (status && !strcmp(status, "stale")) {
+        n->infra++;
+    }
+}
 
 int
 attempt_count(const struct manifest *m, const char *shard_id, struct attempt_counts *ret,
@@ -47,54 +193,72 @@ attempt_count(const struct manifest *m, const char *shard_id, struct attempt_cou
 {
     struct attempt_counts n = { 0 };
     char *dir = xasprintf("%s/attempts/%s", m->job_dir, shard_id);
+    long long highest = 0, found = 0;
+    size_t entries = 0, bytes = 0;
     struct dirent *e;
-    DIR *d = opendir(dir);
-    int r = 0;
+    DIR *d = NULL;
+    int fd, r = 0;
 
-    if (!d) {
+    /* Not through a link: the attempts counted are this shard's. */
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || !(d = fdopendir(fd))) {
         r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
-        free(dir);
-        if (r == 0)
-            *ret = n;
-        return r;
+        if (fd >= 0)
+            close(fd);
+        goto out;
     }
     while ((errno = 0, e = readdir(d))) {
-        char *sub, *path;
-        struct stat st;
-        cJSON *j = NULL;
-        const char *status, *fc;
+        long long num;
+        size_t len;
+        cJSON *j;
+        int afd;
 
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
-        sub = fs_join(dir, e->d_name);
-        if (e->d_type != DT_DIR && (e->d_type != DT_UNKNOWN || stat(sub, &st) < 0 ||
-                                    !S_ISDIR(st.st_mode))) {
-            free(sub);
+        if (++entries > ATTEMPT_DIR_MAX) {
+            r = err_set(err, -E2BIG,
+                        "Too many entries in %s (more than %d): remove what is not an "
+                        "attempt directory",
+                        dir, ATTEMPT_DIR_MAX);
+            break;
+        }
+        num = attempt_name_number(e->d_name);
+        if (num < 0 || (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN))
             continue;
+        /* A directory, not a link to one, even if swapped since readdir. */
+        afd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (afd < 0) {
+            if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP || errno == EACCES)
+                continue;
+            r = err_sys(err, -errno, "Cannot open %s/%s", dir, e->d_name);
+            break;
         }
-        n.attempts++;
-        path = fs_join(sub, "attempt.json");
-        if (json_load_object(path, ATTEMPT_JSON_MAX, &j, NULL) == 0) {
-            status = json_get_str(j, "status");
-            fc = json_get_str(j, "failure_class");
-            if (fc) {
-                if (!strcmp(fc, "processor") || !strcmp(fc, "output"))
-                    n.counted++;
-                else if (!strcmp(fc, "infrastructure") && (!status || strcmp(status, "released")))
-                    n.infra++;
-            } else if (status && !strcmp(status, "failed")) {
-                n.counted++;
-            } else if (status && !strcmp(status, "stale")) {
-                n.infra++;
-            }
-            cJSON_Delete(j);
+        found++;
+        if (num > highest)
+            highest = num;
+        if (bytes > ATTEMPT_COUNT_BYTES) {
+            close(afd);
+            r = err_set(err, -E2BIG,
+                        "The attempt.json files in %s hold more than %zu bytes: remove what "
+                        "is not an attempt directory",
+                        dir, ATTEMPT_COUNT_BYTES);
+            break;
         }
-        free(path);
-        free(sub);
+        j = job_json_load(afd, "attempt.json", ATTEMPT_JSON_MAX, &len);
+        bytes += len;
+        close(afd);
+        if (j)
+            count_record(j, &n);
+        cJSON_Delete(j);
     }
-    if (errno)
+    if (r == 0 && errno)
         r = err_sys(err, -errno, "Cannot read %s", dir);
-    closedir(d);
+    /* The reference numbers by count; a gap (attempts removed) would
+     * repeat a number, so the highest number seen wins then. */
+    n.attempts = highest > found ? highest : found;
+out:
+    if (d)
+        closedir(d);
     free(dir);
     if (r == 0)
         *ret = n;
@@ -140,22 +304,21 @@ attempt_record_start(const struct manifest *m, const struct claim *cl, const cha
     return r;
 }
 
-/* Reads attempt.json, or a fresh object if it is unreadable. */
+/* Reads attempt.json (job_file_read's rules), or a fresh object if it is
+ * unreadable. Caller frees. */
 static cJSON *
 load_meta(const char *path)
 {
-    cJSON *j = NULL;
+    cJSON *j = job_json_load(AT_FDCWD, path, ATTEMPT_JSON_MAX, NULL);
 
-    if (json_load_object(path, ATTEMPT_JSON_MAX, &j, NULL) < 0)
-        j = cJSON_CreateObject();
-    return j;
+    return j ? j : cJSON_CreateObject();
 }
 
 int
 attempt_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd_err *err)
 {
     char *dir = NULL, *path, now[40];
-    cJSON *j = NULL;
+    cJSON *j;
     const char *status;
     int r;
 
@@ -163,7 +326,7 @@ attempt_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd
         return r;
     path = fs_join(dir, "attempt.json");
     free(dir);
-    if (json_load_object(path, ATTEMPT_JSON_MAX, &j, NULL) < 0) {
+    if (!(j = job_json_load(AT_FDCWD, path, ATTEMPT_JSON_MAX, NULL))) {
         free(path);
         return 0; /* nothing to mark, as the reference */
     }
@@ -404,6 +567,10 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     if (S_ISDIR(st.st_mode)) {
         if ((r = fs_walk(export, is_output_name, &src, err)) < 0)
             goto out;
+    } else if (!S_ISREG(st.st_mode)) {
+        /* (a FIFO would block the reader's open) */
+        r = err_set(err, -EINVAL, "%s is neither a regular file nor a directory", export);
+        goto out;
     } else {
         src.v = xcalloc(1, sizeof(*src.v));
         src.v[0].path = xstrdup(export);
@@ -646,6 +813,12 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         r = json_write_atomic(meta_path, meta, JSON_PRETTY, err);
         if (r == 0)
             r = attempt_count(m, cl->shard_id, &n, err);
+        /* An over-full attempts directory cannot be counted: release the
+         * shard; its next claim reports the directory. */
+        if (r == -E2BIG) {
+            memset(&n, 0, sizeof(n));
+            r = 0;
+        }
         if (r == 0 && (n.counted > c->max_retries || n.infra > c->max_infra) && !exists(done)) {
             rec = failed_record(c, cl, out, &n);
             r = json_publish_excl(failed, rec, JSON_PRETTY, err);

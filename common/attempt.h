@@ -87,7 +87,8 @@ struct attempt_result {
  * code point order of relative paths. Every line is validated, a missing
  * final newline is added per source; nothing else changes. Errors name the
  * file and line; a missing export path is "Data-Juicer returned 0 but did
- * not create <path>". On failure no processed.jsonl is left.
+ * not create <path>"; one that is neither a regular file nor a directory is
+ * refused. On failure no processed.jsonl is left.
  */
 int attempt_materialize(const struct manifest *m, const struct claim *cl,
                         const struct jsonl_limits *lim, struct attempt_result *ret,
@@ -120,8 +121,9 @@ struct attempt_final {
  * done or failed record already existed; "lost"/"stale" if the lock is no
  * longer ours, in which case nothing is published). Failure: records the
  * error and class; publishes the failed record (spec §5.6) under the fence
- * when a limit is exceeded, else releases the lock. attempt.json gets the
- * final fields. Tells the claimer.
+ * when a limit is exceeded, else releases the lock (also when the attempts
+ * cannot be counted: attempt_count's -E2BIG). attempt.json gets the final
+ * fields. Tells the claimer.
  */
 int attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
                    const struct attempt_result *res, struct attempt_final *ret,
@@ -129,16 +131,36 @@ int attempt_finish(struct claimer *c, const struct claim *cl, const struct attem
 
 /* Failures recorded in the attempts of a shard. */
 struct attempt_counts {
-    long long attempts;  /* attempt directories (for the next number) */
+    long long attempts;  /* the last attempt number in use: the next is attempts + 1 */
     long long counted;   /* toward max_retries: processor and output */
     long long infra;     /* toward the infrastructure limit */
 };
 
 /*
- * Reads every attempt of a shard: the number of attempt directories, and failures
- * by class from each attempt.json. Attempts written by the reference have
- * no class: "failed" counts toward max_retries, "stale" as infrastructure.
- * Unreadable attempt.json files are ignored, as the reference ignores them.
+ * Reads the attempts of a shard, attempts/<shard_id>/: failures by class
+ * from each attempt.json, and the attempt number in use. Attempts written
+ * by the reference have no class: "failed" counts toward max_retries,
+ * "stale" as infrastructure. Unreadable attempt.json files are ignored, as
+ * the reference ignores them.
+ *
+ * The directory is the owner's and every peer's to write, so only
+ * well-formed attempts count: a directory (not a link to one) named
+ * "<number>-<token>", 4 to 9 digits and 32 lowercase hex digits, as claims
+ * name them; any other entry is ignored. Each attempt.json is read without
+ * following a link or waiting on a FIFO, a regular file of at most 16 MiB.
+ * The work is bounded: more than 1024 entries (of any name), or more than
+ * 32 MiB of attempt.json in all, is -E2BIG with a message naming the
+ * directory, and the shard is not claimed until it is cleaned up. A missing
+ * directory is no attempts; a link in its place is an error.
+ *
+ * Numbering: the reference's next number is the count of directories + 1
+ * (spec §8.3 step 5). Here attempts = max(highest number seen, count of
+ * well-formed attempts), so junk never shifts it; without junk and gaps
+ * both agree (numbers 1..n, or repeats of a number from concurrent
+ * reference claims: the count is larger then, as the reference has it);
+ * after a gap (attempts removed by hand) the reference would repeat a
+ * number, this continues after the highest. Names stay unique by token
+ * either way.
  */
 int attempt_count(const struct manifest *m, const char *shard_id, struct attempt_counts *ret,
                   struct esd_err *err);
@@ -151,7 +173,9 @@ int attempt_record_start(const struct manifest *m, const struct claim *cl, const
                          const char *node, double claimed_epoch, const char *claimed_at,
                          struct esd_err *err);
 
-/* Marks a taken-over attempt stale (only if still "running"). */
+/* Marks a taken-over attempt stale (only if still "running"). attempt.json
+ * is read as attempt_count reads it: a link, FIFO or device there is
+ * nothing to mark. */
 int attempt_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd_err *err);
 
 #endif

@@ -525,8 +525,12 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     }
     /* Held. Count the attempts now: a previous owner records its failure
      * before it releases the lock. */
-    if ((r = attempt_count(m, id, &n, err)) < 0)
+    if ((r = attempt_count(m, id, &n, err)) < 0) {
+        /* (e.g. an over-full attempts directory) Leave this shard for a
+         * lease, so that the next passes claim the others. */
+        remember_fresh(c, i, now, now + (double)c->lease_secs);
         goto unlock;
+    }
     cl.attempt_number = n.attempts + 1;
     rand_hex32(cl.token);
     cl.attempt_rel = xasprintf("attempts/%s/%04lld-%s", id, cl.attempt_number, cl.token);

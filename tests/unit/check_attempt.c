@@ -1128,6 +1128,22 @@ START_TEST(test_released_counts_nothing)
 }
 END_TEST
 
+/* A well-formed attempt name with number k (its token derived from k). */
+static const char *
+aname(int k)
+{
+    static char name[64];
+
+    snprintf(name, sizeof(name), "%04d-%032x", k, (unsigned)k);
+    return name;
+}
+
+static char *
+attempts_dir(size_t i)
+{
+    return xasprintf("%s/attempts/%s", M.job_dir, id(i));
+}
+
 START_TEST(test_count_reference_attempts)
 {
     struct attempt_counts n = count(0);
@@ -1136,22 +1152,22 @@ START_TEST(test_count_reference_attempts)
     ck_assert_int_eq(n.counted, 0);
     ck_assert_int_eq(n.infra, 0);
     /* Written by the reference: no failure_class. */
-    put_attempt(0, "0001-a", "{\"status\": \"failed\"}\n");
-    put_attempt(0, "0002-b", "{\"status\": \"stale\", \"stale_at\": \"x\"}\n");
-    put_attempt(0, "0003-c", "{\"status\": \"running\"}\n");
-    put_attempt(0, "0004-d", "{\"status\": \"lost\"}\n");
-    put_attempt(0, "0005-e", "{\"status\": \"superseded\"}\n");
-    put_attempt(0, "0006-f", "{\"status\": \"failed\"");
-    put_attempt(0, "0007-g", "[\"failed\"]\n");
+    put_attempt(0, aname(1), "{\"status\": \"failed\"}\n");
+    put_attempt(0, aname(2), "{\"status\": \"stale\", \"stale_at\": \"x\"}\n");
+    put_attempt(0, aname(3), "{\"status\": \"running\"}\n");
+    put_attempt(0, aname(4), "{\"status\": \"lost\"}\n");
+    put_attempt(0, aname(5), "{\"status\": \"superseded\"}\n");
+    put_attempt(0, aname(6), "{\"status\": \"failed\"");
+    put_attempt(0, aname(7), "[\"failed\"]\n");
     /* Written by esd. */
-    put_attempt(0, "0008-h", "{\"status\": \"failed\", \"failure_class\": \"infrastructure\"}\n");
-    put_attempt(0, "0009-i", "{\"status\": \"released\", \"failure_class\": \"infrastructure\"}\n");
-    put_attempt(0, "0010-j", "{\"status\": \"failed\", \"failure_class\": \"output\"}\n");
-    put_attempt(0, "0011-k", "{\"status\": \"stale\", \"failure_class\": \"infrastructure\"}\n");
-    put_attempt(0, "0012-l", "{\"status\": \"failed\", \"failure_class\": \"processor\"}\n");
+    put_attempt(0, aname(8), "{\"status\": \"failed\", \"failure_class\": \"infrastructure\"}\n");
+    put_attempt(0, aname(9), "{\"status\": \"released\", \"failure_class\": \"infrastructure\"}\n");
+    put_attempt(0, aname(10), "{\"status\": \"failed\", \"failure_class\": \"output\"}\n");
+    put_attempt(0, aname(11), "{\"status\": \"stale\", \"failure_class\": \"infrastructure\"}\n");
+    put_attempt(0, aname(12), "{\"status\": \"failed\", \"failure_class\": \"processor\"}\n");
     {
         /* A directory without attempt.json is an attempt; a file is not. */
-        char *rel = xasprintf("attempts/%s/0013-m/process.log", id(0));
+        char *rel = xasprintf("attempts/%s/%s/process.log", id(0), aname(13));
         char *f = xasprintf("attempts/%s/notes.txt", id(0));
 
         free(tu_write(M.job_dir, rel, "", 0));
@@ -1163,6 +1179,259 @@ START_TEST(test_count_reference_attempts)
     ck_assert_int_eq(n.attempts, 13);
     ck_assert_int_eq(n.counted, 3);
     ck_assert_int_eq(n.infra, 3);
+}
+END_TEST
+
+/* Junk in attempts/<shard>/ is neither counted nor numbered. */
+START_TEST(test_count_ignores_junk)
+{
+    static const char *const junk[] = {
+        "0004-x",                                  /* short token */
+        "004-0123456789abcdef0123456789abcdef",    /* 3 digits */
+        "0123456789-0123456789abcdef0123456789ab", /* 10 digits */
+        "0004-0123456789ABCDEF0123456789abcdef",   /* upper case */
+        "0004-0123456789abcdef0123456789abcdeg",   /* not hex */
+        "0004-0123456789abcdef0123456789abcdef0",  /* 33 */
+        "0004-0123456789abcdef0123456789abcde",    /* 31 */
+        "0004_0123456789abcdef0123456789abcdef",
+        "+004-0123456789abcdef0123456789abcdef",
+        "9999-0123456789abcdef0123456789abcdef.tmp",
+        "attempt",
+    };
+    const char *failed = "{\"status\": \"failed\", \"failure_class\": \"processor\"}\n";
+    char *dir = attempts_dir(1), *target, *link;
+    struct claimer c;
+    struct claim cl;
+    struct attempt_counts n;
+
+    for (int k = 1; k <= 3; k++)
+        put_attempt(1, aname(k), failed);
+    for (size_t k = 0; k < sizeof(junk) / sizeof(junk[0]); k++)
+        put_attempt(1, junk[k], failed);
+    /* A well-formed name that is a file, or a link to an attempt. */
+    free(tu_write(dir, aname(90), failed, (size_t)-1));
+    target = fs_join(dir, aname(1));
+    link = fs_join(dir, aname(91));
+    ck_assert_int_eq(symlink(target, link), 0);
+    n = count(1);
+    ck_assert_int_eq(n.attempts, 3);
+    ck_assert_int_eq(n.counted, 3);
+    ck_assert_int_eq(n.infra, 0);
+    /* The next claim is attempt 4, not shifted by the junk. */
+    claimer_lim(&c, "node-a", 5, 0);
+    claim_only(&c, 1, &cl);
+    ck_assert_int_eq(cl.attempt_number, 4);
+    ck_assert_ptr_nonnull(strstr(cl.attempt_rel, "/0004-"));
+    claim_free(&cl);
+    claimer_free(&c);
+    free(target);
+    free(link);
+    free(dir);
+}
+END_TEST
+
+/* Numbers continue after the highest, and agree with the reference's
+ * count + 1 where that does not repeat a number. */
+START_TEST(test_count_numbering)
+{
+    const char *ok = "{\"status\": \"lost\"}\n";
+    char name[64];
+
+    /* a gap: 2..6 were removed by hand */
+    put_attempt(0, aname(1), ok);
+    put_attempt(0, aname(7), ok);
+    ck_assert_int_eq(count(0).attempts, 7);
+    /* concurrent reference claims repeated a number: the count wins */
+    put_attempt(2, aname(1), ok);
+    snprintf(name, sizeof(name), "0001-%032x", 0xbeefu);
+    put_attempt(2, name, ok);
+    put_attempt(2, aname(2), ok);
+    ck_assert_int_eq(count(2).attempts, 3);
+    /* five digits after 9999, as "%04d" writes them */
+    put_attempt(1, "10000-0123456789abcdef0123456789abcdef", ok);
+    ck_assert_int_eq(count(1).attempts, 10000);
+}
+END_TEST
+
+/* A FIFO, a device or a link as attempt.json is not waited on, not
+ * followed, and not modified. */
+START_TEST(test_attempt_json_fifo_and_links)
+{
+    char *dir = attempts_dir(0), *sub, *fifo, *outside, *link, *rel;
+    struct esd_err err;
+    struct attempt_counts n;
+    double t0 = time_mono();
+
+    /* The test must end promptly, never hang on the FIFO. */
+    alarm(10);
+    sub = fs_join(dir, aname(1));
+    fifo = fs_join(sub, "attempt.json");
+    ck_assert_int_eq(fs_mkdir_p(sub, 0755, NULL), 0);
+    ck_assert_int_eq(mkfifo(fifo, 0644), 0);
+    /* A file outside the job: a running attempt that fails, if followed. */
+    outside = tu_write(tmp, "outside.json",
+                       "{\"status\": \"failed\", \"failure_class\": \"processor\"}\n", (size_t)-1);
+    free(sub);
+    sub = fs_join(dir, aname(2));
+    ck_assert_int_eq(fs_mkdir_p(sub, 0755, NULL), 0);
+    link = fs_join(sub, "attempt.json");
+    ck_assert_int_eq(symlink(outside, link), 0);
+    free(link);
+    free(sub);
+    sub = fs_join(dir, aname(3));
+    ck_assert_int_eq(fs_mkdir_p(sub, 0755, NULL), 0);
+    link = fs_join(sub, "attempt.json");
+    ck_assert_int_eq(symlink("/dev/zero", link), 0);
+    n = count(0);
+    ck_assert_int_eq(n.attempts, 3);
+    ck_assert_int_eq(n.counted, 0);
+    ck_assert_int_eq(n.infra, 0);
+    /* Marking stale: nothing to mark, and nothing written through. */
+    free(tu_write(tmp, "outside.json", "{\"status\": \"running\"}\n", (size_t)-1));
+    for (int k = 1; k <= 3; k++) {
+        rel = xasprintf("attempts/%s/%s", id(0), aname(k));
+        ck_assert_int_eq(attempt_mark_stale(&M, rel, &err), 0);
+        free(rel);
+    }
+    ck_assert(holds(outside, "{\"status\": \"running\"}\n"));
+    {
+        struct stat st;
+
+        ck_assert_int_eq(lstat(fifo, &st), 0);
+        ck_assert(S_ISFIFO(st.st_mode));
+        ck_assert_int_eq(lstat(link, &st), 0);
+        ck_assert(S_ISLNK(st.st_mode));
+    }
+    ck_assert(time_mono() - t0 < 5.0);
+    alarm(0);
+    free(link);
+    free(sub);
+    free(outside);
+    free(fifo);
+    free(dir);
+}
+END_TEST
+
+/* attempt.json replaced by a link to a file its owner cannot read: the
+ * attempt's end does not copy that file into the attempt. */
+START_TEST(test_finish_does_not_follow_link)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_final fin;
+    char *meta, *secret;
+    cJSON *j;
+
+    claimer_lim(&c, "node-a", 5, 0);
+    claim_only(&c, 0, &cl);
+    secret = tu_write(tmp, "secret.json", "{\"secret\": \"s3cret\", \"status\": \"running\"}\n",
+                      (size_t)-1);
+    ck_assert_int_eq(chmod(secret, 0600), 0);
+    meta = fs_join(cl.attempt_dir, "attempt.json");
+    ck_assert_int_eq(unlink(meta), 0);
+    ck_assert_int_eq(symlink(secret, meta), 0);
+    fin = finish_failed(&c, &cl, FC_PROCESSOR, "boom");
+    ck_assert_str_eq(fin.status, "failed");
+    j = load(meta);
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(j, "secret"));
+    ck_assert_str_eq(json_get_str(j, "status"), "failed");
+    ck_assert_str_eq(json_get_str(j, "error"), "boom");
+    cJSON_Delete(j);
+    ck_assert(holds(secret, "{\"secret\": \"s3cret\", \"status\": \"running\"}\n"));
+    claim_free(&cl);
+    claimer_free(&c);
+    free(meta);
+    free(secret);
+}
+END_TEST
+
+/* Creates k empty files named junk-<n> in dir. */
+static void
+put_junk(const char *dir, int from, int k)
+{
+    for (int n = from; n < from + k; n++) {
+        char *path = xasprintf("%s/junk-%d", dir, n);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+
+        ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+        close(fd);
+        free(path);
+    }
+}
+
+/* The count reads at most 1024 entries: past that, this shard is not
+ * claimed (the message names the directory), the others still are. */
+START_TEST(test_count_cap)
+{
+    char *dir = attempts_dir(0);
+    struct attempt_counts n;
+    struct esd_err err;
+    struct claimer c;
+    struct claim cl;
+    int claimed = 0, errors = 0;
+
+    put_attempt(0, aname(1), "{\"status\": \"failed\"}\n");
+    put_junk(dir, 0, 1023);
+    n = count(0); /* 1024 entries: still counted */
+    ck_assert_int_eq(n.attempts, 1);
+    ck_assert_int_eq(n.counted, 1);
+    put_junk(dir, 1023, 1);
+    ck_assert_int_eq(attempt_count(&M, id(0), &n, &err), -E2BIG);
+    ck_assert_msg(strstr(err.msg, dir) && strstr(err.msg, "1024"), "%s", err.msg);
+
+    /* A node whose passes start at shard 0, so that it is met first. */
+    for (int k = 0;; k++) {
+        char node[32];
+
+        snprintf(node, sizeof(node), "node-%d", k);
+        claimer_lim(&c, node, 5, 0);
+        if (c.cursor == 0)
+            break;
+        claimer_free(&c);
+    }
+    for (int pass = 0; pass < 4 && claimed < 2; pass++) {
+        int r = claim_acquire(&c, &cl, NULL, &err);
+
+        if (r < 0) {
+            ck_assert_msg(strstr(err.msg, dir), "%s", err.msg);
+            errors++;
+            continue;
+        }
+        ck_assert_int_eq(r, 1);
+        ck_assert_uint_ne(cl.index, 0);
+        claimed++;
+        claim_free(&cl);
+    }
+    ck_assert_int_eq(claimed, 2);
+    ck_assert_int_eq(errors, 1);
+    ck_assert(!state_exists("locks", 0, ".lock"));
+    ck_assert(!state_exists("failed", 0, ".json"));
+    claimer_free(&c);
+    free(dir);
+}
+END_TEST
+
+/* At most 32 MiB of attempt.json is read in one count. */
+START_TEST(test_count_byte_budget)
+{
+    struct attempt_counts n;
+    struct esd_err err;
+
+    for (int k = 1; k <= 4; k++) {
+        char *rel = xasprintf("attempts/%s/%s/attempt.json", id(0), aname(k));
+        char *path = tu_write(M.job_dir, rel, "", 0);
+
+        /* sparse: 12 MiB of zeros, costing no disk */
+        ck_assert_int_eq(truncate(path, (off_t)12 << 20), 0);
+        free(path);
+        free(rel);
+        if (k == 3) {
+            n = count(0);
+            ck_assert_int_eq(n.attempts, 3);
+        }
+    }
+    ck_assert_int_eq(attempt_count(&M, id(0), &n, &err), -E2BIG);
+    ck_assert_ptr_nonnull(strstr(err.msg, "attempt.json"));
 }
 END_TEST
 
@@ -1232,6 +1501,12 @@ attempt_suite(void)
     tcase_add_test(tc, test_infra_limit);
     tcase_add_test(tc, test_released_counts_nothing);
     tcase_add_test(tc, test_count_reference_attempts);
+    tcase_add_test(tc, test_count_ignores_junk);
+    tcase_add_test(tc, test_count_numbering);
+    tcase_add_test(tc, test_attempt_json_fifo_and_links);
+    tcase_add_test(tc, test_finish_does_not_follow_link);
+    tcase_add_test(tc, test_count_cap);
+    tcase_add_test(tc, test_count_byte_budget);
     tcase_add_test(tc, test_mark_stale);
     tcase_add_test(tc, test_class_names);
     suite_add_tcase(s, tc);

@@ -859,12 +859,14 @@ START_TEST(test_takeover_marks_attempt_of_reference_lock)
 {
     struct claimer c;
     struct claim cl;
-    char *path = lock_path(1), *rel = xasprintf("attempts/%s/0001-old", id(1)), *line;
+    char *path = lock_path(1), *line;
+    char *rel = xasprintf("attempts/%s/0001-0123456789abcdef0123456789abcdef", id(1));
     cJSON *j;
 
     /* A reference worker died: its lock names its running attempt. */
     done_except(1);
-    put_attempt(1, "0001-old", "{\"status\": \"running\", \"token\": \"old\"}\n");
+    put_attempt(1, "0001-0123456789abcdef0123456789abcdef",
+                "{\"status\": \"running\", \"token\": \"old\"}\n");
     line = xasprintf("{\"attempt_dir\": \"%s\", \"attempt_number\": 1, \"shard_id\": \"%s\", "
                      "\"token\": \"old\"}\n",
                      rel, id(1));
@@ -1050,9 +1052,9 @@ START_TEST(test_retry_limit_reached_before_claim)
 
     done_except(1);
     for (int k = 1; k <= 4; k++) {
-        char name[16];
+        char name[40];
 
-        snprintf(name, sizeof(name), "%04d-x%d", k, k);
+        snprintf(name, sizeof(name), "%04d-%032d", k, k);
         put_attempt(1, name, "{\"status\": \"failed\"}\n");
     }
     claimer(&c, "node-a", 60, 0);
@@ -1093,15 +1095,15 @@ START_TEST(test_three_failures_are_under_the_limit)
 
     done_except(1);
     for (int k = 1; k <= 3; k++) {
-        char name[16];
+        char name[40];
 
-        snprintf(name, sizeof(name), "%04d-x%d", k, k);
+        snprintf(name, sizeof(name), "%04d-%032d", k, k);
         put_attempt(1, name, "{\"status\": \"failed\"}\n");
     }
     /* Stale takeovers of reference attempts are infrastructure failures:
      * they do not use up max_retries. */
-    put_attempt(1, "0004-s", "{\"status\": \"stale\"}\n");
-    put_attempt(1, "0005-s", "{\"status\": \"stale\"}\n");
+    put_attempt(1, "0004-0123456789abcdef0123456789abcdef", "{\"status\": \"stale\"}\n");
+    put_attempt(1, "0005-0123456789abcdef0123456789abcdef", "{\"status\": \"stale\"}\n");
     claimer(&c, "node-a", 60, 0);
     ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
     ck_assert_uint_eq(cl.index, 1);
@@ -1122,9 +1124,9 @@ START_TEST(test_infra_limit_reached_before_claim)
 
     done_except(1);
     for (int k = 1; k <= 3; k++) {
-        char name[16];
+        char name[40];
 
-        snprintf(name, sizeof(name), "%04d-s%d", k, k);
+        snprintf(name, sizeof(name), "%04d-%032d", k, k);
         put_attempt(1, name, "{\"status\": \"stale\"}\n");
     }
     ck_assert_int_eq(claimer_init(&c, &M, &o, &err), 0);
@@ -1221,7 +1223,8 @@ START_TEST(test_requeue_seen_by_idle_claimer)
     cJSON *j = cJSON_CreateObject();
 
     done_except(2);
-    put_attempt(2, "0001-a", "{\"status\": \"failed\", \"failure_class\": \"processor\"}\n");
+    put_attempt(2, "0001-0123456789abcdef0123456789abcdef",
+                "{\"status\": \"failed\", \"failure_class\": \"processor\"}\n");
     json_add_str(j, "shard_id", id(2));
     json_add_str(j, "status", "failed");
     json_add_int(j, "failures", 4);
