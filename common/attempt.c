@@ -55,69 +55,13 @@ attempt_json_path(const struct claim *cl)
 
 /* ---- reading job files ---- */
 
-/* TODO(lead): replace with the shared job-file open helper */
-/*
- * Reads the job file path (relative to dirfd, or absolute) whole: its
- * owner or a peer controls it, so a final symlink is not followed (-ELOOP),
- * the open does not wait on a FIFO or a device, anything but a regular file
- * is refused after the open (-EINVAL), and at most max bytes are read
- * (-EFBIG past it, also for a file that grows while read). *ret is
- * NUL-terminated (caller frees); nothing is returned on error.
- */
+/* Reads the job file path (relative to dirfd, or absolute) whole, as
+ * fs_read_job_at does: no final link followed, no FIFO or device waited
+ * on, a regular file of at most max bytes. */
 static int
 job_file_read(int dirfd, const char *path, size_t max, char **ret, size_t *ret_len)
 {
-    struct stat st;
-    size_t len = 0, cap;
-    char *data;
-    int fd, r = 0;
-
-    fd = openat(dirfd, path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    if (fstat(fd, &st) < 0)
-        r = -errno;
-    else if (!S_ISREG(st.st_mode))
-        r = -EINVAL;
-    else if ((uintmax_t)st.st_size > max)
-        r = -EFBIG;
-    if (r < 0) {
-        close(fd);
-        return r;
-    }
-    cap = (size_t)st.st_size + 2;
-    data = xmalloc(cap);
-    for (;;) {
-        ssize_t n;
-
-        if (len + 1 >= cap) {
-            cap = cap > max / 2 ? max + 2 : cap * 2;
-            data = xrealloc(data, cap);
-        }
-        n = read(fd, data + len, cap - 1 - len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            r = -errno;
-            break;
-        }
-        if (n == 0)
-            break;
-        len += (size_t)n;
-        if (len > max) {
-            r = -EFBIG;
-            break;
-        }
-    }
-    close(fd);
-    if (r < 0) {
-        free(data);
-        return r;
-    }
-    data[len] = '\0';
-    *ret = data;
-    *ret_len = len;
-    return 0;
+    return fs_read_job_at(dirfd, path, path, max, ret, ret_len, NULL);
 }
 
 /*
