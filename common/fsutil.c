@@ -327,6 +327,12 @@ fs_open_job(const char *path, int flags, mode_t mode, size_t max, struct stat *r
 }
 
 int
+fs_open_file(const char *path, int flags, size_t max, struct stat *ret_st, struct esd_err *err)
+{
+    return open_regular(AT_FDCWD, path, path, flags, 0, max, true, ret_st, err);
+}
+
+int
 fs_open_job_at(int dirfd, const char *rel, const char *shown, int flags, mode_t mode, size_t max,
                struct stat *ret_st, struct esd_err *err)
 {

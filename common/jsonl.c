@@ -7,6 +7,8 @@
  */
 #include "jsonl.h"
 
+#include "fsutil.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -617,10 +619,11 @@ enum { READ_CHUNK = 4 << 20 };
 int
 jsonl_reader_open(struct jsonl_reader *r, const char *path, size_t max_line, struct esd_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* (a FIFO or a device in place of an input or a result is refused) */
+    int fd = fs_open_file(path, O_RDONLY, 0, NULL, err);
 
     if (fd < 0)
-        return err_sys(err, -errno, "cannot open %s", path);
+        return fd;
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     memset(r, 0, sizeof(*r));
     r->fd = fd;

@@ -3,6 +3,8 @@
  */
 #include "sha256.h"
 
+#include "fsutil.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -75,9 +77,10 @@ sha256_file(const char *path, char hex[SHA256_HEX_LEN + 1], struct esd_err *err)
     char *chunk;
     int fd, r = 0;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* (a FIFO or a device named by a job file is refused, not waited on) */
+    fd = fs_open_file(path, O_RDONLY, 0, NULL, err);
     if (fd < 0)
-        return err_sys(err, -errno, "cannot open %s", path);
+        return fd;
     chunk = xmalloc(CHUNK);
     sha256_init(&s);
     for (;;) {

@@ -4,6 +4,7 @@
  * errors sha256_file reports for what it cannot read.
  */
 #include <check.h>
+#include <sys/stat.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,10 +145,14 @@ START_TEST(test_file_errors)
     ck_assert_str_eq(err.msg, want);
     free(want);
 
-    ck_assert_int_eq(sha256_file(dir, hex, &err), -EISDIR);
-    want = xasprintf("cannot read %s: Is a directory", dir);
+    /* a directory, or a FIFO, is refused at once, never read or waited on */
+    ck_assert_int_eq(sha256_file(dir, hex, &err), -EINVAL);
+    want = xasprintf("%s is not a regular file", dir);
     ck_assert_str_eq(err.msg, want);
     free(want);
+    ck_assert_str_eq(hex, "untouched");
+    ck_assert_int_eq(mkfifo(missing, 0600), 0);
+    ck_assert_int_eq(sha256_file(missing, hex, &err), -EINVAL);
     ck_assert_str_eq(hex, "untouched");
 
     fs_rm_rf(dir);
