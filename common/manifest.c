@@ -206,6 +206,15 @@ manifest_check_size(const char *text, size_t len, const char *path, struct esd_e
     return 0;
 }
 
+/* A hex digest of at most 128 digits. */
+static bool
+hex_ok(const char *s)
+{
+    size_t n = strspn(s, "0123456789abcdefABCDEF");
+
+    return n > 0 && n <= 128 && !s[n];
+}
+
 /* Bytes of s with its NUL, or 0 for NULL. */
 static size_t
 slen0(const char *s)
@@ -316,7 +325,8 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
             !(s->path = json_get_str(item, "path")) || json_get_int(item, "rows", &s->rows) < 0)
             return err_set(err, -EINVAL, "Malformed manifest %s: shards[%d] needs string id and "
                            "path and integer rows", path, i);
-        if (!path_ok(s->path) || strlen(s->path) > MANIFEST_PATH_MAX)
+        if (!path_ok(s->path) || strlen(s->path) > MANIFEST_PATH_MAX ||
+            !str_clean(s->path, strlen(s->path)))
             return err_set(err, -EINVAL, "Malformed manifest %s: shard path '%.200s' is not a "
                            "relative path inside the job directory", path, s->path);
         if (!manifest_id_ok(s->id))
@@ -327,16 +337,43 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
         if (json_get_int(item, "size_bytes", &s->size_bytes) < 0)
             s->size_bytes = -1;
         s->sha256 = json_get_str(item, "sha256");
-        if (s->sha256 && strlen(s->sha256) > 128)
+        if (s->sha256 && !hex_ok(s->sha256))
             s->sha256 = NULL;
         m->total_rows += s->rows;
         i++;
     }
-    if ((m->job_id && strlen(m->job_id) > 4096) || (strlen(m->ray_address) > 4096))
-        return err_set(err, -EINVAL, "Malformed manifest %s: job_id or ray_address too long",
+    if (strlen(m->ray_address) > MANIFEST_PATH_MAX ||
+        !str_clean(m->ray_address, strlen(m->ray_address)))
+        return err_set(err, -EINVAL, "Malformed manifest %s: ray_address is too long or holds "
+                       "control characters", path);
+    /* what esd does not rely on is dropped when it is not plain */
+    if (m->recipe_sha256 && !hex_ok(m->recipe_sha256))
+        return err_set(err, -EINVAL, "Malformed manifest %s: recipe.sha256 is not a hex digest",
                        path);
+    if (m->recipe_snapshot && (strlen(m->recipe_snapshot) > MANIFEST_PATH_MAX ||
+                               !str_clean(m->recipe_snapshot, strlen(m->recipe_snapshot))))
+        return err_set(err, -EINVAL, "Malformed manifest %s: recipe.snapshot_path is not a "
+                       "plain path", path);
+    if (m->dj_commit && (strlen(m->dj_commit) > 256 || !str_clean(m->dj_commit,
+                                                                  strlen(m->dj_commit))))
+        m->dj_commit = "unknown";
     *ret_exec = cJSON_PrintUnformatted(exec);
     m->execution_json = *ret_exec;
+    return 0;
+}
+
+/* The index for manifest_find, which also finds duplicate ids. */
+static int
+index_ids(struct manifest *m, const char *path, struct esd_err *err)
+{
+    m->by_id = xcalloc(m->nshards, sizeof(*m->by_id));
+    for (size_t k = 0; k < m->nshards; k++)
+        m->by_id[k] = k;
+    qsort_r(m->by_id, m->nshards, sizeof(*m->by_id), cmp_by_id, m->shards);
+    for (size_t k = 1; k < m->nshards; k++)
+        if (strcmp(m->shards[m->by_id[k - 1]].id, m->shards[m->by_id[k]].id) == 0)
+            return err_set(err, -EINVAL, "Malformed manifest %s: duplicate shard id '%s'", path,
+                           m->shards[m->by_id[k]].id);
     return 0;
 }
 
@@ -353,17 +390,8 @@ manifest_parse(const char *text, size_t len, const char *job_dir, const char *pa
         (r = json_parse_object(text, len, path, &doc, err)) < 0 ||
         (r = check_doc(doc, job_dir, path, &m, &exec, err)) < 0)
         goto out;
-    /* The index for manifest_find, which also finds duplicate ids. */
-    m.by_id = xcalloc(m.nshards, sizeof(*m.by_id));
-    for (size_t k = 0; k < m.nshards; k++)
-        m.by_id[k] = k;
-    qsort_r(m.by_id, m.nshards, sizeof(*m.by_id), cmp_by_id, m.shards);
-    for (size_t k = 1; k < m.nshards; k++)
-        if (strcmp(m.shards[m.by_id[k - 1]].id, m.shards[m.by_id[k]].id) == 0) {
-            r = err_set(err, -EINVAL, "Malformed manifest %s: duplicate shard id '%s'", path,
-                        m.shards[m.by_id[k]].id);
-            goto out;
-        }
+    if ((r = index_ids(&m, path, err)) < 0)
+        goto out;
     keep_strings(&m, job_dir);
     *ret = m;
     memset(&m, 0, sizeof(m));
@@ -417,50 +445,223 @@ manifest_load_doc(const char *job_dir, struct manifest *ret, cJSON **ret_doc,
     return load(job_dir, ret, ret_doc, err);
 }
 
+/* ---- the compact form: one line a field set, tab-separated ---- */
+
+/* A string field: "=" and the value, or "" for none. The values are free
+ * of control characters (check_doc saw to it), so no tab or newline. */
+static void
+put_field(struct buf *out, const char *v)
+{
+    buf_putc(out, '\t');
+    if (v) {
+        buf_putc(out, '=');
+        buf_puts(out, v);
+    }
+}
+
 void
 manifest_compact(const struct manifest *m, struct buf *out)
 {
-    cJSON *o = cJSON_CreateObject(), *a, *x, *exec = NULL;
-
-    json_add_int(o, "schema_version", MANIFEST_SCHEMA);
-    json_add_str(o, "job_id", m->job_id);
-    if (m->execution_json)
-        exec = cJSON_Parse(m->execution_json);
-    if (!exec) {
-        exec = cJSON_CreateObject();
-        json_add_str(exec, "executor_type", "ray");
-        json_add_str(exec, "ray_address", m->ray_address);
-    }
-    cJSON_AddItemToObject(o, "execution", exec);
-    x = cJSON_AddObjectToObject(o, "policy");
-    json_add_int(x, "lock_timeout_secs", m->lock_timeout_secs);
-    json_add_int(x, "max_retries", m->max_retries);
-    json_add_int(x, "poll_interval_secs", m->poll_interval_secs);
-    x = cJSON_AddObjectToObject(o, "recipe");
-    if (m->recipe_sha256)
-        json_add_str(x, "sha256", m->recipe_sha256);
-    if (m->recipe_snapshot)
-        json_add_str(x, "snapshot_path", m->recipe_snapshot);
-    x = cJSON_AddObjectToObject(o, "data_juicer");
-    if (m->dj_commit)
-        json_add_str(x, "commit", m->dj_commit);
-    a = cJSON_AddArrayToObject(o, "shards");
+    buf_printf(out, "H\t%zu\t%lld\t%lld\t%lld", m->nshards, m->lock_timeout_secs, m->max_retries,
+               m->poll_interval_secs);
+    put_field(out, m->job_id);
+    put_field(out, m->ray_address);
+    put_field(out, m->execution_json);
+    put_field(out, m->recipe_sha256);
+    put_field(out, m->recipe_snapshot);
+    put_field(out, m->dj_commit);
+    buf_putc(out, '\n');
     for (size_t i = 0; i < m->nshards; i++) {
         const struct manifest_shard *s = &m->shards[i];
 
-        x = cJSON_CreateObject();
-        json_add_str(x, "id", s->id);
-        json_add_int(x, "index", s->index);
-        json_add_str(x, "path", s->path);
-        json_add_int(x, "rows", s->rows);
-        if (s->size_bytes >= 0)
-            json_add_int(x, "size_bytes", s->size_bytes);
-        if (s->sha256)
-            json_add_str(x, "sha256", s->sha256);
-        cJSON_AddItemToArray(a, x);
+        buf_printf(out, "S\t%lld\t%lld\t%lld", s->index, s->rows, s->size_bytes);
+        put_field(out, s->id);
+        put_field(out, s->path);
+        put_field(out, s->sha256);
+        buf_putc(out, '\n');
     }
-    json_dump(o, JSON_COMPACT, out);
-    cJSON_Delete(o);
+}
+
+/* The fields of one line (tabs made NULs in place): at most max. */
+static size_t
+split_fields(char *line, char **f, size_t max)
+{
+    size_t n = 0;
+
+    for (char *p = line; n < max;) {
+        f[n++] = p;
+        if (!(p = strchr(p, '\t')))
+            break;
+        *p++ = '\0';
+    }
+    return n;
+}
+
+/* A string field into the arena: its offset, or (size_t)-1 for none. */
+static int
+take_field(struct manifest_reader *rd, const char *f, size_t *ret_off)
+{
+    if (!*f) {
+        *ret_off = (size_t)-1;
+        return 0;
+    }
+    if (*f != '=')
+        return -EINVAL;
+    *ret_off = rd->arena.len;
+    buf_append(&rd->arena, f + 1, strlen(f + 1) + 1);
+    return 0;
+}
+
+static int
+take_num(const char *f, long long *ret)
+{
+    char *end;
+
+    errno = 0;
+    *ret = strtoll(f, &end, 10);
+    return errno || end == f || *end ? -EINVAL : 0;
+}
+
+void
+manifest_reader_init(struct manifest_reader *rd)
+{
+    memset(rd, 0, sizeof(*rd));
+    buf_init(&rd->arena);
+    buf_init(&rd->part);
+}
+
+void
+manifest_reader_free(struct manifest_reader *rd)
+{
+    buf_free(&rd->arena);
+    buf_free(&rd->part);
+    free(rd->shards);
+    free(rd->offs);
+    memset(rd, 0, sizeof(*rd));
+}
+
+/* One complete line. */
+static int
+reader_line(struct manifest_reader *rd, char *line, struct esd_err *err)
+{
+    char *f[16];
+    size_t n = split_fields(line, f, 16);
+    long long v[4];
+
+    if (line[0] == 'H' && n == 11 && !rd->header) {
+        for (int i = 0; i < 4; i++)
+            if (take_num(f[1 + i], &v[i]) < 0)
+                goto bad;
+        if (v[0] < 1 || v[0] > MANIFEST_MAX_SHARDS)
+            goto bad;
+        rd->nshards = (size_t)v[0];
+        rd->lock_timeout = v[1];
+        rd->max_retries = v[2];
+        rd->poll = v[3];
+        for (int i = 0; i < 6; i++)
+            if (take_field(rd, f[5 + i], &rd->hoff[i]) < 0)
+                goto bad;
+        rd->shards = xcalloc(rd->nshards, sizeof(*rd->shards));
+        rd->offs = xcalloc(rd->nshards * 3, sizeof(*rd->offs));
+        rd->header = true;
+        return 0;
+    }
+    if (line[0] == 'S' && n == 7 && rd->header && rd->got < rd->nshards) {
+        struct manifest_shard *s = &rd->shards[rd->got];
+        size_t *o = &rd->offs[rd->got * 3];
+
+        if (take_num(f[1], &s->index) < 0 || take_num(f[2], &s->rows) < 0 ||
+            take_num(f[3], &s->size_bytes) < 0 || take_field(rd, f[4], &o[0]) < 0 ||
+            take_field(rd, f[5], &o[1]) < 0 || take_field(rd, f[6], &o[2]) < 0 ||
+            o[0] == (size_t)-1 || o[1] == (size_t)-1)
+            goto bad;
+        rd->got++;
+        return 0;
+    }
+bad:
+    return err_set(err, -EINVAL, "Malformed compact manifest at line %zu", rd->lines);
+}
+
+int
+manifest_reader_feed(struct manifest_reader *rd, const char *p, size_t n, struct esd_err *err)
+{
+    buf_append(&rd->part, p, n);
+    for (;;) {
+        char *nl = rd->part.len ? memchr(rd->part.p, '\n', rd->part.len) : NULL;
+        size_t len;
+        int r;
+
+        if (!nl)
+            break;
+        len = (size_t)(nl - rd->part.p);
+        *nl = '\0';
+        rd->lines++;
+        r = len ? reader_line(rd, rd->part.p, err) : 0;
+        memmove(rd->part.p, nl + 1, rd->part.len - len - 1);
+        rd->part.len -= len + 1;
+        if (r < 0)
+            return r;
+    }
+    if (rd->part.len > (size_t)MANIFEST_PATH_MAX * 4)
+        return err_set(err, -EINVAL, "Malformed compact manifest: a line longer than %d bytes",
+                       MANIFEST_PATH_MAX * 4);
+    return 0;
+}
+
+/* The arena string at offset o, NULL for none. */
+static const char *
+at(const struct manifest_reader *rd, size_t o)
+{
+    return o == (size_t)-1 ? NULL : rd->arena.p + o;
+}
+
+int
+manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct manifest *ret,
+                       struct esd_err *err)
+{
+    struct manifest m = { 0 };
+    int r = 0;
+
+    if (!rd->header || rd->got != rd->nshards || rd->part.len)
+        return err_set(err, -EINVAL, "Malformed compact manifest: %zu of %zu shards", rd->got,
+                       rd->nshards);
+    m.nshards = rd->nshards;
+    m.shards = rd->shards;
+    rd->shards = NULL;
+    m.job_id = at(rd, rd->hoff[0]);
+    m.ray_address = at(rd, rd->hoff[1]);
+    m.execution_json = at(rd, rd->hoff[2]);
+    m.recipe_sha256 = at(rd, rd->hoff[3]);
+    m.recipe_snapshot = at(rd, rd->hoff[4]);
+    m.dj_commit = at(rd, rd->hoff[5]);
+    m.lock_timeout_secs = rd->lock_timeout;
+    m.max_retries = rd->max_retries;
+    m.poll_interval_secs = rd->poll;
+    for (size_t i = 0; i < m.nshards; i++) {
+        struct manifest_shard *s = &m.shards[i];
+
+        s->id = at(rd, rd->offs[i * 3]);
+        s->path = at(rd, rd->offs[i * 3 + 1]);
+        s->sha256 = at(rd, rd->offs[i * 3 + 2]);
+        if (!manifest_id_ok(s->id) || !path_ok(s->path))
+            r = err_set(err, -EINVAL, "Malformed compact manifest: shard %zu", i);
+        m.total_rows += s->rows;
+    }
+    if (r == 0 && (!m.ray_address || !*m.ray_address || m.lock_timeout_secs < 1 ||
+                   m.max_retries < 0 || m.poll_interval_secs < 1 ||
+                   !manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir))))
+        r = err_set(err, -EINVAL, "Malformed compact manifest: its header");
+    if (r == 0)
+        r = index_ids(&m, "the compact manifest", err);
+    if (r < 0) {
+        free(m.shards);
+        free(m.by_id);
+        return r;
+    }
+    /* the strings move from the reader's arena into the manifest's own */
+    keep_strings(&m, job_dir);
+    *ret = m;
+    return 0;
 }
 
 void

@@ -89,9 +89,36 @@ int manifest_parse(const char *text, size_t len, const char *job_dir, const char
  * MANIFEST_MAX_FILES input files. -EFBIG with a message naming path.
  */
 int manifest_check_size(const char *text, size_t len, const char *path, struct esd_err *err);
-/* The fields of m as a small manifest document that manifest_parse reads
- * back to the same struct (a loading child sends it to the daemon). */
+/*
+ * The compact form of m, which a loading helper sends to the daemon: one
+ * tab-separated line of the manifest's fields, then one a shard, so that
+ * the daemon reads it line by line into the struct without a parse tree
+ * (manifest_reader). Its strings are free of control characters
+ * (manifest_parse refuses or drops others).
+ */
 void manifest_compact(const struct manifest *m, struct buf *out);
+
+/* Reads a compact form as it arrives. */
+struct manifest_reader {
+    struct buf part;    /* an incomplete line */
+    struct buf arena;   /* the strings read (offsets below) */
+    bool header;
+    size_t nshards, got, lines;
+    long long lock_timeout, max_retries, poll;
+    size_t hoff[6];     /* job_id, ray_address, execution, recipe sha256, snapshot, commit */
+    struct manifest_shard *shards;
+    size_t *offs;       /* per shard: id, path, sha256 */
+};
+
+void manifest_reader_init(struct manifest_reader *rd);
+/* The next n bytes. 0, or -EINVAL with err set for a malformed form. */
+int manifest_reader_feed(struct manifest_reader *rd, const char *p, size_t n,
+                         struct esd_err *err);
+/* The manifest read, for job_dir (manifest_free), after every byte was
+ * fed; checks what manifest_parse would. 0 or -EINVAL. */
+int manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct manifest *ret,
+                           struct esd_err *err);
+void manifest_reader_free(struct manifest_reader *rd);
 void manifest_free(struct manifest *m);
 
 /* Index of the shard with this id, or -1 (a binary search). */

@@ -762,7 +762,11 @@ struct jobload {
     ev_io out_w;
     ev_child child_w;
     struct helper_guard guard;
-    struct buf out;
+    char kind;       /* the report's first byte: 'M' (a manifest) or 'E' (why not) */
+    struct buf why;  /* an 'E' report */
+    struct manifest_reader rd; /* an 'M' report, read as it comes */
+    char *bad;       /* the 'M' report is malformed: why */
+    size_t got;      /* bytes of the report */
     bool eof, exited, too_big;
     int status;
 };
@@ -770,6 +774,7 @@ struct jobload {
 /* Most bytes a loading helper may send: the compact form of a manifest
  * of MANIFEST_MAX_SHARDS shards, with room. */
 #define LOAD_MAX_REPORT ((size_t)512 << 20)
+#define LOAD_MAX_WHY ((size_t)64 << 10)
 
 /* In the helper: why this node cannot work m's job, or NULL. */
 static char *
@@ -871,7 +876,9 @@ load_abandon(struct job *j)
         ev_child_stop(J.loop, &l->child_w);
         kill(l->pid, SIGKILL);
     }
-    buf_free(&l->out);
+    buf_free(&l->why);
+    manifest_reader_free(&l->rd);
+    free(l->bad);
     free(l);
     j->load = NULL;
 }
@@ -884,24 +891,20 @@ load_done(struct job *j)
     const struct esd_conf *c = J.conf;
     struct claim_opts o = { 0 };
     struct esd_err err;
-    const char *p = l->out.p ? l->out.p : "";
-    size_t n = l->out.len;
     char *why = NULL, how[96];
     struct fsid prev;
 
-    /* (ticks before the report) */
-    while (n && *p == '\n')
-        p++, n--;
     helper_describe(l->status, how);
     if (l->too_big)
         why = xasprintf("the loading process sent more than %zu bytes", LOAD_MAX_REPORT);
-    else if (n && *p == 'E')
-        why = xstrndup(p + 1, strcspn(p + 1, "\n"));
-    else if (!n || *p != 'M')
+    else if (l->kind == 'E')
+        why = xstrndup(l->why.p ? l->why.p : "", strcspn(l->why.p ? l->why.p : "", "\n"));
+    else if (l->kind != 'M' || !WIFEXITED(l->status) || WEXITSTATUS(l->status))
         why = xasprintf("the loading process %s%s without a result", l->guard.fired ?
                         "was killed: " : "ended: ", how);
-    else if (manifest_parse(p + 1, n - 1, j->job_dir, "the loaded manifest", NULL, &j->m,
-                            &err) < 0)
+    else if (l->bad)
+        why = xstrdup(l->bad);
+    else if (manifest_reader_finish(&l->rd, j->job_dir, &j->m, &err) < 0)
         why = xstrdup(err.msg);
     load_abandon(j);
     if (!why) {
@@ -951,12 +954,27 @@ load_out_cb(struct ev_loop *loop, ev_io *w, int revents)
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
         return;
     if (n > 0) {
+        const char *p = chunk;
+        struct esd_err err;
+
         helper_guard_fed(&l->guard, loop);
-        if (l->out.len + (size_t)n > LOAD_MAX_REPORT) {
+        /* (ticks before the report) */
+        while (!l->kind && n && *p == '\n')
+            p++, n--;
+        if (!l->kind && n) {
+            l->kind = *p++;
+            n--;
+        }
+        if (n <= 0 || l->too_big)
+            return;
+        if ((l->got += (size_t)n) > LOAD_MAX_REPORT) {
             l->too_big = true;
             kill(l->pid, SIGKILL);
-        } else {
-            buf_append(&l->out, chunk, (size_t)n);
+        } else if (l->kind == 'E' && l->why.len < LOAD_MAX_WHY) {
+            buf_append(&l->why, p, (size_t)n);
+        } else if (l->kind == 'M' && !l->bad &&
+                   manifest_reader_feed(&l->rd, p, (size_t)n, &err) < 0) {
+            l->bad = xstrdup(err.msg);
         }
         return;
     }
@@ -1012,7 +1030,8 @@ load_start(struct job *j)
     l = xcalloc(1, sizeof(*l));
     l->job = j;
     l->pid = pid;
-    buf_init(&l->out);
+    buf_init(&l->why);
+    manifest_reader_init(&l->rd);
     ev_io_init(&l->out_w, load_out_cb, fd, EV_READ);
     l->out_w.data = j;
     ev_io_start(J.loop, &l->out_w);

@@ -238,11 +238,18 @@ START_TEST(test_compact_round_trip)
     struct esd_err err;
     struct buf b;
 
+    struct manifest_reader rd;
+
     ck_assert_msg(load(GOOD, &m, &err) == 0, "%s", err.msg);
     buf_init(&b);
     manifest_compact(&m, &b);
-    ck_assert_msg(manifest_parse(b.p, b.len, m.job_dir, "compact", NULL, &back, &err) == 0,
-                  "%s", err.msg);
+    /* fed in pieces of 7 bytes, as a pipe may deliver it */
+    manifest_reader_init(&rd);
+    for (size_t i = 0; i < b.len; i += 7)
+        ck_assert_int_eq(manifest_reader_feed(&rd, b.p + i, b.len - i < 7 ? b.len - i : 7, &err),
+                         0);
+    ck_assert_msg(manifest_reader_finish(&rd, m.job_dir, &back, &err) == 0, "%s", err.msg);
+    manifest_reader_free(&rd);
     ck_assert_str_eq(back.job_id, m.job_id);
     ck_assert_uint_eq(back.nshards, m.nshards);
     for (size_t i = 0; i < m.nshards; i++) {
@@ -263,6 +270,33 @@ START_TEST(test_compact_round_trip)
 }
 END_TEST
 
+/* A compact form that is cut short, lies about its count, or holds an
+ * unusable shard id is refused. */
+START_TEST(test_compact_refused)
+{
+    static const char *const cut[] = {
+        "",
+        "H\t2\t60\t0\t20\t=j\t=local\t\t\t\t\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\n",
+        "H\t1\t60\t0\t20\t=j\t=local\t\t\t\t\nS\t0\t1\t-1\t=../a\t=shards/a.jsonl\t\n",
+        "H\t1\t60\t0\t20\t=j\t\t\t\t\t\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\n",
+        "H\tx\t60\t0\t20\t=j\t=local\t\t\t\t\n",
+        "H\t1\t60\t0\t20\t=j\t=local\t\t\t\t\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\nS\t1",
+    };
+    struct manifest_reader rd;
+    struct manifest m;
+    struct esd_err err;
+    int r;
+
+    manifest_reader_init(&rd);
+    r = manifest_reader_feed(&rd, cut[_i], strlen(cut[_i]), &err);
+    if (r == 0)
+        r = manifest_reader_finish(&rd, "/x/job", &m, &err);
+    ck_assert_int_eq(r, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "compact manifest"));
+    manifest_reader_free(&rd);
+}
+END_TEST
+
 static Suite *
 manifest_suite(void)
 {
@@ -276,6 +310,7 @@ manifest_suite(void)
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_size_and_type);
     tcase_add_test(tc, test_compact_round_trip);
+    tcase_add_loop_test(tc, test_compact_refused, 0, 6);
     suite_add_tcase(s, tc);
     return s;
 }
