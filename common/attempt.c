@@ -22,10 +22,12 @@ extern char **environ;
 
 /*
  * Bounds of one count, which runs with the shard's lock held in esd's event
- * loop: entries of attempts/<shard>/ read (of any name: a legitimate shard
- * has a few dozen attempts at most), and attempt.json bytes read over all
- * attempts (a count stops once past it, so at most this plus one file).
+ * loop: entries of attempts/<shard>/ looked at (of any name: a count stops
+ * there, with what it saw), well-formed attempts read (a legitimate shard
+ * has a few dozen at most), and attempt.json bytes read over all attempts
+ * (a count stops once past it, so at most this plus one file).
  */
+#define ATTEMPT_SCAN_MAX 8192
 #define ATTEMPT_DIR_MAX 1024
 #define ATTEMPT_COUNT_BYTES ((size_t)32 << 20)
 
@@ -159,16 +161,22 @@ attempt_count(const struct manifest *m, const char *shard_id, struct attempt_cou
 
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
-        if (++entries > ATTEMPT_DIR_MAX) {
-            r = err_set(err, -E2BIG,
-                        "Too many entries in %s (more than %d): remove what is not an "
-                        "attempt directory",
-                        dir, ATTEMPT_DIR_MAX);
+        /* junk beyond the scan bound is not looked at: what it hides only
+         * spoils the counts of its owner's own shard */
+        if (++entries > ATTEMPT_SCAN_MAX) {
+            n.truncated = true;
             break;
         }
         num = attempt_name_number(e->d_name);
         if (num < 0 || (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN))
             continue;
+        if (found >= ATTEMPT_DIR_MAX) {
+            r = err_set(err, -E2BIG,
+                        "Too many attempts in %s (more than %d): remove what is not an "
+                        "attempt of the shard",
+                        dir, ATTEMPT_DIR_MAX);
+            break;
+        }
         /* A directory, not a link to one, even if swapped since readdir. */
         afd = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (afd < 0) {

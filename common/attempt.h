@@ -134,6 +134,7 @@ struct attempt_counts {
     long long attempts;  /* the last attempt number in use: the next is attempts + 1 */
     long long counted;   /* toward max_retries: processor and output */
     long long infra;     /* toward the infrastructure limit */
+    bool truncated;      /* the directory held more than was looked at */
 };
 
 /*
@@ -148,9 +149,11 @@ struct attempt_counts {
  * "<number>-<token>", 4 to 9 digits and 32 lowercase hex digits, as claims
  * name them; any other entry is ignored. Each attempt.json is read without
  * following a link or waiting on a FIFO, a regular file of at most 16 MiB.
- * The work is bounded: more than 1024 entries (of any name), or more than
- * 32 MiB of attempt.json in all, is -E2BIG with a message naming the
- * directory, and the shard is not claimed until it is cleaned up. A missing
+ * The work is bounded: at most 8192 entries of any name are looked at (the
+ * count is of those, and ret->truncated is set: junk hides attempts only
+ * from its owner's own shard), and more than 1024 well-formed attempts, or
+ * more than 32 MiB of attempt.json in all, is -E2BIG with a message naming
+ * the directory, and the shard is not claimed until it is cleaned up. A missing
  * directory is no attempts; a link in its place is an error.
  *
  * Numbering: the reference's next number is the count of directories + 1

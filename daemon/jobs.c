@@ -422,7 +422,7 @@ spool_file_ok(const char *path)
     if (st.st_uid == 0 || st.st_uid == geteuid())
         return true;
     if (complain(path))
-        log_warning(NULL, "%s belongs to uid %u, not to esd (uid %u) or root: ignoring it "
+        log_warning(NULL, "%s belongs to uid %u, not to esd (uid %u) or root: refusing it "
                     "(only esd writes the spool; see esd.yaml(5) spool_dir)", path,
                     (unsigned)st.st_uid, (unsigned)geteuid());
     return false;

@@ -1359,8 +1359,9 @@ put_junk(const char *dir, int from, int k)
     }
 }
 
-/* The count reads at most 1024 entries: past that, this shard is not
- * claimed (the message names the directory), the others still are. */
+/* The count looks at no more than 8192 entries (then counts what it saw)
+ * and reads at most 1024 attempts: past that, this shard is not claimed
+ * (the message names the directory), the others still are. */
 START_TEST(test_count_cap)
 {
     char *dir = attempts_dir(0);
@@ -1371,11 +1372,22 @@ START_TEST(test_count_cap)
     int claimed = 0, errors = 0;
 
     put_attempt(0, aname(1), "{\"status\": \"failed\"}\n");
-    put_junk(dir, 0, 1023);
-    n = count(0); /* 1024 entries: still counted */
+    put_junk(dir, 0, 8191);
+    n = count(0); /* 8192 entries: all looked at */
     ck_assert_int_eq(n.attempts, 1);
     ck_assert_int_eq(n.counted, 1);
-    put_junk(dir, 1023, 1);
+    ck_assert(!n.truncated);
+    put_junk(dir, 8191, 1);
+    n = count(0); /* more: a count of what was seen, no error */
+    ck_assert(n.truncated);
+    ck_assert_int_le(n.attempts, 1);
+    fs_rm_rf(dir);
+    for (int k = 1; k <= 1025; k++) {
+        char *sub = xasprintf("%s/%s", dir, aname(k));
+
+        ck_assert_int_eq(fs_mkdir_p(sub, 0755, NULL), 0);
+        free(sub);
+    }
     ck_assert_int_eq(attempt_count(&M, id(0), &n, &err), -E2BIG);
     ck_assert_msg(strstr(err.msg, dir) && strstr(err.msg, "1024"), "%s", err.msg);
 
