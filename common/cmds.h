@@ -105,8 +105,10 @@ enum cmd_id {
 /* Who may run a command through esd (DESIGN.md "Security model"). */
 enum cmd_auth {
     AUTH_READ, /* any peer that can connect */
-    AUTH_NODE, /* root, esd's own uid, or a member of the control group */
-    AUTH_JOB,  /* as AUTH_NODE, and the caller owns the job dir (or is root) */
+    AUTH_NODE, /* root, or a member of the control group (esd's own uid only
+                  when esd runs as root: otherwise its attempts run as it) */
+    AUTH_JOB,  /* as AUTH_NODE or esd's own uid, and the caller owns the job
+                  dir (or is root) */
 };
 
 /* Where a command runs. */
