@@ -624,14 +624,20 @@ jsonl_reader_open(struct jsonl_reader *r, const char *path, size_t max_line, str
 
     if (fd < 0)
         return fd;
+    jsonl_reader_open_fd(r, fd, path, max_line);
+    return 0;
+}
+
+void
+jsonl_reader_open_fd(struct jsonl_reader *r, int fd, const char *name, size_t max_line)
+{
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     memset(r, 0, sizeof(*r));
     r->fd = fd;
-    r->path = xstrdup(path);
+    r->path = xstrdup(name);
     r->max_line = max_line ? max_line : JSONL_MAX_LINE_DEFAULT;
     r->cap = READ_CHUNK;
     r->buf = xmalloc(r->cap);
-    return 0;
 }
 
 void

@@ -117,9 +117,14 @@ struct jsonl_reader {
     void *on_data_ctx;
 };
 
-/* Opens path for reading (O_CLOEXEC); max_line 0 means the default. */
+/* Opens path for reading (O_CLOEXEC): a regular file, a link to one (a
+ * FIFO or a device is refused, never waited on); max_line 0 means the
+ * default. */
 int jsonl_reader_open(struct jsonl_reader *r, const char *path, size_t max_line,
                       struct esd_err *err);
+/* The same over fd, any readable descriptor (standard input), which the
+ * reader then owns; name is shown in messages. */
+void jsonl_reader_open_fd(struct jsonl_reader *r, int fd, const char *name, size_t max_line);
 /*
  * Next record: 1 with *ret_line and *ret_len (without "\n"; valid until the
  * next call) and *ret_nl (whether a "\n" ended it), 0 at end of file, or a

@@ -330,6 +330,13 @@ jobs_check_bound(struct job *j, struct esd_err *err)
         j->refused = xstrdup(err->msg);
         return r;
     }
+    if (j->refused) {
+        /* (the very directory is back: a link swapped in and out again) */
+        log_notice(&(struct log_ctx){ .job = j->key }, "job %s: its directory matches its "
+                   "registration again", j->job_dir);
+        free(j->refused);
+        j->refused = NULL;
+    }
     if (!j->dev) {
         /* (bound on another node through the spool: this node's view) */
         j->dev = st.st_dev;

@@ -458,9 +458,18 @@ status_line(void)
             break;
         }
         jobs_progress(j, &done, &total);
-        buf_printf(&b, "%s job %s %zu/%zu done%s", shown == 1 ? ";" : ",",
-                   j->loaded ? j->m.job_id : j->key, done, total,
-                   j->state == JOB_FINALIZING ? " (merging)" : "");
+        if (!j->loaded) {
+            /* (its manifest, and so its id and size, not read yet; the name
+             * escaped: a newline would start another assignment of sd_notify) */
+            char *name = str_escape_dup(fs_basename(j->job_dir));
+
+            buf_printf(&b, "%s job %s %s", shown == 1 ? ";" : ",", name,
+                       j->load ? "loading" : "not loaded");
+            free(name);
+            continue;
+        }
+        buf_printf(&b, "%s job %s %zu/%zu done%s", shown == 1 ? ";" : ",", j->m.job_id, done,
+                   total, j->state == JOB_FINALIZING ? " (merging)" : "");
     }
     if (!shown)
         buf_puts(&b, "; no active job");
