@@ -224,11 +224,12 @@ nstart() {
     env "$@" "${asu[@]}" "$ESD" -f -c "$AW/$node/esd.yaml" >>"$AW/$node/log" 2>&1 &
     DPID[$name]=$!
     bg_add "$!"
-    rm -f "$AW/$node/ping.off"
     poll 20 npong "$node" || {
         nok "esd $node starts and answers ping" "$(tail -n 20 "$AW/$node/log")"
         return 1
     }
+    # (watched again once it answers: a start is not a miss)
+    rm -f "$AW/$node/ping.off"
 }
 # A ping is answered within PING_SECS: 1, or 2 when the programs are built
 # with AddressSanitizer, which slows the start of every esctl as well.
