@@ -804,3 +804,9 @@ out:
     free(output_rel);
     return r;
 }
+
+enum failure_class
+attempt_result_class(int r)
+{
+    return err_transient(r) ? FC_INFRASTRUCTURE : FC_OUTPUT;
+}

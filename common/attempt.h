@@ -181,4 +181,13 @@ int attempt_record_start(const struct manifest *m, const struct claim *cl, const
  * nothing to mark. */
 int attempt_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd_err *err);
 
+/*
+ * The failure class of an attempt whose output could not be materialised,
+ * validated or published with the negative errno r: infrastructure when the
+ * storage or the node failed (err_transient: ENOSPC, EIO, ...), which does
+ * not use up the shard's retries; output otherwise (the processor wrote
+ * something that is not a valid result).
+ */
+enum failure_class attempt_result_class(int r);
+
 #endif

@@ -407,6 +407,8 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     }
     close(c.out_fd);
     c.out_fd = -1;
+    if (o->before_publish && (r = o->before_publish(o->publish_ctx, err)) < 0)
+        goto out;
     if (o->confined) {
         /* (a name planted at the output's place is replaced, never followed) */
         if (o->overwrite ? renameat(pfd, fs_basename(tmp), pfd, base) < 0

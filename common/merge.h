@@ -43,6 +43,12 @@ struct merge_opts {
      * directory its owner controls). */
     bool confined;
     int job_fd;
+    /* When not NULL, called once the output is complete and synced, just
+     * before it is renamed into place: a non-zero return (a negative errno,
+     * err set) stops the merge there, leaving no output or temporary file.
+     * A finalizer checks there that it still holds its election. */
+    int (*before_publish)(void *ctx, struct esd_err *err);
+    void *publish_ctx;
 };
 
 struct merge_owner {

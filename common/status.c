@@ -148,6 +148,39 @@ status_free(struct job_status *st)
     memset(st, 0, sizeof(*st));
 }
 
+/* The finalize election's word on the merge, as "merge": {"status":
+ * complete, failed or merging, "node", "error", "rows"}; nothing while no
+ * node has been elected (esd's daemons; a job merged with esctl merge has
+ * merge.json instead). */
+static void
+merge_state(const struct manifest *m, cJSON *o)
+{
+    char *result = xasprintf("%s/state/esd/finalize.json", m->job_dir);
+    char *lock = xasprintf("%s/state/esd/finalize.lock", m->job_dir);
+    cJSON *rec = NULL, *x;
+    long long rows;
+
+    if (json_load_object(result, 1 << 20, &rec, NULL) == 0) {
+        x = cJSON_AddObjectToObject(o, "merge");
+        json_add_str(x, "status", json_get_str(rec, "status") ? json_get_str(rec, "status")
+                                                             : "unknown");
+        if (json_get_str(rec, "node"))
+            json_add_str(x, "node", json_get_str(rec, "node"));
+        if (json_get_str(rec, "error"))
+            json_add_str(x, "error", json_get_str(rec, "error"));
+        if (json_get_int(rec, "rows", &rows) == 0)
+            json_add_int(x, "rows", rows);
+    } else if (json_load_object(lock, 1 << 16, &rec, NULL) == 0) {
+        x = cJSON_AddObjectToObject(o, "merge");
+        json_add_str(x, "status", "merging");
+        if (json_get_str(rec, "node"))
+            json_add_str(x, "node", json_get_str(rec, "node"));
+    }
+    cJSON_Delete(rec);
+    free(result);
+    free(lock);
+}
+
 cJSON *
 status_json(const struct manifest *m, const struct job_status *st)
 {
@@ -163,6 +196,7 @@ status_json(const struct manifest *m, const struct job_status *st)
         json_add_int(counts, status_state_name[k], (long long)st->counts[k]);
     json_add_bool(o, "complete", st->complete);
     json_add_bool(o, "terminal", st->terminal);
+    merge_state(m, o);
     shards = cJSON_AddArrayToObject(o, "shards");
     for (size_t i = 0; i < st->total; i++) {
         const struct shard_status *s = &st->shards[i];

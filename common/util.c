@@ -55,6 +55,30 @@ err_sys(struct esd_err *err, int code, const char *fmt, ...)
     return code;
 }
 
+bool
+err_transient(int code)
+{
+    switch (-code) {
+    case ENOSPC:
+    case EDQUOT:
+    case EIO:
+    case EROFS:
+    case ESTALE:
+    case ENOLCK:
+    case ETIMEDOUT:
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case EAGAIN:
+    case EBUSY:
+    case EINTR:
+    case ECANCELED:
+        return true;
+    default:
+        return false;
+    }
+}
+
 void
 err_clear(struct esd_err *err)
 {

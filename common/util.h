@@ -37,6 +37,17 @@ int err_sys(struct esd_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void err_clear(struct esd_err *err);
 
+/*
+ * Whether a failure with the negative errno code belongs to the place it
+ * happened, not to what was being done: storage that is full, broken or
+ * gone (ENOSPC, EDQUOT, EIO, EROFS, ESTALE, ENOLCK, ETIMEDOUT), resources
+ * of the node (ENOMEM, EMFILE, ENFILE, EAGAIN, EBUSY, EWOULDBLOCK), a stop
+ * (EINTR, ECANCELED). Doing the same again elsewhere or later may succeed,
+ * so such a failure counts as infrastructure, never against a shard's or
+ * a job's own retries.
+ */
+bool err_transient(int code);
+
 /* Allocators for small, internally sized allocations: abort on failure. */
 void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t m);

@@ -200,6 +200,22 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
     table_free(&t);
 }
 
+/* What the finalize election recorded of the merge, the same as --json. */
+static void
+merge_line(const cJSON *m)
+{
+    const char *status = json_get_str(m, "status");
+
+    if (!status)
+        return;
+    if (!strcmp(status, "complete"))
+        printf("  merged by node %s: %lld rows\n", str(m, "node"), num(m, "rows"));
+    else if (!strcmp(status, "merging"))
+        printf("  being merged by node %s\n", str(m, "node"));
+    else
+        printf("  the merge failed on node %s: %s\n", str(m, "node"), str(m, "error"));
+}
+
 static int
 render_job_status(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -218,6 +234,7 @@ render_job_status(struct call *c, const cJSON *args, const cJSON *res)
            flag(res, "complete")   ? "; complete"
            : flag(res, "terminal") ? "; terminal with failures"
                                    : "");
+    merge_line(cJSON_GetObjectItemCaseSensitive(res, "merge"));
     nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
     shards_table(c, args, res);
     return op_status_exit(res);
@@ -286,6 +303,12 @@ render_retry(struct call *c, const cJSON *args, const cJSON *res)
 static int
 render_merge(struct call *c, const cJSON *args, const cJSON *res)
 {
+    /* through esd, a job it works is merged by its finalize election */
+    if (flag(res, "held_again")) {
+        printf("The merge of %s is held again now on every node that works it (state %s); "
+               "follow it with esctl status\n", str(res, "job_dir"), str(res, "state"));
+        return EXIT_OK;
+    }
     printf("Merged %lld shards and %lld rows into %s\n", num(res, "num_shards"),
            num(res, "rows"), str(res, "output_path"));
     return EXIT_OK;

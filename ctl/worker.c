@@ -204,7 +204,7 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
     struct esd_err e2;
     char how[64], msg[ESD_ERR_MAX + 64];
     double t0 = time_mono();
-    int r;
+    int r, mr;
 
     out.ray_address = w->aopts.ray_address;
     out.dj_commit = w->dj_version;
@@ -247,8 +247,8 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
             snprintf(msg, sizeof(msg), "Data-Juicer %s %s", out.return_code < 0 ? "was" : "returned",
                      how);
             out.error = msg;
-        } else if (attempt_materialize(c->m, cl, &w->lim, &res, &e2) < 0) {
-            out.fc = FC_OUTPUT;
+        } else if ((mr = attempt_materialize(c->m, cl, &w->lim, &res, &e2)) < 0) {
+            out.fc = attempt_result_class(mr);
             snprintf(msg, sizeof(msg), "%s", e2.msg);
             out.error = msg;
         }

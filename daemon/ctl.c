@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cmds.h"
+#include "finalize.h"
 #include "fsutil.h"
 #include "jobs.h"
 #include "json.h"
@@ -613,11 +614,39 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
         *code = PROTO_E_FAILED;
         return NULL;
     }
+    /* submitted again after a failed merge: its record does not stand */
+    finalize_retry(j);
     log_notice(&(struct log_ctx){ .job = j->key }, "control: job %s submitted by uid %u pid %d%s",
                j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid,
                cmd_arg_flag(args, O_EVERYWHERE) ? " for every node" : "");
     sched_kick();
     return job_result(j);
+}
+
+/* esctl merge of a job this node works and has not merged: its election is
+ * held again now (finalize_retry); NULL when the merge is the caller's own
+ * operation (a job not worked here, or merged already). */
+static cJSON *
+merge_again(const struct conn *c, const struct jobref *jr)
+{
+    struct job *j = jr->dir ? jobs_find(jr->dir) : NULL;
+    cJSON *r;
+
+    if (!j || j->state == JOB_COMPLETE || j->state == JOB_CANCELLED)
+        return NULL;
+    /* (being merged here: nothing to hold again; a job with shards to do
+     * is the operation's to refuse) */
+    if (!j->finalize && !(j->state == JOB_FAILED ||
+                          (j->loaded && j->claimer.ndone == j->m.nshards)))
+        return NULL;
+    if (!j->finalize && !finalize_retry(j))
+        return NULL;
+    log_notice(&(struct log_ctx){ .job = j->key }, "control: merge of %s held again for uid %u "
+               "pid %d", j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid);
+    sched_kick();
+    r = job_result(j);
+    json_add_bool(r, "held_again", true);
+    return r;
 }
 
 /* ---- operations in children ---- */
@@ -794,9 +823,14 @@ conn_answer(struct conn *c, const char *line, size_t len)
         else
             start_op(c, cmd->id, req.args, &jr, req.id, &code, &err);
         break;
+    case CMD_MERGE:
+        /* a job this node works is merged by its election: held again now */
+        if ((result = merge_again(c, &jr)))
+            break;
+        start_op(c, cmd->id, req.args, &jr, req.id, &code, &err);
+        break;
     case CMD_PREPARE:
     case CMD_RETRY:
-    case CMD_MERGE:
     case CMD_VERIFY:
     case CMD_LOGS:
         if (cmd->id == CMD_LOGS && !cmd_arg_has(req.args, O_SHARD)) {

@@ -12,21 +12,30 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fsutil.h"
 #include "helper.h"
 #include "json.h"
+#include "claim.h"
 #include "log.h"
 #include "spawn.h"
 #include "merge.h"
+
+/* A merge that failed for a cause of its storage or node (err_transient)
+ * is held again after 5 s, doubling up to 10 minutes. */
+#define MERGE_RETRY_FIRST 5.0
+#define MERGE_RETRY_MAX 600.0
 
 struct fin {
     struct job *job;
     char *dir;    /* <job>/state/esd */
     char *lock;   /* finalize.lock */
     char *result; /* finalize.json */
+    char token[33]; /* of the election this node won */
     bool winner;
+    bool lost;      /* the election lock was taken over while it merged */
     pid_t pid;
     ev_child child_w;
     ev_io out_w;      /* winner: the merging child's record */
@@ -151,17 +160,64 @@ merge_child_stop(int sig)
     _exit(1);
 }
 
-/* The merging child, a helper as the job's owner. It reports its record
- * on fd; the parent records it in finalize.json. */
+/* For tests only (ESD_TEST_MERGE_DELAY_SECS): the merging child waits so
+ * long before it merges, so that a test can freeze its node meanwhile. */
+static void
+test_delay(void)
+{
+    const char *v = getenv("ESD_TEST_MERGE_DELAY_SECS");
+    long long secs;
+    struct timespec ts;
+
+    if (!v || parse_int(v, 1, 3600, &secs) < 0)
+        return;
+    ts.tv_sec = (time_t)secs;
+    ts.tv_nsec = 0;
+    /* (the helper's tick interrupts the sleep: go on with what is left) */
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* In the merging child: the fence over this node's election lock, held
+ * from just before the output is renamed into place until finalize.json
+ * is written, so that a node that lost its election (its lease ran out
+ * while it was frozen, another node was elected) never publishes. */
+static int fence_fd = -1;
+
+static int
+fin_fence(void *ctx, struct esd_err *err)
+{
+    struct fin *f = ctx;
+    struct esd_err why;
+    int fd;
+
+    if (fence_fd >= 0)
+        return 0;
+    fd = claim_fence(f->lock, f->token, false, &why);
+    if (fd == -ESTALE)
+        return err_set(err, -ESTALE, "this node no longer holds the finalize election (%s); "
+                       "not publishing", why.msg);
+    if (fd < 0)
+        return err_set(err, fd, "%s", why.msg);
+    fence_fd = fd;
+    return 0;
+}
+
+/* The merging child, a helper as the job's owner. Merged, or failed for
+ * good, it records the result in finalize.json and gives up the election
+ * lock under the fence; a failure of the storage or the node only gives
+ * the lock up, for the election to be held again. It reports one line:
+ * the record with "status" complete, failed, retry or lost. */
 static void __attribute__((noreturn))
 fin_merge_child(struct fin *f, int fd)
 {
     struct job *j = f->job;
     struct merge_opts o = { 0 };
     struct merge_result res = { 0 };
-    struct esd_err err;
+    struct esd_err err, ferr;
     cJSON *rec = cJSON_CreateObject();
     struct sigaction sa = { .sa_handler = merge_child_stop };
+    const char *status;
     struct stat st;
     char now[40];
     int r = 0, dfd;
@@ -169,6 +225,7 @@ fin_merge_child(struct fin *f, int fd)
     /* esd stops a merge (drain timeout, second SIGTERM) with SIGTERM */
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
+    test_delay();
     /* The directory bound at submit, checked once more, and the output
      * reached from it, following no link (DESIGN.md "Security model"). */
     dfd = open(j->job_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -182,10 +239,18 @@ fin_merge_child(struct fin *f, int fd)
         o.overwrite = true;
         o.confined = true;
         o.job_fd = dfd;
+        o.before_publish = fin_fence;
+        o.publish_ctx = f;
         r = merge_run(&j->m, &o, &res, &err);
     }
+    /* (a merge that failed before it came to publish takes the fence now,
+     * to record or give up what is still this node's) */
+    if (r < 0 && fence_fd < 0 && fin_fence(f, &ferr) < 0)
+        status = "lost";
+    else
+        status = r == 0 ? "complete" : err_transient(r) ? "retry" : "failed";
     time_iso_now(now, NULL);
-    json_add_str(rec, "status", r == 0 ? "complete" : "failed");
+    json_add_str(rec, "status", status);
     json_add_str(rec, "job_id", j->m.job_id);
     json_add_str(rec, "output_path", j->output);
     json_add_str(rec, "node", F.conf->node_name);
@@ -197,6 +262,16 @@ fin_merge_child(struct fin *f, int fd)
     } else {
         json_add_str(rec, "error", err.msg);
     }
+    if (fence_fd >= 0) {
+        if (strcmp(status, "retry") &&
+            json_write_atomic(f->result, rec, JSON_PRETTY, &ferr) < 0) {
+            /* the record could not be written: the election again */
+            cJSON_ReplaceItemInObjectCaseSensitive(rec, "status", cJSON_CreateString("retry"));
+            json_set(rec, "error", cJSON_CreateString(ferr.msg));
+        }
+        unlink(f->lock);
+        claim_unfence(fence_fd);
+    }
     {
         struct buf b;
 
@@ -207,37 +282,76 @@ fin_merge_child(struct fin *f, int fd)
     _exit(r < 0 ? 2 : 0);
 }
 
-/* The merge is over (the child exited and its record was read): record it
- * for every node, then apply it here. */
+/* Gives the election lock up if it is still this node's (its token). */
+static void
+fin_release(struct fin *f)
+{
+    struct esd_err err;
+    int fd = claim_fence(f->lock, f->token, true, &err);
+
+    if (fd >= 0) {
+        unlink(f->lock);
+        claim_unfence(fd);
+    }
+}
+
+/* The merge is over (the child exited and its record was read): applied
+ * here, or the election held again after a backoff. */
 static void
 fin_merged_as_owner(struct fin *f)
 {
+    struct job *j = f->job;
     struct esd_err err;
     cJSON *rec = NULL;
+    const char *status = NULL, *error = NULL;
+    char how[96];
+    double wait;
 
     ev_timer_stop(F.loop, &f->beat_w);
     if (f->out.len &&
-        json_parse_object(f->out.p, f->out.len, "the merge record", &rec, &err) == 0 &&
-        json_write_atomic(f->result, rec, JSON_PRETTY, &err) == 0) {
+        json_parse_object(f->out.p, f->out.len, "the merge record", &rec, &err) == 0) {
+        status = json_get_str(rec, "status");
+        error = json_get_str(rec, "error");
+    }
+    if (status && (!strcmp(status, "complete") || !strcmp(status, "failed")) && fin_apply(f)) {
+        j->merge_failures = 0;
         cJSON_Delete(rec);
-        unlink(f->lock);
-        fin_apply(f);
         return;
     }
-    cJSON_Delete(rec);
-    /* no record: say why, leave the lock to turn stale, look again later */
-    log_err(&f->ctx, "the merging process ended (status %d) without a result%s%s; retrying",
-            f->status, f->out.len ? ": " : "", f->out.len ? err.msg : "");
-    unlink(f->lock);
-    {
-        struct job *j = f->job;
-
-        fin_free(f);
-        jobs_set_state(j, JOB_ACTIVE, NULL);
-        /* the election again after a poll, not in a loop */
-        j->next_claim = time_mono() + (double)F.conf->poll_interval_secs;
-        fin_done(j);
+    if ((status && !strcmp(status, "lost")) || f->lost) {
+        if (status && !strcmp(status, "lost"))
+            log_warning(&f->ctx, "this node lost the finalize election while it merged, and "
+                        "its merge did not publish: %s", error ? error : "");
+        f->lost = false;
+        cJSON_Delete(rec);
+        f->winner = false;
+        f->pid = 0;
+        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs,
+                     (double)F.conf->poll_interval_secs);
+        ev_timer_start(F.loop, &f->poll_w);
+        return;
     }
+    /* a failure of the storage or the node, or no result at all: the
+     * election again after a backoff, never a job failed for good */
+    fin_release(f);
+    helper_describe(f->status, how);
+    wait = MERGE_RETRY_FIRST * (double)(1u << (j->merge_failures < 7 ? j->merge_failures : 7));
+    if (wait > MERGE_RETRY_MAX)
+        wait = MERGE_RETRY_MAX;
+    j->merge_failures++;
+    {
+        char *why = xasprintf("the merge failed on node %s: %s; it is held again in %.0f s "
+                              "(or at once on esctl merge or submit)", F.conf->node_name,
+                              error ? error : how, wait);
+
+        log_err(&f->ctx, "%s", why);
+        fin_free(f);
+        jobs_set_state(j, JOB_ACTIVE, why);
+        free(why);
+    }
+    cJSON_Delete(rec);
+    j->next_claim = time_mono() + wait;
+    fin_done(j);
 }
 
 /* (what finalize does in the job directory it does as the job's owner:
@@ -295,13 +409,22 @@ fin_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct fin *f = w->data;
     struct fsid prev = jobs_fs_owner(f->job);
-    int fd = fs_open_job(f->lock, O_RDWR, 0, 0, NULL, NULL);
+    struct esd_err err;
+    int fd = claim_fence(f->lock, f->token, true, &err);
 
     (void)loop;
     (void)revents;
     if (fd >= 0) {
         fs_touch_fd(fd);
-        close(fd);
+        claim_unfence(fd);
+    } else if (fd == -ESTALE && f->pid > 0) {
+        /* taken over (this node was frozen past its lease): the merge
+         * cannot publish any more; stop it */
+        log_warning(&f->ctx, "this node lost the finalize election (%s): stopping the merge",
+                    err.msg);
+        f->lost = true;
+        ev_timer_stop(loop, w);
+        kill(f->pid, SIGTERM);
     }
     jobs_fs_restore(prev);
 }
@@ -325,13 +448,27 @@ fin_poll(struct fin *f)
     if (claimer_now(&f->job->claimer, &now, &err) == 0 &&
         now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9) >
             (double)F.conf->lease_secs * 2) {
+        /* Under the fence, as a shard's stale lock is taken over: a merging
+         * node that still holds it is deciding; the age is judged again on
+         * the very file that is moved aside. */
+        int fd = claim_fence(f->lock, NULL, true, &err);
         char hex[33], *aside;
+        struct stat fst;
 
+        if (fd < 0)
+            return;
+        if (fstat(fd, &fst) < 0 || now - ((double)fst.st_mtim.tv_sec +
+                                          (double)fst.st_mtim.tv_nsec / 1e9) <=
+                                       (double)F.conf->lease_secs * 2) {
+            claim_unfence(fd);
+            return;
+        }
         rand_hex32(hex);
         aside = xasprintf("%s.stale.%s", f->lock, hex);
         if (rename(f->lock, aside) == 0)
             log_warning(&f->ctx, "the merging node stopped renewing %s: electing again", f->lock);
         free(aside);
+        claim_unfence(fd);
         fin_elect(f);
     }
 }
@@ -362,7 +499,9 @@ fin_elect(struct fin *f)
 
     ev_timer_stop(F.loop, &f->poll_w);
     time_iso_now(now, NULL);
+    rand_hex32(f->token);
     json_add_str(o, "node", F.conf->node_name);
+    json_add_str(o, "token", f->token);
     json_add_int(o, "pid", (long long)getpid());
     json_add_str(o, "phase", "finalize");
     json_add_str(o, "created_at", now);
@@ -392,7 +531,7 @@ fin_elect(struct fin *f)
     jobs_helper_id(j, &who);
     if ((pid = helper_fork("merge", &who, &fd, &err)) < 0) {
         log_err(&f->ctx, "%s; retrying", err.msg);
-        unlink(f->lock);
+        fin_release(f);
         ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);
         ev_timer_start(F.loop, &f->poll_w);
         return;
@@ -460,6 +599,53 @@ finalize_start_as_owner(struct job *j)
         return;
     }
     fin_elect(f);
+}
+
+/* As the owner: moves a failed merge record aside; true if there was one. */
+static bool
+forget_failed_record(struct job *j)
+{
+    char *result = xasprintf("%s/state/esd/finalize.json", j->job_dir), *aside, now[40];
+    const char *status;
+    cJSON *o = NULL;
+    bool moved = false;
+
+    if (json_load_object(result, 1 << 20, &o, NULL) == 0 && (status = json_get_str(o, "status")) &&
+        !strcmp(status, "failed")) {
+        time_iso_now(now, NULL);
+        aside = xasprintf("%s/state/esd/finalize.failed.%s.json", j->job_dir, now);
+        moved = rename(result, aside) == 0;
+        free(aside);
+    }
+    cJSON_Delete(o);
+    free(result);
+    return moved;
+}
+
+bool
+finalize_retry(struct job *j)
+{
+    struct fsid prev;
+    bool moved;
+
+    if (j->finalize)
+        return false;
+    prev = jobs_fs_owner(j);
+    moved = forget_failed_record(j);
+    jobs_fs_restore(prev);
+    j->merge_failures = 0;
+    if (j->state == JOB_FAILED && moved) {
+        jobs_reset(j);
+        jobs_set_state(j, JOB_ACTIVE, NULL);
+    }
+    if (j->state != JOB_ACTIVE)
+        return false;
+    j->next_claim = 0;
+    if (moved)
+        log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key },
+                   "job %s: the record of its failed merge moved aside; merging again",
+                   j->job_dir);
+    return true;
 }
 
 void

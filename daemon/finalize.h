@@ -28,6 +28,16 @@ void finalize_set_done(void (*done)(struct job *j));
 /* j has every shard done: take part in the election (idempotent). */
 void finalize_start(struct job *j);
 
+/*
+ * The operator's word that j's merge may be tried again now (esctl merge
+ * of a job this node works, or a new submit): a merge record that says the
+ * merge failed is moved aside (state/esd/finalize.failed.<time>.json), the
+ * backoff after transient failures is forgotten, and a job that had failed
+ * by its merge works again. Returns true if j is to be merged again (false
+ * while a merge or an election of j runs here, or when j failed otherwise).
+ */
+bool finalize_retry(struct job *j);
+
 /* Stops every running merge (SIGTERM; its temporary output is removed and
  * its election lock given up, so that the merge is held again). */
 void finalize_stop_all(void);

@@ -75,6 +75,7 @@ struct job {
     bool idle_valid;
     size_t running;  /* attempts of this job running here */
     unsigned long done_here, failed_here; /* outcomes on this node */
+    unsigned merge_failures; /* merges here that failed for a transient cause in a row */
     unsigned fail_streak;  /* its attempts failed in a row here ... */
     double paused_until;   /* ... and the monotonic time before which it
                               is not claimed from (sched.c) */

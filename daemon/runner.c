@@ -442,8 +442,10 @@ finish_child(struct run *r, int fd)
 
     run_outcome(r, &out, msg, sizeof(msg), &need_result);
     if (need_result) {
-        if (attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr) < 0) {
-            out.fc = FC_OUTPUT;
+        int mr = attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr);
+
+        if (mr < 0) {
+            out.fc = attempt_result_class(mr);
             out.error = merr.msg;
         } else {
             have_result = true;
