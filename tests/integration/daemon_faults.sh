@@ -47,17 +47,6 @@ need_daemon_tools
 text_dataset 480
 
 finalized() { [ -e "$1/state/esd/finalize.json" ]; }
-# job_field NODE JOB EXPR: a Python expression on JOB's entry (x) in NODE's
-# status ("absent" if NODE does not know JOB yet).
-job_field() {
-    dstatus "$1"
-    python3 - "$W/$1/status.json" "$2" "$3" <<'EOF'
-import json, sys
-st, job, expr = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
-xs = [x for x in st["jobs"] if x["job_dir"] == job]
-print(eval(expr, {"x": xs[0]}) if xs else "absent")
-EOF
-}
 # attempt_running NODE: NODE runs an attempt that has at least SECS to go
 # (it started under a second ago).
 attempt_running() {

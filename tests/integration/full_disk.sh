@@ -10,14 +10,7 @@ set -euo pipefail
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 
-if [ "${ESD_IN_NS:-}" != 1 ]; then
-    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
-        echo "skip - full disk test needs root and unshare(1) to mount a small tmpfs"
-        exit 0
-    fi
-    exec unshare --mount --propagation private env ESD_IN_NS=1 TOP="$TOP" ESCTL="$ESCTL" \
-        bash "$0" "$@"
-fi
+in_mount_ns "the full disk test" "$@"
 
 tmp=$(mktemp -d)
 small=$tmp/small

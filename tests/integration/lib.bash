@@ -329,6 +329,31 @@ st, job = json.load(open(sys.argv[1])), sys.argv[2]
 print(" ".join(j["state"] for j in st["jobs"] if j["job_dir"] == job) or "absent")
 EOF
 }
+# job_field NODE JOB EXPR: a Python expression on JOB's entry (x) in NODE's
+# status ("absent" if NODE does not know JOB yet).
+job_field() {
+    dstatus "$1"
+    python3 - "$W/$1/status.json" "$2" "$3" <<'EOF'
+import json, sys
+st, job, expr = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+xs = [x for x in st["jobs"] if x["job_dir"] == job]
+print(eval(expr, {"x": xs[0]}) if xs else "absent")
+EOF
+}
+# in_mount_ns WHAT "$@": re-runs the calling script in a private mount
+# namespace (where it may mount a small tmpfs that no one else sees), or
+# exits 0 with a skip notice naming WHAT when not root.
+in_mount_ns() {
+    local what=$1
+    shift
+    [ "${ESD_IN_NS:-}" != 1 ] || return 0
+    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
+        echo "skip - $what needs root and unshare(1) to mount a small tmpfs"
+        exit 0
+    fi
+    exec unshare --mount --propagation private env ESD_IN_NS=1 TOP="$TOP" ESCTL="$ESCTL" \
+        ESD="${ESD:-}" JSONL_CHECK="${JSONL_CHECK:-}" bash "$0" "$@"
+}
 # need_daemon_tools: the daemon tests' programs are built.
 need_daemon_tools() {
     { [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"

@@ -18,14 +18,7 @@ set -euo pipefail
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 
-if [ "${ESD_IN_NS:-}" != 1 ]; then
-    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
-        echo "skip - merge_faults needs root and unshare(1) to mount a small tmpfs"
-        exit 0
-    fi
-    exec unshare --mount --propagation private env ESD_IN_NS=1 TOP="$TOP" ESCTL="$ESCTL" \
-        ESD="$ESD" JSONL_CHECK="${JSONL_CHECK:-}" bash "$0" "$@"
-fi
+in_mount_ns merge_faults "$@"
 
 new_workdir
 unset_knobs
@@ -44,16 +37,7 @@ fill() {
     [ "$n" -le 0 ] || fallocate -l "$n" "$FS/filler"
 }
 unfill() { rm -f "$FS/filler"; }
-# jfield NODE JOB EXPR: EXPR of x, JOB's entry in NODE's status.
-jfield() {
-    dstatus "$1"
-    python3 - "$W/$1/status.json" "$2" "$3" <<'EOF'
-import json, sys
-st, job, expr = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
-xs = [x for x in st["jobs"] if x["job_dir"] == job]
-print(eval(expr, {"x": xs[0]}) if xs else "absent")
-EOF
-}
+jfield() { job_field "$@"; }
 ctl() { "$ESCTL" --socket "$(dsock "$1")" "${@:2}"; }
 
 # a dataset of about 2 MiB: each of 2 shards holds about 1 MiB of results
