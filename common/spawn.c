@@ -19,9 +19,11 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Longest passwd entry looked up, and most supplementary groups taken. */
@@ -110,14 +112,17 @@ child_become(const struct spawn_cred *cred)
     return setuid(0) == 0 ? EPERM : 0;
 }
 
+/* own_group: a process group of its own (spawn_start), or its parent's
+ * (the keeper's, spawn_keep). */
 static void __attribute__((noreturn))
-child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge,
+child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge, bool own_group,
            const struct spawn_cred *cred, pid_t parent, int out_w, int status_w)
 {
     sigset_t none;
     int e, devnull;
 
-    setpgid(0, 0);
+    if (own_group)
+        setpgid(0, 0);
     child_signals_default();
     devnull = child_above_stdio(open("/dev/null", O_RDWR | O_CLOEXEC));
     out_w = child_above_stdio(out_w);
@@ -151,6 +156,278 @@ child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge,
     _exit(127);
 }
 
+/* ---- the keeper: a forked process of the caller's that runs one program ---- */
+
+/* What the keeper tells its parent, each record one write (atomic: far
+ * below PIPE_BUF). */
+enum { REP_STARTED = 1, REP_EXEC_FAILED, REP_SETUP_FAILED, REP_EXITED };
+struct rep {
+    int kind;
+    int value; /* the program's pid, an errno, or its wait status */
+};
+
+static void
+keeper_report(int fd, int kind, int value)
+{
+    struct rep rec = { kind, value };
+
+    /* (SIGPIPE is blocked: a parent that is gone gives EPIPE) */
+    while (write(fd, &rec, sizeof(rec)) < 0 && errno == EINTR)
+        ;
+}
+
+static double
+keeper_now(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Sends sig to every child of the keeper (orphans of its tree included:
+ * it is their subreaper) that is not in group skip_group (0: none).
+ * Returns how many it found. /proc/self/task/<tid>/children lists them
+ * (the keeper's own entry, readable even where ProtectProc=invisible
+ * hides the tree's, which may run as another user); without it
+ * (CONFIG_PROC_CHILDREN), every /proc/<pid>/stat is read for its ppid. */
+static int
+keeper_signal_children(int sig, pid_t skip_group)
+{
+    char path[64], chunk[8192];
+    pid_t self = getpid();
+    int fd, found = 0;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/self/task/%d/children", (int)self);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0) {
+        long pid = 0;
+        bool in = false;
+
+        /* "pid pid pid " (a chunk may end inside a number) */
+        while ((n = read(fd, chunk, sizeof(chunk))) > 0 || (n < 0 && errno == EINTR))
+            for (ssize_t i = 0; i < n; i++) {
+                if (chunk[i] >= '0' && chunk[i] <= '9') {
+                    pid = pid * 10 + (chunk[i] - '0');
+                    in = true;
+                    continue;
+                }
+                if (in && (!skip_group || getpgid((pid_t)pid) != skip_group)) {
+                    kill((pid_t)pid, sig);
+                    found++;
+                }
+                pid = 0;
+                in = false;
+            }
+        if (in && (!skip_group || getpgid((pid_t)pid) != skip_group)) {
+            kill((pid_t)pid, sig);
+            found++;
+        }
+        close(fd);
+        return found;
+    }
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+
+    if (!d)
+        return 0;
+    while ((e = readdir(d))) {
+        char *end, *p;
+        long pid = strtol(e->d_name, &end, 10), ppid;
+
+        if (*end || end == e->d_name || pid == self)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+            continue;
+        n = read(fd, chunk, sizeof(chunk) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        chunk[n] = '\0';
+        /* "pid (comm) state ppid ...": comm may hold anything, ')' too */
+        if (!(p = strrchr(chunk, ')')) || sscanf(p + 1, " %*c %ld", &ppid) != 1 ||
+            ppid != self)
+            continue;
+        if (!skip_group || getpgid((pid_t)pid) != skip_group) {
+            kill((pid_t)pid, sig);
+            found++;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* Kills the keeper's whole tree and reaps it: SIGKILL to every child,
+ * wait for one, again, until none is left. A child that dies hands its
+ * own children to the keeper (their subreaper) before its parent learns
+ * of its death, so each round reaches the next layer, and a process that
+ * forks while it is being killed only adds a child to the next round.
+ * The program's wait status goes to *status when it is reaped here. */
+static void
+keeper_kill_tree(pid_t prog, int *status, bool *reaped)
+{
+    for (;;) {
+        int st, found = keeper_signal_children(SIGKILL, 0);
+        pid_t w = waitpid(-1, &st, found ? 0 : WNOHANG);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return; /* ECHILD: nothing is left */
+        if (w == 0) {
+            /* children that the listing missed (born since): list again */
+            struct timespec ts = { 0, 10 * 1000 * 1000 };
+
+            nanosleep(&ts, NULL);
+        }
+        if (w == prog && !*reaped) {
+            *status = st;
+            *reaped = true;
+        }
+    }
+}
+
+/* Moves the calling process into the cgroup directory dir (cgroup v2:
+ * "0" written to its cgroup.procs). 0 or an errno. */
+static int
+keeper_enter_cgroup(const char *dir)
+{
+    char path[4096];
+    int fd, e = 0;
+
+    if ((size_t)snprintf(path, sizeof(path), "%s/cgroup.procs", dir) >= sizeof(path))
+        return ENAMETOOLONG;
+    if ((fd = open(path, O_WRONLY | O_CLOEXEC)) < 0)
+        return errno;
+    if (write(fd, "0", 1) != 1)
+        e = errno;
+    close(fd);
+    return e;
+}
+
+/* Closes every descriptor above 2 but a and b (both above 2). */
+static void
+keeper_close_all_but(int a, int b)
+{
+    int lo = a < b ? a : b, hi = a < b ? b : a;
+
+    child_close(STDERR_FILENO + 1, (unsigned)lo - 1);
+    child_close((unsigned)lo + 1, (unsigned)hi - 1);
+    child_close((unsigned)hi + 1, ~0U);
+}
+
+/*
+ * The keeper, in the child of spawn_keep's fork (the caller is
+ * single-threaded, so that ordinary library calls are safe here): a
+ * process group of its own, every signal blocked (SIGTERM and SIGCHLD
+ * read through a signalfd; the rest ignored), the subreaper of everything
+ * below it, in the cgroup if one is given; it starts the program in its
+ * group and stays with it until all is over.
+ */
+static void __attribute__((noreturn))
+keeper_main(char *const *argv, char *const *envp, const char *cwd, const struct spawn_cred *cred,
+            const struct spawn_keep_opts *o, pid_t parent, int out_w, int rep_w)
+{
+    sigset_t all, want;
+    int ex[2], sfd, e = 0, status = 0;
+    bool reaped = false, told, stopping = false;
+    double kill_at = 0;
+    pid_t self, prog;
+    ssize_t n;
+
+    setpgid(0, 0);
+    child_signals_default();
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    out_w = child_above_stdio(out_w);
+    rep_w = child_above_stdio(rep_w);
+    if (out_w < 0 || rep_w < 0)
+        _exit(127); /* (the parent sees the report pipe close without a word) */
+    keeper_close_all_but(out_w, rep_w);
+    sigemptyset(&want);
+    sigaddset(&want, SIGTERM);
+    sigaddset(&want, SIGCHLD);
+    if ((sfd = signalfd(-1, &want, SFD_CLOEXEC | SFD_NONBLOCK)) < 0 ||
+        prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+        e = errno;
+    else if (o->cgroup)
+        e = keeper_enter_cgroup(o->cgroup);
+    if (e) {
+        keeper_report(rep_w, REP_SETUP_FAILED, e);
+        _exit(0);
+    }
+    if (getppid() != parent)
+        _exit(0); /* the parent is gone already */
+    if (pipe2(ex, O_CLOEXEC) < 0) {
+        keeper_report(rep_w, REP_SETUP_FAILED, errno);
+        _exit(0);
+    }
+    self = getpid();
+    if ((prog = fork()) < 0) {
+        keeper_report(rep_w, REP_SETUP_FAILED, errno);
+        _exit(0);
+    }
+    if (prog == 0)
+        child_exec(argv, envp, cwd, true, false, cred, self, out_w, ex[1]);
+    /* the program's output pipe is the program's: its end of file must
+     * come when the last of the tree holding it is gone */
+    close(out_w);
+    close(ex[1]);
+    while ((n = read(ex[0], &e, sizeof(e))) < 0 && errno == EINTR)
+        ;
+    close(ex[0]);
+    if (n == (ssize_t)sizeof(e)) {
+        while (waitpid(prog, NULL, 0) < 0 && errno == EINTR)
+            ;
+        keeper_report(rep_w, REP_EXEC_FAILED, e);
+        _exit(0);
+    }
+    keeper_report(rep_w, REP_STARTED, (int)prog);
+
+    while (!reaped) {
+        /* the report pipe's read end is the parent's alone: POLLERR on
+         * the write end when it is closed, i.e. when the parent is dead */
+        struct pollfd p[2] = { { .fd = sfd, .events = POLLIN }, { .fd = rep_w, .events = 0 } };
+        struct signalfd_siginfo si;
+        int ms = -1, st;
+        pid_t w;
+
+        if (stopping) {
+            double left = kill_at - keeper_now();
+
+            if (left <= 0)
+                break;
+            ms = (int)(left * 1000) + 1;
+        }
+        if (poll(p, 2, ms) < 0 && errno != EINTR)
+            break;
+        if (p[1].revents & (POLLERR | POLLHUP))
+            break;
+        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+            if (si.ssi_signo == SIGTERM && !stopping) {
+                /* The group has it from the parent (spawn_signal): the
+                 * rest are the processes that left it, handed to the
+                 * keeper when their parents died. */
+                stopping = true;
+                kill_at = keeper_now() + o->grace;
+                keeper_signal_children(SIGTERM, self);
+            }
+        while ((w = waitpid(-1, &st, WNOHANG)) > 0)
+            if (w == prog) {
+                status = st;
+                reaped = true;
+            }
+    }
+    /* the status first: killing the rest may take a while */
+    if ((told = reaped))
+        keeper_report(rep_w, REP_EXITED, status);
+    keeper_kill_tree(prog, &status, &reaped);
+    if (reaped && !told)
+        keeper_report(rep_w, REP_EXITED, status);
+    _exit(0);
+}
+
 /* ---- in the parent ---- */
 
 /* spawn_start, with stderr on the pipe too (merge) or on /dev/null, as
@@ -180,7 +457,7 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
     sigprocmask(SIG_SETMASK, &all, &old);
     pid = fork();
     if (pid == 0)
-        child_exec(argv, envp, cwd, merge, cred, parent, out[1], status[1]);
+        child_exec(argv, envp, cwd, merge, true, cred, parent, out[1], status[1]);
     e = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
@@ -206,8 +483,9 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
         return err_set(err, -e, "Cannot run %s%s%s: %s", argv[0], cwd ? " in " : "",
                        cwd ? cwd : "", strerror(e));
     }
-    ret->pid = pid;
+    ret->pid = ret->proc = pid;
     ret->out_fd = out[0];
+    ret->report_fd = -1;
     return 0;
 }
 
@@ -225,6 +503,89 @@ spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
     if (cred->uid == 0)
         return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
     return start(argv, envp, cwd, true, cred, ret, err);
+}
+
+int
+spawn_keep(char *const *argv, char *const *envp, const char *cwd, const struct spawn_cred *cred,
+           const struct spawn_keep_opts *o, struct spawned *ret, struct esd_err *err)
+{
+    int out[2], rep[2], e, r;
+    pid_t pid, parent = getpid();
+    sigset_t all, old;
+    struct rep rec = { 0 };
+    ssize_t n;
+
+    if (!argv || !argv[0])
+        return err_set(err, -EINVAL, "Nothing to run");
+    if (cred && cred->uid == 0)
+        return err_set(err, -EPERM, "Refusing to run %s as root", argv[0]);
+    if (pipe2(out, O_CLOEXEC) < 0)
+        return err_sys(err, -errno, "Cannot create a pipe for %s", argv[0]);
+    if (pipe2(rep, O_CLOEXEC) < 0) {
+        r = err_sys(err, -errno, "Cannot create a pipe for %s", argv[0]);
+        close(out[0]);
+        close(out[1]);
+        return r;
+    }
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    pid = fork();
+    if (pid == 0)
+        keeper_main(argv, envp, cwd, cred, o, parent, out[1], rep[1]);
+    e = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    close(out[1]);
+    close(rep[1]);
+    if (pid < 0) {
+        close(out[0]);
+        close(rep[0]);
+        return err_sys(err, -e, "Cannot fork to run %s", argv[0]);
+    }
+    setpgid(pid, pid);
+    while ((n = read(rep[0], &rec, sizeof(rec))) < 0 && errno == EINTR)
+        ;
+    if (n == (ssize_t)sizeof(rec) && rec.kind == REP_STARTED) {
+        fcntl(rep[0], F_SETFL, fcntl(rep[0], F_GETFL) | O_NONBLOCK);
+        ret->pid = pid;
+        ret->proc = (pid_t)rec.value;
+        ret->out_fd = out[0];
+        ret->report_fd = rep[0];
+        return 0;
+    }
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    close(out[0]);
+    close(rep[0]);
+    if (n == (ssize_t)sizeof(rec) && rec.kind == REP_EXEC_FAILED)
+        return err_set(err, -rec.value, "Cannot run %s%s%s: %s", argv[0], cwd ? " in " : "",
+                       cwd ? cwd : "", strerror(rec.value));
+    if (n == (ssize_t)sizeof(rec) && rec.kind == REP_SETUP_FAILED)
+        return err_set(err, -rec.value, "Cannot set up the keeper of %s%s%s: %s", argv[0],
+                       o->cgroup ? " in cgroup " : "", o->cgroup ? o->cgroup : "",
+                       strerror(rec.value));
+    return err_set(err, -ECHILD, "The keeper of %s ended before starting it", argv[0]);
+}
+
+int
+spawn_keep_status(struct spawned *s, int keeper_status, int *ret_status)
+{
+    struct rep rec;
+    bool got = false;
+    int status = keeper_status;
+    ssize_t n;
+
+    if (s->report_fd < 0)
+        return -EBADF;
+    while ((n = read(s->report_fd, &rec, sizeof(rec))) == (ssize_t)sizeof(rec) ||
+           (n < 0 && errno == EINTR))
+        if (n > 0 && rec.kind == REP_EXITED) {
+            status = rec.value;
+            got = true;
+        }
+    close(s->report_fd);
+    s->report_fd = -1;
+    *ret_status = status;
+    return got ? 0 : -ESRCH;
 }
 
 int

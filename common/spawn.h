@@ -8,7 +8,8 @@
  * rather than as an exit status the processor might also use, and SIGKILL
  * to the child when its parent dies (PR_SET_PDEATHSIG): a crashed daemon or
  * worker leaves no attempt running on under a lease nobody renews. (The
- * rest of the child's process group is the child's to end.) A daemon
+ * rest of the child's process group is the child's to end; spawn_keep
+ * puts a keeper above the child that ends all of it.) A daemon
  * running as root starts it with a user's credentials from the user
  * database (struct spawn_cred).
  */
@@ -22,8 +23,10 @@
 #include "util.h"
 
 struct spawned {
-    pid_t pid;  /* also the process group id */
-    int out_fd; /* read end of the child's stdout+stderr (O_CLOEXEC, blocking) */
+    pid_t pid;     /* also the process group id; spawn_keep: the keeper's */
+    int out_fd;    /* read end of the child's stdout+stderr (O_CLOEXEC, blocking) */
+    pid_t proc;    /* the program itself: pid, or (spawn_keep) the keeper's child */
+    int report_fd; /* spawn_keep: the keeper's report (O_CLOEXEC, O_NONBLOCK); else -1 */
 };
 
 /*
@@ -82,6 +85,52 @@ void spawn_env_base(const struct strv *allow, const struct spawn_cred *cred,
  */
 int spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
                    const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err);
+
+/*
+ * A kept start, for what must leave nothing behind (an attempt's
+ * processor). The caller (single-threaded) forks a keeper: a process of
+ * its own, with its identity, that leads the process group, is the child
+ * subreaper of everything below it (PR_SET_CHILD_SUBREAPER: whatever
+ * leaves the group with setsid, double-forks or is orphaned is handed to
+ * it, not to init), and starts argv as spawn_start_as would (as cred,
+ * refusing uid 0 with -EPERM; as the caller when cred is NULL) but in the
+ * keeper's group. s->pid is the keeper (the process to wait for, and the
+ * group: spawn_signal reaches the program and what stayed in its group),
+ * s->proc the program. The keeper then:
+ *  - when the program exits: reports its wait status, SIGKILLs the rest
+ *    of its tree and reaps it, round after round until nothing is left,
+ *    and exits 0;
+ *  - on SIGTERM (spawn_signal(s, SIGTERM) sends it to the whole group):
+ *    also sends SIGTERM to the processes that left the group and were
+ *    handed to it, and o->grace seconds later SIGKILLs the tree, program
+ *    included, as above;
+ *  - when the caller dies (even by SIGKILL: it sees the report pipe's
+ *    read end close) kills the tree at once and exits.
+ * So when the keeper has exited, nothing of the tree is left, unless the
+ * keeper itself was killed with SIGKILL (by root, or by the program when
+ * cred is the keeper's own user); its program dies with it (PDEATHSIG),
+ * what left the group may not. With o->cgroup (a cgroup v2 directory the
+ * caller may write), the keeper moves into it before starting anything,
+ * so that the caller can kill what is left there exactly.
+ * Returns 0 with *ret filled, or a negative errno with err when the fork,
+ * the keeper's set-up or the exec failed (the keeper is reaped then).
+ */
+struct spawn_keep_opts {
+    double grace;       /* seconds from SIGTERM to SIGKILL of the tree */
+    const char *cgroup; /* the keeper's cgroup directory, or NULL */
+};
+int spawn_keep(char *const *argv, char *const *envp, const char *cwd,
+               const struct spawn_cred *cred, const struct spawn_keep_opts *o,
+               struct spawned *ret, struct esd_err *err);
+
+/*
+ * Once the keeper of s (spawn_keep) has been reaped with wait status
+ * keeper_status: the program's wait status in *ret_status, and the report
+ * pipe closed. Returns 0, or -ESRCH when the keeper died without saying
+ * (*ret_status is then keeper_status, and what left the group may still
+ * run).
+ */
+int spawn_keep_status(struct spawned *s, int keeper_status, int *ret_status);
 
 /*
  * Runs argv (PATH lookup as spawn_start) in cwd with the current

@@ -19,6 +19,7 @@
 #include <ev.h>
 
 #include "config.h"
+#include "contain.h"
 #include "ctl.h"
 #include "finalize.h"
 #include "helper.h"
@@ -257,6 +258,8 @@ main(int argc, char **argv)
         fprintf(stderr, "esd: cannot initialise the event loop\n");
         return 1;
     }
+    /* before anything is started: the subreaper, the attempts' cgroups */
+    contain_init(M.loop);
     ev_signal_init(&M.term_w, main_stop_cb, SIGTERM);
     ev_signal_start(M.loop, &M.term_w);
     ev_signal_init(&M.int_w, main_stop_cb, SIGINT);
@@ -310,6 +313,7 @@ main(int argc, char **argv)
     jobs_fini();
     ray_fini();
     notify_fini();
+    contain_fini();
     config_free(M.conf);
     free(M.conf);
     ev_loop_destroy(M.loop);

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "contain.h"
 #include "fsutil.h"
 #include "helper.h"
 #include "json.h"
@@ -26,6 +27,13 @@
 #include "spawn.h"
 
 #define KILL_GRACE 10.0
+/* After KILL_GRACE the keeper kills the tree itself; esd's SIGKILL to the
+ * group is a backstop for a keeper that did not. */
+#define KEEPER_SLACK 5.0
+/* How long the output pipe may stay open once the processor's tree is
+ * gone: only a process outside it (one that was passed the descriptor)
+ * can hold it, and esd never waits on that. */
+#define OUT_DRAIN 2.0
 #define LOG_LINE_MAX 8192
 /* Bytes of one attempt's output copied into esd's log (process.log keeps
  * everything): a processor that prints without end must not flood the
@@ -41,12 +49,14 @@ struct run {
     struct log_ctx ctx;
     struct attempt_cmd cmd;
     struct spawned child;
+    char *cgroup; /* its cgroup (contain_begin), or NULL */
     int log_fd;
     ev_child child_w;
     ev_io out_w;
     ev_timer beat_w;
     ev_timer timeout_w;
     ev_timer grace_w;
+    ev_timer drain_w;
     struct buf line;
     size_t logged;   /* bytes of its output logged so far */
     double started;
@@ -114,6 +124,11 @@ run_free(struct run *r)
     R.n--;
     if (r->log_fd >= 0)
         close(r->log_fd);
+    if (r->child.out_fd >= 0)
+        close(r->child.out_fd);
+    if (r->child.report_fd >= 0)
+        close(r->child.report_fd);
+    contain_end(r->cgroup);
     attempt_cmd_free(&r->cmd);
     claim_free(&r->cl);
     buf_free(&r->line);
@@ -123,6 +138,8 @@ run_free(struct run *r)
 
 /* ---- the processor ---- */
 
+/* SIGTERM to the processor's group; its keeper sends it to what left the
+ * group too, and kills the whole tree KILL_GRACE later. */
 static void
 run_kill(struct run *r)
 {
@@ -140,7 +157,8 @@ run_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
     (void)loop;
     (void)revents;
-    log_warning(&r->ctx, "processor still running %.0f s after SIGTERM: SIGKILL", KILL_GRACE);
+    log_warning(&r->ctx, "processor's keeper still running %.0f s after SIGTERM: SIGKILL to its "
+                "process group", KILL_GRACE + KEEPER_SLACK);
     spawn_signal(&r->child, SIGKILL);
 }
 
@@ -209,6 +227,7 @@ run_out_cb(struct ev_loop *loop, ev_io *w, int revents)
     }
     run_lines(r, true);
     ev_io_stop(loop, w);
+    ev_timer_stop(loop, &r->drain_w);
     close(r->child.out_fd);
     r->child.out_fd = -1;
     r->out_eof = true;
@@ -217,21 +236,56 @@ run_out_cb(struct ev_loop *loop, ev_io *w, int revents)
 }
 
 static void
+run_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct run *r = w->data;
+
+    (void)w;
+    (void)revents;
+    log_warning(&r->ctx, "the processor's output is still open %.0f s after its process tree "
+                "ended (a process outside it holds it): closing it", OUT_DRAIN);
+    /* what is there still goes to the log, then end of file */
+    run_out_cb(loop, &r->out_w, EV_READ);
+    if (!r->out_eof) {
+        run_lines(r, true);
+        ev_io_stop(loop, &r->out_w);
+        close(r->child.out_fd);
+        r->child.out_fd = -1;
+        r->out_eof = true;
+        run_finish(r);
+    }
+}
+
+/* The keeper exited: the processor and everything it started are gone
+ * (the keeper kills its tree before it exits). The lease is still
+ * renewed: the attempt is over only once it is finished. */
+static void
 run_child_cb(struct ev_loop *loop, ev_child *w, int revents)
 {
     struct run *r = w->data;
+    char how[64];
+    int code;
 
     (void)revents;
     ev_child_stop(loop, w);
     r->exited = true;
-    r->status = w->rstatus;
-    ev_timer_stop(loop, &r->beat_w);
     ev_timer_stop(loop, &r->timeout_w);
     ev_timer_stop(loop, &r->grace_w);
-    /* what is left of the group must not keep the output pipe open */
-    spawn_signal(&r->child, SIGKILL);
+    if (spawn_keep_status(&r->child, w->rstatus, &r->status) < 0) {
+        spawn_describe(w->rstatus, how, &code);
+        log_warning(&r->ctx, "the processor's keeper ended without its report (%s): %s", how,
+                    r->cgroup ? "killing what is left in the attempt's cgroup"
+                              : "what the processor started outside its process group may "
+                                "still run");
+        /* (its processor died with it: PR_SET_PDEATHSIG) */
+        spawn_signal(&r->child, SIGKILL);
+    }
+    contain_end(r->cgroup);
+    r->cgroup = NULL;
     if (r->out_eof)
         run_finish(r);
+    else
+        ev_timer_start(loop, &r->drain_w);
 }
 
 static void
@@ -246,7 +300,12 @@ run_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
     struct fsid prev = jobs_fs_owner(r->job);
     rc = claim_heartbeat(&r->cl, &err);
     jobs_fs_restore(prev);
-    if (rc == -ESTALE) {
+    if (rc == -ESTALE && r->exited) {
+        /* finishing: the finishing process released the lock (or will
+         * find that it lost it: its publication is fenced) */
+        log_debug(&r->ctx, "%s (finishing)", err.msg);
+        ev_timer_stop(loop, w);
+    } else if (rc == -ESTALE) {
         r->lease_lost = true;
         snprintf(r->error, sizeof(r->error), "%s", err.msg);
         log_warning(&r->ctx, "%s: stopping the attempt", err.msg);
@@ -300,6 +359,7 @@ runner_start(struct job *j, struct claim *cl)
     struct fsid prev;
     const char *addr = ray_address();
     bool as_owner = geteuid() == 0;
+    struct spawn_keep_opts keep = { .grace = KILL_GRACE };
 
     r->job = j;
     r->cl = *cl;
@@ -308,7 +368,7 @@ runner_start(struct job *j, struct claim *cl)
     r->ctx.shard = r->cl.shard_id;
     r->ctx.attempt = r->cl.attempt_number;
     r->log_fd = -1;
-    r->child.out_fd = -1;
+    r->child.out_fd = r->child.report_fd = -1;
     r->started = time_mono();
     r->ray_gen = ray_generation();
     snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : j->m.ray_address);
@@ -319,8 +379,10 @@ runner_start(struct job *j, struct claim *cl)
     R.n++;
     j->running++;
     jobs_claim_record(j, &r->cl);
-    ev_timer_init(&r->grace_w, run_grace_cb, KILL_GRACE, 0);
+    ev_timer_init(&r->grace_w, run_grace_cb, KILL_GRACE + KEEPER_SLACK, 0);
     r->grace_w.data = r;
+    ev_timer_init(&r->drain_w, run_drain_cb, OUT_DRAIN, 0);
+    r->drain_w.data = r;
     ev_timer_init(&r->beat_w, run_beat_cb, (double)r->cl.lease_secs / 4.0,
                   (double)r->cl.lease_secs / 4.0);
     r->beat_w.data = r;
@@ -350,8 +412,9 @@ runner_start(struct job *j, struct claim *cl)
         strv_free(&env);
         goto start_failed;
     }
-    if ((as_owner ? spawn_start_as(r->cmd.argv, r->cmd.envp, r->cmd.cwd, &cred, &r->child, &err)
-                  : spawn_start(r->cmd.argv, r->cmd.envp, r->cmd.cwd, &r->child, &err)) < 0) {
+    keep.cgroup = r->cgroup = contain_begin(r->cl.token);
+    if (spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, as_owner ? &cred : NULL, &keep,
+                   &r->child, &err) < 0) {
         dprintf(r->log_fd, "\nUnable to start Data-Juicer: %s\n", err.msg);
         strv_free(&env);
         goto start_failed;
@@ -369,8 +432,8 @@ runner_start(struct job *j, struct claim *cl)
     ev_timer_start(R.loop, &r->beat_w);
     if (c->attempt_timeout_secs > 0)
         ev_timer_start(R.loop, &r->timeout_w);
-    log_info(&r->ctx, "started %s (pid %d) on Ray %s", r->cmd.argv[0], (int)r->child.pid,
-             r->ray_addr);
+    log_info(&r->ctx, "started %s (pid %d, its keeper %d) on Ray %s", r->cmd.argv[0],
+             (int)r->child.proc, (int)r->child.pid, r->ray_addr);
     return;
 
 start_failed:
@@ -531,6 +594,7 @@ run_report(struct run *r)
     claimer_forget(&j->claimer, &r->cl, done, failed);
     cJSON_Delete(rep);
     j->running--;
+    ev_timer_stop(R.loop, &r->beat_w);
     run_free(r);
     if (R.done)
         R.done(j, &fin);
@@ -641,7 +705,7 @@ runner_status_json(void)
         json_add_str(o, "shard_id", r->cl.shard_id);
         json_add_int(o, "attempt", r->cl.attempt_number);
         if (r->running)
-            json_add_int(o, "pid", (long long)r->child.pid);
+            json_add_int(o, "pid", (long long)r->child.proc);
         json_add_float(o, "running_secs", time_mono() - r->started);
         json_add_str(o, "phase", r->exited ? "finishing" : r->killing ? "stopping" : "running");
         cJSON_AddItemToArray(a, o);

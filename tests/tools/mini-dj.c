@@ -75,7 +75,7 @@
  * presence.
  *
  * Knobs (environment). The failure knobs (MINI_DJ_EXIT, _SLEEP_MS, _HANG,
- * _CRASH, _BAD, _NO_EXPORT, _SPAWN_CHILD) act only when MINI_DJ_ONLY and
+ * _CRASH, _BAD, _NO_EXPORT, _SPAWN_CHILD, _ESCAPE) act only when MINI_DJ_ONLY and
  * MINI_DJ_FAIL_ONCE allow it; the others always act.
  *   MINI_DJ_EXIT=N         exit N at once after the flags are checked
  *   MINI_DJ_SLEEP_MS=N     sleep N ms per input row
@@ -102,6 +102,14 @@
  *   MINI_DJ_SPAWN_CHILD=1  fork a child that sleeps forever in mini-dj's
  *                          process group, keeping its stdout/stderr open, and
  *                          print "mini-dj: spawned child pid N"
+ *   MINI_DJ_ESCAPE=MODE    leave a process behind that escapes the process
+ *                          group, keeps stdout/stderr (the output pipe) open,
+ *                          ignores SIGTERM and SIGHUP and sleeps until killed:
+ *                          setsid (a child that calls setsid()) or double (a
+ *                          child that forks a grandchild calling setsid()
+ *                          and exits at once, so the grandchild is an
+ *                          orphan). Prints "mini-dj: escaped pid N (MODE)"
+ *                          with the escaped process's pid
  *   MINI_DJ_ONLY=SUBSTR    failure knobs only if --dataset_path contains SUBSTR
  *   MINI_DJ_FAIL_ONCE=DIR  failure knobs only on the first run for a given
  *                          --dataset_path: that run creates the marker
@@ -147,6 +155,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -197,6 +206,9 @@ usage(FILE *f)
         "                            without rows), exit 0\n"
         "  MINI_DJ_NO_EXPORT=1     * exit 0 without creating the export path\n"
         "  MINI_DJ_SPAWN_CHILD=1   * fork a child sleeping forever in this process group\n"
+        "  MINI_DJ_ESCAPE=MODE     * leave a process that left the group (setsid: a child\n"
+        "                            calling setsid; double: an orphaned grandchild), holds\n"
+        "                            the output open, ignores SIGTERM and sleeps forever\n"
         "  MINI_DJ_ONLY=SUBSTR       failure knobs only if --dataset_path contains SUBSTR\n"
         "  MINI_DJ_FAIL_ONCE=DIR     failure knobs only on the first run per dataset\n"
         "                            (marker files in DIR)\n"
@@ -312,6 +324,7 @@ struct knobs {
     int exit_code; /* -1: not set */
     long long sleep_ms;
     bool hang, crash, no_export, spawn_child;
+    const char *escape; /* NULL, "setsid" or "double" */
     enum bad_mode bad;
     const char *only, *fail_once, *record;
     long long parts;
@@ -388,6 +401,11 @@ knobs_parse(struct knobs *k, struct esd_err *err)
                            "MINI_DJ_BAD must be invalid, blank, notobject or badutf8, not '%s'",
                            v);
     }
+    if ((v = env_str("MINI_DJ_ESCAPE"))) {
+        if (strcmp(v, "setsid") != 0 && strcmp(v, "double") != 0)
+            return err_set(err, -EINVAL, "MINI_DJ_ESCAPE must be setsid or double, not '%s'", v);
+        k->escape = v;
+    }
     if ((v = env_str("MINI_DJ_EMPTY")) && strcmp(v, "dir") != 0) {
         if (strcmp(v, "nodir") != 0)
             return err_set(err, -EINVAL, "MINI_DJ_EMPTY must be dir or nodir, not '%s'", v);
@@ -405,6 +423,7 @@ knobs_disarm(struct knobs *k)
     k->exit_code = -1;
     k->sleep_ms = 0;
     k->hang = k->crash = k->no_export = k->spawn_child = false;
+    k->escape = NULL;
     k->bad = BAD_NONE;
 }
 
@@ -1338,6 +1357,51 @@ spawn_child(struct esd_err *err)
     return 0;
 }
 
+/* MINI_DJ_ESCAPE: leaves a process behind outside this process group;
+ * returns once it has said its pid. */
+static int
+escape(const char *mode, struct esd_err *err)
+{
+    int p[2], st;
+    char c;
+    pid_t pid;
+
+    fflush(NULL);
+    if (pipe(p) < 0)
+        return err_sys(err, -errno, "cannot make a pipe");
+    if ((pid = fork()) < 0)
+        return err_sys(err, -errno, "cannot fork");
+    if (pid == 0) {
+        close(p[0]);
+        if (strcmp(mode, "double") == 0) {
+            pid_t g = fork();
+
+            if (g < 0)
+                _exit(1);
+            if (g > 0)
+                _exit(0);
+        }
+        /* out of the group and the session, deaf to SIGTERM and SIGHUP,
+         * the output pipe kept; "ready" once the pid is printed */
+        setsid();
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+        prctl(PR_SET_NAME, "mini-dj-escape", 0, 0, 0);
+        printf("mini-dj: escaped pid %ld (%s)\n", (long)getpid(), mode);
+        fflush(NULL);
+        (void)!write(p[1], "x", 1);
+        close(p[1]);
+        for (;;)
+            pause();
+    }
+    close(p[1]);
+    (void)!read(p[0], &c, 1);
+    close(p[0]);
+    if (strcmp(mode, "double") == 0)
+        waitpid(pid, &st, 0);
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1417,6 +1481,10 @@ main(int argc, char **argv)
     }
     event(o.event_log_dir, "started job %s on %s", o.job_id, o.dataset_path);
     if (k.spawn_child && spawn_child(&err) < 0) {
+        fprintf(stderr, "mini-dj: %s\n", err.msg);
+        goto out;
+    }
+    if (k.escape && escape(k.escape, &err) < 0) {
         fprintf(stderr, "mini-dj: %s\n", err.msg);
         goto out;
     }

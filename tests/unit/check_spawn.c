@@ -5,7 +5,11 @@
  * it), every signal at its default and unblocked, the credentials given
  * (supplementary groups included; as root only) and read from the user
  * database, exec failures reported as errors (and no zombie), the whole
- * tree signalled, and wait statuses described as the reference words them.
+ * tree signalled, and wait statuses described as the reference words them;
+ * spawn_keep's keeper: the program in its group, its status reported, and
+ * nothing left of its tree (what left the group with setsid included)
+ * when the program exits, after a stop and its grace, or when the keeper's
+ * parent dies.
  */
 #include <check.h>
 #include <errno.h>
@@ -26,6 +30,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fsutil.h"
@@ -481,6 +486,241 @@ START_TEST(test_spawn_describe)
 }
 END_TEST
 
+/* ---- spawn_keep: the keeper ---- */
+
+/* Whether pid is gone (not even a zombie) within 10 s. */
+static bool
+gone_soon(pid_t pid)
+{
+    for (int i = 0; i < 1000; i++) {
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+
+        if (kill(pid, 0) < 0 && errno == ESRCH)
+            return true;
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+/* The program's first line of output: a pid. */
+static pid_t
+read_pid(int fd)
+{
+    char line[32] = { 0 };
+    size_t n = 0;
+
+    while (n < sizeof(line) - 1) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+
+        ck_assert_msg(poll(&p, 1, 10000) == 1, "no pid within 10 s");
+        ck_assert_int_eq(read(fd, line + n, 1), 1);
+        if (line[n++] == '\n')
+            break;
+    }
+    return (pid_t)atol(line);
+}
+
+/* An escapee: a process that leaves the group and the session, holds the
+ * output pipe, prints its pid and sleeps; the shell waits for it. */
+#define ESCAPE "setsid sh -c 'echo $$; exec sleep 100' & "
+
+START_TEST(test_keep_output_status_group)
+{
+    struct strv argv = vec("sh", "-c", "echo out; echo err >&2; exit 3", NULL);
+    struct spawn_keep_opts o = { .grace = 5 };
+    struct spawned s;
+    struct esd_err err;
+    char how[64], *text;
+    int code = 0, st;
+
+    ck_assert_msg(spawn_keep(argv.v, environ, NULL, NULL, &o, &s, &err) == 0, "%s", err.msg);
+    ck_assert_int_ne(s.proc, s.pid);
+    ck_assert(fcntl(s.out_fd, F_GETFD) & FD_CLOEXEC);
+    ck_assert(fcntl(s.report_fd, F_GETFD) & FD_CLOEXEC);
+    text = read_all(s.out_fd);
+    ck_assert_str_eq(text, "out\nerr\n");
+    close(s.out_fd);
+    st = wait_for(s.pid);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_int_eq(spawn_keep_status(&s, st, &st), 0);
+    spawn_describe(st, how, &code);
+    ck_assert_str_eq(how, "exit code 3");
+    ck_assert_int_eq(s.report_fd, -1);
+    free(text);
+    strv_free(&argv);
+}
+END_TEST
+
+START_TEST(test_keep_program_in_keepers_group)
+{
+    struct strv argv = vec("sleep", "100", NULL);
+    struct spawn_keep_opts o = { .grace = 5 };
+    struct spawned s;
+    struct esd_err err;
+    char how[64];
+    int code = 0, st;
+
+    ck_assert_msg(spawn_keep(argv.v, environ, NULL, NULL, &o, &s, &err) == 0, "%s", err.msg);
+    ck_assert_int_eq(getpgid(s.pid), s.pid);
+    ck_assert_int_eq(getpgid(s.proc), s.pid);
+    /* SIGTERM to the group: the program dies of it, the keeper reports */
+    spawn_signal(&s, SIGTERM);
+    st = wait_for(s.pid);
+    ck_assert_int_eq(spawn_keep_status(&s, st, &st), 0);
+    spawn_describe(st, how, &code);
+    ck_assert_str_eq(how, "killed by signal 15 (TERM)");
+    close(s.out_fd);
+    strv_free(&argv);
+}
+END_TEST
+
+/* What left the group (setsid) and holds the output pipe dies when the
+ * program exits: the pipe reaches its end, the escapee is gone. */
+START_TEST(test_keep_kills_escapee_at_exit)
+{
+    char *flag = xasprintf("%s/printed", tmp);
+    char *script = xasprintf("setsid sh -c 'echo $$; : >%s; exec sleep 100' & "
+                             "while [ ! -e %s ]; do sleep 0.01; done; exit 0", flag, flag);
+    struct strv argv = vec("sh", "-c", script, NULL);
+    struct spawn_keep_opts o = { .grace = 5 };
+    struct spawned s;
+    struct esd_err err;
+    char *rest;
+    pid_t esc;
+    int st;
+
+    ck_assert_msg(spawn_keep(argv.v, environ, NULL, NULL, &o, &s, &err) == 0, "%s", err.msg);
+    esc = read_pid(s.out_fd);
+    ck_assert_int_gt(esc, 0);
+    ck_assert_int_ne(getsid(esc), getsid(s.proc));
+    rest = read_all(s.out_fd);
+    ck_assert_str_eq(rest, "");
+    st = wait_for(s.pid);
+    ck_assert_int_eq(spawn_keep_status(&s, st, &st), 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert(gone_soon(esc));
+    close(s.out_fd);
+    free(rest);
+    free(script);
+    free(flag);
+    strv_free(&argv);
+}
+END_TEST
+
+/* A stop: SIGTERM to the group reaches the escapee through the keeper
+ * once it is an orphan (here, as soon as the shell died of SIGTERM), and
+ * a program that ignores SIGTERM is killed after the grace. */
+START_TEST(test_keep_stop_and_grace)
+{
+    struct strv argv = vec("sh", "-c", "trap '' TERM; " ESCAPE "wait; wait", NULL);
+    struct spawn_keep_opts o = { .grace = 0.3 };
+    struct spawned s;
+    struct esd_err err;
+    char how[64];
+    double t0;
+    pid_t esc;
+    int st, code = 0;
+
+    ck_assert_msg(spawn_keep(argv.v, environ, NULL, NULL, &o, &s, &err) == 0, "%s", err.msg);
+    esc = read_pid(s.out_fd);
+    t0 = time_mono();
+    spawn_signal(&s, SIGTERM);
+    st = wait_for(s.pid);
+    ck_assert(time_mono() - t0 >= 0.3);
+    ck_assert_int_eq(spawn_keep_status(&s, st, &st), 0);
+    spawn_describe(st, how, &code);
+    ck_assert_str_eq(how, "killed by signal 9 (KILL)");
+    ck_assert(gone_soon(esc));
+    close(s.out_fd);
+    strv_free(&argv);
+}
+END_TEST
+
+/* The keeper's parent dies (esd killed with SIGKILL): the keeper kills its
+ * whole tree, escapee included, and exits. This process is the subreaper
+ * that gets the keeper. */
+START_TEST(test_keep_parent_death)
+{
+    int p[2], st;
+    pid_t mid, got[2] = { 0, 0 };
+
+    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    ck_assert_int_eq(pipe(p), 0);
+    mid = fork();
+    ck_assert_int_ge(mid, 0);
+    if (mid == 0) {
+        struct strv argv = vec("sh", "-c", ESCAPE "wait", NULL);
+        struct spawn_keep_opts o = { .grace = 5 };
+        struct spawned s;
+        struct esd_err err;
+
+        if (spawn_keep(argv.v, environ, NULL, NULL, &o, &s, &err) < 0)
+            _exit(1);
+        got[0] = s.pid;
+        got[1] = read_pid(s.out_fd);
+        (void)!write(p[1], got, sizeof(got));
+        kill(getpid(), SIGKILL);
+    }
+    close(p[1]);
+    ck_assert_int_eq(read(p[0], got, sizeof(got)), (ssize_t)sizeof(got));
+    close(p[0]);
+    ck_assert_int_eq(waitpid(mid, &st, 0), mid);
+    ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    /* the keeper was handed to this process: it ends by itself */
+    st = wait_for(got[0]);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert(gone_soon(got[1]));
+}
+END_TEST
+
+/* A keeper killed with SIGKILL says nothing: -ESRCH and its own status;
+ * its program dies with it (PDEATHSIG). */
+START_TEST(test_keep_keeper_killed)
+{
+    struct strv argv = vec("sleep", "100", NULL);
+    struct spawn_keep_opts o = { .grace = 5 };
+    struct spawned s;
+    struct esd_err err;
+    int st, got;
+
+    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    ck_assert_msg(spawn_keep(argv.v, environ, NULL, NULL, &o, &s, &err) == 0, "%s", err.msg);
+    kill(s.pid, SIGKILL);
+    st = wait_for(s.pid);
+    ck_assert_int_eq(spawn_keep_status(&s, st, &got), -ESRCH);
+    ck_assert_int_eq(got, st);
+    st = wait_for(s.proc);
+    ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    close(s.out_fd);
+    strv_free(&argv);
+}
+END_TEST
+
+START_TEST(test_keep_failures)
+{
+    struct strv missing = vec("esd-no-such-program", NULL);
+    struct strv ok = vec("true", NULL);
+    struct spawn_keep_opts o = { .grace = 5 }, bad = { .grace = 5, .cgroup = "/nonexistent" };
+    struct spawn_cred root = { .uid = 0, .gid = 0 };
+    struct spawned s = { .pid = -7, .out_fd = -7 };
+    struct esd_err err;
+
+    ck_assert_int_eq(spawn_keep(missing.v, environ, NULL, NULL, &o, &s, &err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "esd-no-such-program"));
+    ck_assert_int_eq(spawn_keep(ok.v, environ, "/nonexistent-dir", NULL, &o, &s, &err), -ENOENT);
+    ck_assert_int_eq(spawn_keep(ok.v, environ, NULL, NULL, &bad, &s, &err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err.msg, "cgroup /nonexistent"));
+    ck_assert_int_eq(spawn_keep(ok.v, environ, NULL, &root, &o, &s, &err), -EPERM);
+    /* every keeper was reaped, and nothing was returned */
+    errno = 0;
+    ck_assert_int_eq(waitpid(-1, NULL, WNOHANG), -1);
+    ck_assert_int_eq(errno, ECHILD);
+    ck_assert_int_eq(s.pid, -7);
+    strv_free(&missing);
+    strv_free(&ok);
+}
+END_TEST
+
 static Suite *
 spawn_suite(void)
 {
@@ -500,6 +740,13 @@ spawn_suite(void)
     tcase_add_test(tc, test_spawn_as_credentials);
     tcase_add_test(tc, test_spawn_cred_for_uid);
     tcase_add_test(tc, test_spawn_describe);
+    tcase_add_test(tc, test_keep_output_status_group);
+    tcase_add_test(tc, test_keep_program_in_keepers_group);
+    tcase_add_test(tc, test_keep_kills_escapee_at_exit);
+    tcase_add_test(tc, test_keep_stop_and_grace);
+    tcase_add_test(tc, test_keep_parent_death);
+    tcase_add_test(tc, test_keep_keeper_killed);
+    tcase_add_test(tc, test_keep_failures);
     suite_add_tcase(s, tc);
     return s;
 }
