@@ -1,7 +1,8 @@
 /*
  * worker: `esctl worker`, a synchronous worker in the manner of the
  * reference's `shard_job.py worker`, on esd's engine: claim a shard, run
- * the processor in its own process group with its output in process.log,
+ * the processor in its own process group under a keeper that ends every
+ * process it starts (spawn_keep) with its output in process.log,
  * renew the lease every lease/4, enforce the attempt timeout, validate and
  * publish, and claim again; when nothing is claimable, wait (jittered) and
  * poll until the job is terminal. SIGINT/SIGTERM stop the running attempt
@@ -95,26 +96,48 @@ pump_output(struct run *run, bool echo, const char *id)
     return true;
 }
 
-/* Stops the child's process group: SIGTERM, then SIGKILL after grace. */
-static void
-terminate(struct run *run, double grace)
+/* Seconds from SIGTERM to SIGKILL of the attempt's tree (its keeper's,
+ * spawn_keep), the backstop after that for a keeper that did not, and how
+ * long the output may stay open once the tree is gone (held by a process
+ * outside it, which the worker never waits on). */
+#define KILL_GRACE 10.0
+#define KEEPER_SLACK 5.0
+#define OUT_DRAIN 2.0
+
+/* Reaps the keeper (blocking or not); true once it is gone, with the
+ * program's wait status in run->status. */
+static bool
+reap(struct run *run, bool block)
 {
-    double deadline = time_mono() + grace;
+    int st;
+    pid_t p;
+
+    while ((p = waitpid(run->child.pid, &st, block ? 0 : WNOHANG)) < 0 && errno == EINTR)
+        ;
+    if (p != run->child.pid)
+        return false;
+    run->exited = true;
+    if (spawn_keep_status(&run->child, st, &run->status) < 0) {
+        /* killed without a word: its program died with it (PDEATHSIG);
+         * what stayed in the group must not keep the pipe open */
+        spawn_signal(&run->child, SIGKILL);
+    }
+    return true;
+}
+
+/* Stops the attempt: SIGTERM to its group (the keeper passes it on to what
+ * left the group, and kills the whole tree KILL_GRACE later), SIGKILL to
+ * the group if the keeper is still there KEEPER_SLACK after that. */
+static void
+terminate(struct run *run)
+{
+    double deadline = time_mono() + KILL_GRACE + KEEPER_SLACK;
 
     spawn_signal(&run->child, SIGTERM);
-    while (!run->exited) {
-        pid_t p = waitpid(run->child.pid, &run->status, WNOHANG);
-        if (p == run->child.pid) {
-            run->exited = true;
-            /* A helper that ignores SIGTERM must not keep the pipe open. */
-            spawn_signal(&run->child, SIGKILL);
-            break;
-        }
+    while (!reap(run, false)) {
         if (time_mono() >= deadline) {
             spawn_signal(&run->child, SIGKILL);
-            while (waitpid(run->child.pid, &run->status, 0) < 0 && errno == EINTR)
-                ;
-            run->exited = true;
+            reap(run, true);
             break;
         }
         poll(NULL, 0, 50);
@@ -122,63 +145,70 @@ terminate(struct run *run, double grace)
 }
 
 /* Runs the attempt until it exits, is timed out, loses its lease or the
- * worker is stopped. */
+ * worker is stopped, then reads its output until end of file, at most
+ * OUT_DRAIN seconds. The lease is renewed until then. */
 static void
 supervise(struct run *run, const struct claim *cl, double timeout, bool echo)
 {
     double start = time_mono(), beat_every = (double)cl->lease_secs / 4.0;
-    double next_beat = start + beat_every;
-    bool out_open = true;
+    double next_beat = start + beat_every, drain_until = 0;
+    bool out_open = true, lost = false;
 
     while (!run->exited || out_open) {
         struct pollfd pfd = { .fd = run->child.out_fd, .events = POLLIN };
         double now = time_mono(), wake = next_beat;
         int ms;
 
-        if (!run->exited) {
-            pid_t p = waitpid(run->child.pid, &run->status, WNOHANG);
-            if (p == run->child.pid) {
-                run->exited = true;
-                /* Stragglers of the group must not keep the pipe open. */
-                spawn_signal(&run->child, SIGKILL);
-            }
+        if (!run->exited && reap(run, false))
+            drain_until = now + OUT_DRAIN;
+        if (run->exited && out_open && now >= drain_until) {
+            fprintf(stderr, "esctl worker: %s: the output is still open after the processor's "
+                    "process tree ended (a process outside it holds it): closing it\n",
+                    cl->shard_id);
+            break;
         }
-        if (!run->exited) {
-            if (stop_requested) {
-                run->stopped = true;
-                terminate(run, 10);
-                continue;
-            }
-            if (timeout > 0 && now - start >= timeout) {
-                run->timed_out = true;
-                terminate(run, 10);
-                continue;
-            }
-            if (now >= next_beat) {
-                struct esd_err err;
-                int r = claim_heartbeat(cl, &err);
+        if (!run->exited && stop_requested) {
+            run->stopped = true;
+            terminate(run);
+            drain_until = time_mono() + OUT_DRAIN;
+            continue;
+        }
+        if (!run->exited && timeout > 0 && now - start >= timeout) {
+            run->timed_out = true;
+            terminate(run);
+            drain_until = time_mono() + OUT_DRAIN;
+            continue;
+        }
+        if (!lost && now >= next_beat) {
+            struct esd_err err;
+            int r = claim_heartbeat(cl, &err);
 
-                if (r == -ESTALE) {
+            if (r == -ESTALE) {
+                lost = true;
+                if (!run->exited) {
                     run->lease_lost = true;
                     snprintf(run->lease_error, sizeof(run->lease_error), "%s", err.msg);
-                    terminate(run, 10);
+                    terminate(run);
+                    drain_until = time_mono() + OUT_DRAIN;
                     continue;
                 }
-                if (r < 0)
-                    fprintf(stderr, "esctl worker: %s; retrying\n", err.msg);
-                next_beat = now + beat_every;
-                wake = next_beat;
+            } else if (r < 0) {
+                fprintf(stderr, "esctl worker: %s; retrying\n", err.msg);
             }
-            if (timeout > 0 && start + timeout < wake)
-                wake = start + timeout;
+            next_beat = now + beat_every;
+            wake = next_beat;
         }
+        if (!run->exited && timeout > 0 && start + timeout < wake)
+            wake = start + timeout;
+        if (run->exited && drain_until < wake)
+            wake = drain_until;
         if (!out_open) {
             poll(NULL, 0, 50);
             continue;
         }
-        ms = run->exited ? 1000 : (int)((wake - now) * 1000) + 1;
-        if (ms > 1000)
-            ms = 1000; /* also the period of waitpid and stop checks */
+        ms = (int)((wake - now) * 1000) + 1;
+        if (ms > 1000 || ms < 1)
+            ms = ms < 1 ? 1 : 1000; /* also the period of waitpid and stop checks */
         if (poll(&pfd, 1, ms) > 0)
             out_open = pump_output(run, echo, cl->shard_id);
     }
@@ -201,6 +231,7 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
     struct attempt_result res = { 0 };
     struct attempt_outcome out = { 0 };
     struct run run = { .log_fd = -1 };
+    struct spawn_keep_opts keep = { .grace = KILL_GRACE };
     struct esd_err e2;
     char how[64], msg[ESD_ERR_MAX + 64];
     double t0 = time_mono();
@@ -222,7 +253,7 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
         out.fc = FC_INFRASTRUCTURE;
         out.return_code = -1;
         out.error = err->msg;
-    } else if ((r = spawn_start(cmd.argv, cmd.envp, cmd.cwd, &run.child, err)) < 0) {
+    } else if ((r = spawn_keep(cmd.argv, cmd.envp, cmd.cwd, NULL, &keep, &run.child, err)) < 0) {
         dprintf(run.log_fd, "\nUnable to start Data-Juicer: %s\n", err->msg);
         out.fc = FC_INFRASTRUCTURE;
         out.return_code = -1;

@@ -178,6 +178,10 @@ static const struct key keys[] = {
     { .name = "attempt_timeout_secs", .type = KT_INT, .off = F(attempt_timeout_secs),
       .def = "0", .min = 0, .max = 30 * DAY,
       .help = "an attempt running longer is killed and fails; 0: no limit" },
+    { .name = "attempt_kill_grace_secs", .type = KT_INT, .off = F(attempt_kill_grace_secs),
+      .def = "10", .min = 1, .max = 3600,
+      .help = "seconds from SIGTERM to SIGKILL of every process of an attempt that is stopped "
+              "(timeout, lost lease, drain, shutdown)" },
     { .name = "helper_timeout_secs", .type = KT_INT, .off = F(helper_timeout_secs),
       .def = "21600", .min = 60, .max = 30 * DAY,
       .help = "a helper process of esd's (a shard's validation and publication, a merge, a "

@@ -57,6 +57,7 @@ struct esd_conf {
     struct strv attempt_env; /* attempt_env: the variables of esd's environment that attempts
                                 get (NAME, or NAME* for a prefix); default: locale, TZ, GPU
                                 selection, Hugging Face endpoint, proxies */
+    long attempt_kill_grace_secs; /* attempt_kill_grace_secs: default 10 */
     long drain_timeout_secs; /* drain_timeout_secs: default 60 */
     long helper_timeout_secs; /* helper_timeout_secs: default 21600 */
     long max_infra_failures; /* max_infra_failures: default 10 */

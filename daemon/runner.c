@@ -26,9 +26,9 @@
 #include "ray.h"
 #include "spawn.h"
 
-#define KILL_GRACE 10.0
-/* After KILL_GRACE the keeper kills the tree itself; esd's SIGKILL to the
- * group is a backstop for a keeper that did not. */
+/* attempt_kill_grace_secs after SIGTERM the keeper kills the tree itself;
+ * esd's SIGKILL to the group KEEPER_SLACK later is a backstop for a keeper
+ * that did not. */
 #define KEEPER_SLACK 5.0
 /* How long the output pipe may stay open once the processor's tree is
  * gone: only a process outside it (one that was passed the descriptor)
@@ -60,6 +60,7 @@ struct run {
     struct buf line;
     size_t logged;   /* bytes of its output logged so far */
     double started;
+    double grace; /* attempt_kill_grace_secs when it started */
     unsigned long ray_gen;
     char ray_addr[128];
     bool running, exited, out_eof, killing;
@@ -122,6 +123,10 @@ run_free(struct run *r)
     if (*p)
         *p = r->next;
     R.n--;
+    ev_timer_stop(R.loop, &r->beat_w);
+    ev_timer_stop(R.loop, &r->timeout_w);
+    ev_timer_stop(R.loop, &r->grace_w);
+    ev_timer_stop(R.loop, &r->drain_w);
     if (r->log_fd >= 0)
         close(r->log_fd);
     if (r->child.out_fd >= 0)
@@ -139,7 +144,7 @@ run_free(struct run *r)
 /* ---- the processor ---- */
 
 /* SIGTERM to the processor's group; its keeper sends it to what left the
- * group too, and kills the whole tree KILL_GRACE later. */
+ * group too, and kills the whole tree r->grace later. */
 static void
 run_kill(struct run *r)
 {
@@ -158,7 +163,7 @@ run_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     log_warning(&r->ctx, "processor's keeper still running %.0f s after SIGTERM: SIGKILL to its "
-                "process group", KILL_GRACE + KEEPER_SLACK);
+                "process group", r->grace + KEEPER_SLACK);
     spawn_signal(&r->child, SIGKILL);
 }
 
@@ -242,8 +247,8 @@ run_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
     (void)w;
     (void)revents;
-    log_warning(&r->ctx, "the processor's output is still open %.0f s after its process tree "
-                "ended (a process outside it holds it): closing it", OUT_DRAIN);
+    log_warning(&r->ctx, "the processor's output is still open after its process tree ended "
+                "(a process outside it holds it): closing it");
     /* what is there still goes to the log, then end of file */
     run_out_cb(loop, &r->out_w, EV_READ);
     if (!r->out_eof) {
@@ -269,7 +274,7 @@ run_child_cb(struct ev_loop *loop, ev_child *w, int revents)
     (void)revents;
     ev_child_stop(loop, w);
     r->exited = true;
-    ev_timer_stop(loop, &r->timeout_w);
+    /* (the timeout runs on: it also bounds the wait for the output) */
     ev_timer_stop(loop, &r->grace_w);
     if (spawn_keep_status(&r->child, w->rstatus, &r->status) < 0) {
         spawn_describe(w->rstatus, how, &code);
@@ -321,8 +326,14 @@ run_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct run *r = w->data;
 
-    (void)loop;
     (void)revents;
+    if (r->exited) {
+        /* finishing: the processor's tree is gone; its validation and
+         * publication are bounded by helper_timeout_secs */
+        if (!r->out_eof)
+            run_drain_cb(loop, &r->drain_w, EV_TIMER);
+        return;
+    }
     r->timed_out = true;
     log_warning(&r->ctx, "attempt timed out after %ld s: stopping it",
                 (long)R.conf->attempt_timeout_secs);
@@ -359,7 +370,7 @@ runner_start(struct job *j, struct claim *cl)
     struct fsid prev;
     const char *addr = ray_address();
     bool as_owner = geteuid() == 0;
-    struct spawn_keep_opts keep = { .grace = KILL_GRACE };
+    struct spawn_keep_opts keep = { .grace = (double)c->attempt_kill_grace_secs };
 
     r->job = j;
     r->cl = *cl;
@@ -370,6 +381,7 @@ runner_start(struct job *j, struct claim *cl)
     r->log_fd = -1;
     r->child.out_fd = r->child.report_fd = -1;
     r->started = time_mono();
+    r->grace = keep.grace;
     r->ray_gen = ray_generation();
     snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : j->m.ray_address);
     buf_init(&r->line);
@@ -379,7 +391,7 @@ runner_start(struct job *j, struct claim *cl)
     R.n++;
     j->running++;
     jobs_claim_record(j, &r->cl);
-    ev_timer_init(&r->grace_w, run_grace_cb, KILL_GRACE + KEEPER_SLACK, 0);
+    ev_timer_init(&r->grace_w, run_grace_cb, r->grace + KEEPER_SLACK, 0);
     r->grace_w.data = r;
     ev_timer_init(&r->drain_w, run_drain_cb, OUT_DRAIN, 0);
     r->drain_w.data = r;
@@ -594,7 +606,6 @@ run_report(struct run *r)
     claimer_forget(&j->claimer, &r->cl, done, failed);
     cJSON_Delete(rep);
     j->running--;
-    ev_timer_stop(R.loop, &r->beat_w);
     run_free(r);
     if (R.done)
         R.done(j, &fin);
