@@ -8,12 +8,13 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <poll.h>
-#include <stdbool.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -405,7 +406,11 @@ keeper_main(char *const *argv, char *const *envp, const char *cwd, const struct 
         if (p[1].revents & (POLLERR | POLLHUP))
             break;
         while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-            if (si.ssi_signo == SIGTERM && !stopping) {
+            /* A stop comes from the parent (spawn_signal) or from root;
+             * the program signalling its own group (kill(0, SIGTERM)) is
+             * no stop: it ends the attempt by exiting, if at all. */
+            if (si.ssi_signo == SIGTERM && !stopping &&
+                (si.ssi_pid == (uint32_t)parent || si.ssi_uid == 0)) {
                 /* The group has it from the parent (spawn_signal): the
                  * rest are the processes that left it, handed to the
                  * keeper when their parents died. */

@@ -100,10 +100,11 @@ int spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
  *  - when the program exits: reports its wait status, SIGKILLs the rest
  *    of its tree and reaps it, round after round until nothing is left,
  *    and exits 0;
- *  - on SIGTERM (spawn_signal(s, SIGTERM) sends it to the whole group):
- *    also sends SIGTERM to the processes that left the group and were
- *    handed to it, and o->grace seconds later SIGKILLs the tree, program
- *    included, as above;
+ *  - on SIGTERM from the caller or from root (spawn_signal(s, SIGTERM)
+ *    sends it to the whole group; the program's own kill(0, SIGTERM) is
+ *    not a stop): also sends SIGTERM to the processes that left the group
+ *    and were handed to it, and o->grace seconds later SIGKILLs the tree,
+ *    program included, as above;
  *  - when the caller dies (even by SIGKILL: it sees the report pipe's
  *    read end close) kills the tree at once and exits.
  * So when the keeper has exited, nothing of the tree is left, unless the

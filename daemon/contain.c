@@ -207,7 +207,12 @@ contain_init(struct ev_loop *loop)
             C.base = xasprintf("%s%s", mnt, strcmp(own, "/") ? own : "");
         free(own);
         free(mnt);
-        if (C.base && !delegated(C.base)) {
+        if (C.base && access(C.base, W_OK) < 0 && errno == EROFS) {
+            log_info(NULL, "cgroup %s is read-only here (ProtectControlGroups=yes?): each "
+                     "attempt's keeper alone ends what it started (see esd(8))", C.base);
+            free(C.base);
+            C.base = NULL;
+        } else if (C.base && !delegated(C.base)) {
             log_info(NULL, "cgroup %s is not delegated to esd: each attempt's keeper alone "
                      "ends what it started (Delegate=yes, see esd(8))", C.base);
             free(C.base);
