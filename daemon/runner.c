@@ -245,8 +245,11 @@ run_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct run *r = w->data;
 
-    (void)w;
     (void)revents;
+    /* (also called by the timeout, with the timer still running) */
+    ev_timer_stop(loop, w);
+    if (r->out_eof)
+        return;
     log_warning(&r->ctx, "the processor's output is still open after its process tree ended "
                 "(a process outside it holds it): closing it");
     /* what is there still goes to the log, then end of file */
@@ -425,8 +428,15 @@ runner_start(struct job *j, struct claim *cl)
         goto start_failed;
     }
     keep.cgroup = r->cgroup = contain_begin(r->cl.token);
-    if (spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, as_owner ? &cred : NULL, &keep,
-                   &r->child, &err) < 0) {
+    if (r->cgroup && spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, as_owner ? &cred : NULL,
+                                &keep, &r->child, &err) < 0) {
+        /* (a cgroup the keeper could not enter, say: try once without) */
+        log_warning(&r->ctx, "%s; starting it again without a cgroup of its own", err.msg);
+        contain_end(r->cgroup);
+        keep.cgroup = r->cgroup = NULL;
+    }
+    if (!r->cgroup && spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, as_owner ? &cred : NULL,
+                                 &keep, &r->child, &err) < 0) {
         dprintf(r->log_fd, "\nUnable to start Data-Juicer: %s\n", err.msg);
         strv_free(&env);
         goto start_failed;

@@ -12,11 +12,15 @@
 #   (b) double (an orphaned grandchild in a session of its own), kill -9
 #       of esd mid-attempt: the keeper, the processor and the escaped
 #       process are all gone within 5 s.
-#   (c) an attempt that outlives attempt_timeout_secs (2 s) is killed with
+#   (c) an attempt that outlives attempt_timeout_secs (4 s) is killed with
 #       its whole tree, the escaped process included, and fails as timed
 #       out. Run as root where a cgroup v2 hierarchy is writable, in a
 #       cgroup given to esd as if delegated (ESD_TEST_CGROUP): the attempt
 #       ran in a cgroup of its own, removed once it ended.
+#   (e) the keeper killed with SIGKILL (no cgroup): the escapee, handed to
+#       esd (its subreaper), holds the output; esd closes it 2 s after the
+#       keeper's end, the attempt ends, and esd kills the escapee when it
+#       stops.
 #   (d) esctl worker: the same escape does not keep it waiting; the
 #       escaped process is dead when it returns.
 # Prints how long each end took.
@@ -145,7 +149,7 @@ ok "(b) kill -9 of esd: keeper, processor and orphaned escapee gone in $(ms_sinc
 
 # ---- (c) a timeout kills the whole tree ----
 new_job job-c --max-retries 0
-daemon_conf c attempt_timeout_secs=2 attempt_kill_grace_secs=1
+daemon_conf c attempt_timeout_secs=4 attempt_kill_grace_secs=1
 spool_job "$W/job-c"
 cgenv=()
 for root in /sys/fs/cgroup/unified /sys/fs/cgroup; do
@@ -182,7 +186,32 @@ if [ -n "$CG" ]; then
 fi
 wait_for "(c) no attempt is left in esd's status" 2 no_attempts c
 stop_daemon c
-ok "(c) attempt_timeout_secs 2, grace 1: failed as timed out ${took} ms from esd's start, processor and escapee dead${incg}${CG:+, its cgroup removed}"
+ok "(c) attempt_timeout_secs 4, grace 1: failed as timed out ${took} ms from esd's start, processor and escapee dead${incg}${CG:+, its cgroup removed}"
+
+# ---- (e) the keeper itself killed: the drain, and esd's sweep at its stop ----
+new_job job-e --max-retries 0
+daemon_conf e
+spool_job "$W/job-e"
+start_daemon e MINI_DJ_ESCAPE=setsid MINI_DJ_HANG=1
+wait_for "(e) the attempt runs, its escapee too" 15 has_escaped "$W/job-e"
+esc=$(escaped "$W/job-e")
+proc=$(attempt_pid e)
+keeper=$(ps -o ppid= -p "$proc" | tr -d ' ')
+STRAYS+=("$esc" "$proc" "$keeper")
+t0=$(date +%s%N)
+kill -KILL "$keeper"
+wait_for "(e) the attempt ends though the escapee, now esd's, holds its output" 10 no_attempts e
+took=$(ms_since "$t0")
+grep -q "the processor's output is still open after its process tree ended" "$W/e/log" ||
+    fail "(e) esd says that it closed the output" "$(tail -n 20 "$W/e/log")"
+wait_for "(e) the processor died with its keeper" 2 dead "$proc"
+alive "$esc" || fail "(e) the escapee outlives a killed keeper (no cgroup)"
+[ "$(ps -o ppid= -p "$esc" | tr -d ' ')" = "${DPID[e]}" ] ||
+    fail "(e) the escapee was handed to esd, the subreaper" "$(ps -o pid,ppid,comm -p "$esc")"
+stop_daemon e
+[ "$DRC" -eq 0 ] || fail "(e) esd exits 0" "exit $DRC"
+wait_for "(e) esd killed the escapee at its stop" 2 dead "$esc"
+ok "(e) keeper killed: attempt ended in ${took} ms (output closed after 2 s), escapee handed to esd and killed at its stop"
 
 # ---- (d) esctl worker ----
 new_job job-d
