@@ -322,6 +322,18 @@ jobs_check_bound(struct job *j, struct esd_err *err)
     struct stat st;
     int r = validate(j->job_dir, true, j->uid, j->ino, j->dev, NULL, &st, err);
 
+    if (r == -ESTALE && !j->loaded &&
+        validate(j->job_dir, true, j->uid, 0, j->dev, NULL, &st, err) == 0) {
+        /* Made again (rm -rf, prepare) before this node ever loaded it: a
+         * directory of the same owner on the same device, with no link on
+         * its path, is what was submitted; esd acts there as that owner
+         * only. A job once loaded is bound for good. */
+        log_notice(&(struct log_ctx){ .job = j->key }, "job %s: the directory was made again "
+                   "before it was loaded; bound to the new one", j->job_dir);
+        j->ino = st.st_ino;
+        persist(j);
+        r = 0;
+    }
     if (r < 0) {
         if (!j->refused || strcmp(j->refused, err->msg))
             log_warning(&(struct log_ctx){ .job = j->key }, "job %s: %s; not working it",
