@@ -1077,9 +1077,9 @@ fscheck_refusal(const char *job_dir, const char *node)
 
     if (json_load_object(path, RESULT_MAX, &rec, &err) == 0 && !fscheck_exclusive(rec, &reason)) {
         when = json_get_str(rec, "checked_at");
-        why = xasprintf("claims cannot be exclusive on this file system: %s (verdict of %s in "
-                        "state/esd/fscheck.json; once the mount is fixed, run `esctl fscheck "
-                        "%s` on the nodes again)", reason ? reason : "see the verdict",
+        why = xasprintf("claims cannot be exclusive on this file system: %.300s (verdict of "
+                        "%.40s in state/esd/fscheck.json; once the mount is fixed, run `esctl "
+                        "fscheck %s` on the nodes again)", reason ? reason : "see the verdict",
                         when ? when : "an earlier check", job_dir);
         goto out;
     }
@@ -1116,10 +1116,20 @@ text_lag(struct buf *b, const cJSON *v, const char *key, const char *what)
         buf_printf(b, "  %-22s not measured (one participant)\n", what);
 }
 
+/* A line "  <label> <value><suffix>", the value escaped: it may come from
+ * a peer's result file. */
+static void
+text_line(struct buf *b, const char *label, const char *value, const char *suffix)
+{
+    buf_printf(b, "  %-22s ", label);
+    str_escape(value ? value : "?", strlen(value ? value : "?"), b);
+    buf_printf(b, "%s\n", suffix);
+}
+
 char *
 fscheck_text(const cJSON *v)
 {
-    const char *reason, *s;
+    const char *reason, *s, *dir = json_get_str(v, "dir");
     bool ex = fscheck_exclusive(v, &reason);
     const cJSON *parts = cJSON_GetObjectItemCaseSensitive(v, "participants"), *p;
     long long hosts = 0;
@@ -1128,17 +1138,17 @@ fscheck_text(const cJSON *v)
 
     buf_init(&b);
     json_get_int(v, "hosts", &hosts);
-    buf_printf(&b, "%s: %d participant(s) on %lld host(s)\n", str_or(json_get_str(v, "dir"), "?"),
-               cJSON_GetArraySize(parts), hosts);
+    str_escape(dir ? dir : "?", strlen(dir ? dir : "?"), &b);
+    buf_printf(&b, ": %d participant(s) on %lld host(s)\n", cJSON_GetArraySize(parts), hosts);
     cJSON_ArrayForEach(p, parts)
-    buf_printf(&b, "  participant %s\n", str_or(json_get_str(p, "id"), "?"));
-    buf_printf(&b, "  %-22s %s\n", "O_EXCL create", str_or(json_get_str(v, "o_excl"), "?"));
-    buf_printf(&b, "  %-22s %s\n", "link()", str_or(json_get_str(v, "link"), "?"));
-    buf_printf(&b, "  %-22s %s\n", "rename()", str_or(json_get_str(v, "rename"), "?"));
-    buf_printf(&b, "  %-22s %s\n", "flock across nodes", str_or(json_get_str(v, "flock"), "?"));
+    text_line(&b, "participant", json_get_str(p, "id"), "");
+    text_line(&b, "O_EXCL create", json_get_str(v, "o_excl"), "");
+    text_line(&b, "link()", json_get_str(v, "link"), "");
+    text_line(&b, "rename()", json_get_str(v, "rename"), "");
+    text_line(&b, "flock across nodes", json_get_str(v, "flock"), "");
     if ((s = json_get_str(v, "flock_same_process")))
-        buf_printf(&b, "  %-22s %s%s\n", "flock in one process", s,
-                   !strcmp(s, "does not block") ? " (emulated by POSIX locks, as NFS does)" : "");
+        text_line(&b, "flock in one process", s, !strcmp(s, "does not block")
+                  ? " (emulated by POSIX locks, as NFS does)" : "");
     text_lag(&b, v, "create_lag_secs", "create seen after");
     text_lag(&b, v, "attr_lag_secs", "change seen after");
     text_lag(&b, v, "unlink_lag_secs", "unlink seen after");
@@ -1148,9 +1158,12 @@ fscheck_text(const cJSON *v)
                                                 "other tools may not)" : "");
     if (hosts < 2 && cJSON_GetArraySize(parts) > 1)
         buf_puts(&b, "note: all participants ran on one host; real verdicts need two nodes\n");
-    if (ex)
+    if (ex) {
         buf_puts(&b, "verdict: claims can be exclusive here\n");
-    else
-        buf_printf(&b, "verdict: claims CANNOT be exclusive here: %s\n", reason ? reason : "?");
+    } else {
+        buf_puts(&b, "verdict: claims CANNOT be exclusive here: ");
+        str_escape(reason ? reason : "?", strlen(reason ? reason : "?"), &b);
+        buf_putc(&b, '\n');
+    }
     return buf_steal(&b);
 }

@@ -50,7 +50,7 @@ pb=$!
 ra=0 rb=0
 wait "$pa" || ra=$?
 wait "$pb" || rb=$?
-[ "$ra" -eq 0 ] && [ "$rb" -eq 0 ] || fail "fscheck on both paths" "$ra $rb" "$(cat "$W/a.err" "$W/b.err")"
+{ [ "$ra" -eq 0 ] && [ "$rb" -eq 0 ]; } || fail "fscheck on both paths" "$ra $rb" "$(cat "$W/a.err" "$W/b.err")"
 [ "$(py 'j["exclusive"] and j["o_excl"] == "ok" and j["link"] == "ok"' "$W/a.json")" = True ] ||
     fail "claims can be exclusive across the two paths" "$(cat "$W/a.json")"
 ok "fscheck across the two paths: O_EXCL and link ok; flock: $(py 'j["flock"]' "$W/a.json")"
