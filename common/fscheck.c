@@ -29,8 +29,12 @@
 #define RUN_BASE ".esd-fscheck"
 #define MAX_PARTICIPANTS 64
 #define RESULT_MAX 65536
-/* How often a waiting participant looks again (seconds). */
-#define POLL 0.002
+/* How often a participant looks again (seconds): often while a lag is
+ * timed, less while barriers are passed, least while others are awaited
+ * (every look is a server round trip on NFS). */
+#define POLL_LAG 0.002
+#define POLL_BARRIER 0.005
+#define POLL_RENDEZVOUS 0.05
 /* A barrier a peer does not reach within this many seconds ends the run. */
 #define PHASE_WAIT 30.0
 /* Size of a file renamed onto the shared name: bigger than one page, so
@@ -79,9 +83,9 @@ realtime(void)
 }
 
 static void
-pause_poll(void)
+pause_poll(double secs)
 {
-    struct timespec ts = { 0, (long)(POLL * 1e9) };
+    struct timespec ts = { 0, (long)(secs * 1e9) };
 
     nanosleep(&ts, NULL);
 }
@@ -190,7 +194,7 @@ barrier(struct fsc *f, const char *what)
         strv_free(&seen);
         if (!missing)
             return 0;
-        pause_poll();
+        pause_poll(POLL_BARRIER);
     }
 }
 
@@ -214,7 +218,7 @@ time_lag(struct fsc *f, const char *sig, int want)
     while (!listed(f->sig_fd, sig)) {
         if (time_mono() > until)
             return -2;
-        pause_poll();
+        pause_poll(POLL_LAG);
     }
     t0 = time_mono();
     for (;;) {
@@ -228,7 +232,7 @@ time_lag(struct fsc *f, const char *sig, int want)
             return t - t0;
         if (t - t0 > f->lag_max)
             return -1;
-        pause_poll();
+        pause_poll(POLL_LAG);
     }
 }
 
@@ -332,7 +336,7 @@ rendezvous(struct fsc *f)
             return err_sys(f->err, (int)n, "cannot read %s/%s/%s/start", f->o->dir, RUN_BASE,
                            f->run);
         }
-        pause_poll();
+        pause_poll(POLL_RENDEZVOUS);
     }
     free(text);
     qsort(f->ids.v, f->ids.n, sizeof(*f->ids.v), cmp_str);
@@ -996,7 +1000,7 @@ fscheck_run(const struct fscheck_opts *o, cJSON **ret_verdict, struct esd_err *e
             if (listed(f.sig_fd, name))
                 i++;
             else
-                pause_poll();
+                pause_poll(POLL_BARRIER);
         }
     }
     if (r == 0 && f.rank == 0 && fscheck_is_job(o->dir))
