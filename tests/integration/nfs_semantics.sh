@@ -11,7 +11,10 @@
 #       one done record per shard, exactly one attempt of each shard says
 #       "done" and it is the one whose token the done record holds (a
 #       double publication would show two), no lock left, one merge, and
-#       the merged output equals the independent expectation.
+#       the merged output equals the independent expectation; daemon a is
+#       frozen (SIGSTOP) while it holds a claim until b has taken the
+#       claim over through its stale view, then woken: its late result is
+#       never published.
 # Needs root, unshare(1), /dev/fuse and bindfs (skips with a notice
 # otherwise); runs in a private mount namespace.
 #
@@ -67,11 +70,21 @@ give_job "$W/real/job"
 chmod 755 "$W/real"
 daemon_conf a spool_dir="$W/spool-a"
 daemon_conf b spool_dir="$W/spool-b"
-start_daemon a
-start_daemon b
+# 25 rows of 40 ms: a second a shard, so that a can be frozen mid-attempt
+start_daemon a MINI_DJ_SLEEP_MS=40
+start_daemon b MINI_DJ_SLEEP_MS=40
 "$ESCTL" --socket "$(dsock a)" submit "$W/real/job" >"$W/submit-a" 2>&1 || fail "submit to a" "$(cat "$W/submit-a")"
 "$ESCTL" --socket "$(dsock b)" submit "$W/bind/job" >"$W/submit-b" 2>&1 || fail "submit to b" "$(cat "$W/submit-b")"
 ok "daemon a works $W/real/job, daemon b $W/bind/job"
+# a frozen while it holds a claim (its attempt runs on and ends): b takes
+# the claim over through its stale view; a, woken, must not publish
+a_holds() { grep -ls '"node": *"a"' "$W/real/job/state/locks/"*.lock >/dev/null 2>&1; }
+wait_for "a holds a claim" 20 a_holds
+kill -STOP "${DPID[a]}"
+taken() { [ "$(count "$W/real/job/state/stale_locks")" -ge 1 ]; }
+wait_for "b takes a frozen claim of a over" 20 taken
+kill -CONT "${DPID[a]}"
+ok "b took over a claim of the frozen a ($(count "$W/real/job/state/stale_locks")); a woken"
 finalized() {
     [ -e "$W/real/job/state/esd/finalize.json" ] &&
         [ "$(py 'j["status"]' "$W/real/job/state/esd/finalize.json")" = complete ]
@@ -84,23 +97,26 @@ job = sys.argv[1]
 ids = [s["id"] for s in json.load(open(os.path.join(job, "manifest.json")))["shards"]]
 done = sorted(f[:-5] for f in os.listdir(os.path.join(job, "state/done")))
 assert done == sorted(ids), "done records %d, shards %d" % (len(done), len(ids))
-nodes = {}
+nodes, late = {}, 0
 for i in ids:
     d = json.load(open(os.path.join(job, "state/done", i + ".json")))
     says_done = []
     for a in os.listdir(os.path.join(job, "attempts", i)):
         p = os.path.join(job, "attempts", i, a, "attempt.json")
-        if os.path.exists(p) and json.load(open(p)).get("status") == "done":
+        st = json.load(open(p)).get("status") if os.path.exists(p) else None
+        if st == "done":
             says_done.append(a)
+        late += st in ("stale", "lost")
     assert len(says_done) == 1, (i, "attempts saying done", says_done)
     assert says_done[0].endswith("-" + d["token"]), (i, says_done, d["token"])
     nodes[d["node"]] = nodes.get(d["node"], 0) + 1
+assert late >= 1, "the attempt taken over from a is not recorded as stale or lost"
 print(" ".join("%s:%d" % kv for kv in sorted(nodes.items())))
 EOF
 ) || fail "exactly one publication per shard"
-ok "one done record per shard, exactly one attempt says done and holds its token (shards per node: $split)"
+ok "one done record per shard, exactly one attempt says done and holds its token, the taken-over one stale (shards per node: $split)"
 [ "$(count "$W/real/job/state/locks")" -eq 0 ] || fail "no lock left" "$(ls "$W/real/job/state/locks")"
-ok "no lock left ($(count "$W/real/job/state/stale_locks") taken over)"
+ok "no lock left"
 out=$(py 'j["output_path"]' "$W/real/job/state/esd/finalize.json")
 out=${out/#$W\/bind\//$W/real/}
 expect_merged "$W/real/job" "$W/expected-merged.jsonl" || fail "the expected merge"

@@ -204,7 +204,11 @@ START_TEST(test_two_participants)
             _exit(3);
         buf_init(&b);
         json_dump(v, JSON_COMPACT, &b);
-        tu_write(dir, "child.json", b.p, b.len);
+        free(tu_write(dir, "child.json", b.p, b.len));
+        buf_free(&b);
+        cJSON_Delete(v);
+        free(out);
+        free(dir);
         _exit(0);
     }
     ck_assert_int_eq(fscheck_run(&o, &v, &err), 0);
