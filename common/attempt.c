@@ -623,12 +623,17 @@ attempt_result_free(struct attempt_result *r)
 
 /* ---- finishing ---- */
 
+/* Decided by an open, not a stat: on NFS an open revalidates the name
+ * with the server where a stat may answer from cached attributes. */
 static bool
 exists(const char *path)
 {
-    struct stat st;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 
-    return stat(path, &st) == 0;
+    if (fd < 0)
+        return errno != ENOENT && errno != ENOTDIR;
+    close(fd);
+    return true;
 }
 
 static cJSON *

@@ -201,13 +201,18 @@ lock_threshold(const struct claimer *c, const cJSON *j)
     return (double)c->lock_timeout;
 }
 
+/* path names fd's file: decided on path opened (an open revalidates the
+ * name with an NFS server; a stat may answer from stale cached attributes). */
 static bool
 same_inode(int fd, const char *path)
 {
     struct stat a, b;
+    int pfd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    bool same = pfd >= 0 ? fstat(pfd, &b) == 0 : errno == EACCES && lstat(path, &b) == 0;
 
-    return fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
+    if (pfd >= 0)
+        close(pfd);
+    return same && fstat(fd, &a) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 int

@@ -100,6 +100,15 @@ const struct opt_def cmd_opts[O__COUNT] = {
     [O_WAIT] = { "wait", K_FLAG, NULL, "return once nothing runs on this node any more", "wait",
                  false },
     [O_LINES] = { "lines", K_POSITIVE, "N", "only the last N lines", "lines", false },
+    [O_NODES] = { "nodes", K_POSITIVE, "N",
+                   "fscheck: participants to wait for, one per node (default 1: this node alone)",
+                   "nodes", false },
+    [O_WAIT_SECS] = { "wait-secs", K_POSITIVE, "N",
+                      "fscheck: how long to wait for the other participants (default 60)",
+                      "wait_secs", false },
+    [O_RUN] = { "run", K_STR, "NAME",
+                "fscheck: the rendezvous name shared by the participants (default \"default\")",
+                "run", false },
     [O_JSON] = { "json", K_FLAG, NULL, "print the raw result as JSON", NULL, false },
     [O_LOCAL] = { "local", K_FLAG, NULL, "run in-process on the job directory, without esd", NULL,
                   false },
@@ -176,6 +185,10 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
     [CMD_COMPLETION] = { CMD_COMPLETION, "completion", "",
                          "print the bash completion script (generated from this table)", 0, 0,
                          false, AUTH_READ, CMDF_LOCAL },
+    [CMD_FSCHECK] = { CMD_FSCHECK, "fscheck", "DIR [--nodes N] [--wait-secs N] [--run NAME]",
+                      "check the shared file system for exclusive claims (run on N nodes at once)",
+                      OPT(O_JOB_DIR) | OPT(O_NODES) | OPT(O_WAIT_SECS) | OPT(O_RUN),
+                      OPT(O_JOB_DIR), true, AUTH_READ, CMDF_LOCAL },
 };
 
 const struct cmd_def *

@@ -55,6 +55,9 @@ enum opt_id {
     O_RELEASE,
     O_WAIT,
     O_LINES,
+    O_NODES,
+    O_WAIT_SECS,
+    O_RUN,
     /* Global options of esctl: never request arguments. */
     O_JSON,
     O_LOCAL,
@@ -99,6 +102,7 @@ enum cmd_id {
     CMD_CONFIG,
     CMD_WORKER,
     CMD_COMPLETION,
+    CMD_FSCHECK,
     CMD__COUNT
 };
 

@@ -215,14 +215,39 @@ fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode,
     return fs_fsync_parent(path, err);
 }
 
-/* True if a and b name the same inode. */
+/*
+ * After link(tmp, path) said EEXIST: is path our own publication? A
+ * retransmitted NFS LINK reports EEXIST after it succeeded (the server's
+ * reply was lost and its duplicate request cache forgot the first call).
+ * Decided on the files opened (an open revalidates with the server; a
+ * stat may answer from stale cached attributes): the same inode, or,
+ * through layers that number inodes per name (FUSE), the very bytes we
+ * wrote, which carry the publisher's token.
+ */
 static bool
-same_file(const char *a, const char *b)
+published_ours(const char *tmp, const char *path, const void *data, size_t len)
 {
-    struct stat sa, sb;
+    int pfd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int tfd = open(tmp, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat sp, st;
+    bool ours = false;
 
-    return lstat(a, &sa) == 0 && lstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-           sa.st_ino == sb.st_ino;
+    if (pfd >= 0 && tfd >= 0 && fstat(pfd, &sp) == 0 && fstat(tfd, &st) == 0 &&
+        S_ISREG(sp.st_mode)) {
+        ours = sp.st_dev == st.st_dev && sp.st_ino == st.st_ino;
+        if (!ours && (off_t)len == sp.st_size && len <= ((size_t)1 << 20)) {
+            char *got = xmalloc(len + 1);
+            ssize_t n = pread(pfd, got, len + 1, 0);
+
+            ours = n == (ssize_t)len && memcmp(got, data, len) == 0;
+            free(got);
+        }
+    }
+    if (pfd >= 0)
+        close(pfd);
+    if (tfd >= 0)
+        close(tfd);
+    return ours;
 }
 
 int
@@ -237,9 +262,7 @@ fs_publish_excl(const char *path, const void *data, size_t len, mode_t mode,
         return r;
     if (link(tmp, path) < 0) {
         r = -errno;
-        /* A retransmitted NFS link() reports EEXIST after it succeeded:
-         * the name then points at our own inode. */
-        if (r == -EEXIST && same_file(tmp, path))
+        if (r == -EEXIST && published_ours(tmp, path, data, len))
             r = 0;
     }
     unlink(tmp);

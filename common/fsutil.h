@@ -38,7 +38,10 @@ int fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode,
 /*
  * Exclusive publish: temp file + write + fsync + link() to path + unlink
  * temp + fsync of the directory. Returns -EEXIST (message set) if path
- * already exists; nothing is left behind in that case.
+ * already exists; nothing is left behind in that case. An EEXIST whose
+ * path holds our file (same inode) or our bytes counts as success (a
+ * retransmitted NFS LINK): data must be unique to its publisher (carry
+ * its token).
  */
 int fs_publish_excl(const char *path, const void *data, size_t len, mode_t mode,
                     struct esd_err *err);

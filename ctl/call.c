@@ -323,6 +323,8 @@ call_run(struct call *c)
         return completion_print();
     case CMD_WORKER:
         return worker_run(c);
+    case CMD_FSCHECK:
+        return fscheck_cmd(c);
     case CMD_LOGS:
         if (!c->set[O_SHARD])
             return journal_show(c);

@@ -122,6 +122,9 @@ int completion_print(void);
 /* esctl worker (ctl/worker.c): claims and processes shards in-process. */
 int worker_run(struct call *c);
 
+/* esctl fscheck (ctl/fscheck.c): the shared file system's verdict. */
+int fscheck_cmd(struct call *c);
+
 /* Output helpers (ctl/output.c). */
 /* "esctl: <message>" / "WARNING: <message>" on stderr, the message
  * escaped (str_escape): it may carry what a job file or esd wrote. */

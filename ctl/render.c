@@ -461,6 +461,7 @@ static int (*const renderers[CMD__COUNT])(struct call *, const cJSON *, const cJ
     [CMD_DRAIN] = render_drain,     [CMD_RESUME] = render_resume,
     [CMD_LOGS] = render_nothing,    [CMD_CONFIG] = render_config,
     [CMD_WORKER] = render_nothing,  [CMD_COMPLETION] = render_nothing,
+    [CMD_FSCHECK] = render_nothing,
 };
 
 int

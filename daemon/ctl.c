@@ -616,6 +616,10 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
     }
     /* submitted again after a failed merge: its record does not stand */
     finalize_retry(j);
+    /* refused at load (say, a mount where claims cannot be exclusive, now
+     * fixed): loaded again at once, with the file system checked again */
+    if (!j->loaded)
+        j->load_after = 0;
     log_notice(&(struct log_ctx){ .job = j->key }, "control: job %s submitted by uid %u pid %d%s",
                j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid,
                cmd_arg_flag(args, O_EVERYWHERE) ? " for every node" : "");

@@ -18,6 +18,7 @@
 
 #include "attempt.h"
 #include "djversion.h"
+#include "fscheck.h"
 #include "fsutil.h"
 #include "json.h"
 #include "log.h"
@@ -819,6 +820,9 @@ refusal(const struct manifest *m, int dfd)
         why = xasprintf("the recipe snapshot: %s", err.msg);
     else if (sha256_buf(text, len, hex), m->recipe_sha256 && strcmp(m->recipe_sha256, hex))
         why = xstrdup("the recipe snapshot's hash does not match the manifest");
+    /* last: a mount where claims cannot be exclusive (fscheck.h) */
+    if (!why)
+        why = fscheck_refusal(m->job_dir, J.conf->node_name);
     free(text);
     free(path);
     return why;
