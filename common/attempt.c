@@ -114,22 +114,55 @@ attempt_name_number(const char *name)
     return name[k] ? -1 : v;
 }
 
+/* The node of the first counted failure seen, to tell a second one. */
+struct node_seen {
+    char first[128];
+    bool any;
+};
+
+/* Attributes a counted failure of the attempt j to its node. */
+static void
+count_node(const cJSON *j, const char *node, struct attempt_counts *n, struct node_seen *seen)
+{
+    const char *who = json_get_str(j, "node");
+
+    if (!who)
+        who = json_get_str(j, "hostname");
+    if (who && node && !strcmp(who, node))
+        n->here++;
+    if (!who) {
+        n->nodes = 2; /* a node of its own */
+    } else if (!seen->any) {
+        snprintf(seen->first, sizeof(seen->first), "%s", who);
+        seen->any = true;
+        if (!n->nodes)
+            n->nodes = 1;
+    } else if (strncmp(seen->first, who, sizeof(seen->first) - 1)) {
+        n->nodes = 2;
+    }
+}
+
 /* Adds the failure an attempt.json records to n. */
 static void
-count_record(const cJSON *j, struct attempt_counts *n)
+count_record(const cJSON *j, const char *node, struct attempt_counts *n, struct node_seen *seen)
 {
     const char *status = json_get_str(j, "status");
     const char *fc = json_get_str(j, "failure_class");
+    bool counted = false;
 
     if (fc) {
         if (!strcmp(fc, "processor") || !strcmp(fc, "output"))
-            n->counted++;
+            counted = true;
         else if (!strcmp(fc, "infrastructure") && (!status || strcmp(status, "released")))
             n->infra++;
     } else if (status && !strcmp(status, "failed")) {
-        n->counted++;
+        counted = true;
     } else if (status && !strcmp(status, "stale")) {
         n->infra++;
+    }
+    if (counted) {
+        n->counted++;
+        count_node(j, node, n, seen);
     }
 }
 
@@ -137,7 +170,15 @@ int
 attempt_count(const struct manifest *m, const char *shard_id, struct attempt_counts *ret,
               struct esd_err *err)
 {
+    return attempt_count_by(m, shard_id, NULL, ret, err);
+}
+
+int
+attempt_count_by(const struct manifest *m, const char *shard_id, const char *node,
+                 struct attempt_counts *ret, struct esd_err *err)
+{
     struct attempt_counts n = { 0 };
+    struct node_seen seen = { .any = false };
     char *dir = xasprintf("%s/attempts/%s", m->job_dir, shard_id);
     long long highest = 0, found = 0;
     size_t entries = 0, bytes = 0;
@@ -200,7 +241,7 @@ attempt_count(const struct manifest *m, const char *shard_id, struct attempt_cou
         bytes += len;
         close(afd);
         if (j)
-            count_record(j, &n);
+            count_record(j, node, &n, &seen);
         cJSON_Delete(j);
     }
     if (r == 0 && errno)

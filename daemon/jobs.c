@@ -37,7 +37,7 @@ static struct {
     char *jobs_dir;     /* <state_dir>/jobs */
     char *claims_dir;   /* <state_dir>/claims: <key>.<token>.json per claim held */
     int lock_fd;        /* <state_dir>/esd.lock, flocked while esd runs */
-    char *dj_version;   /* what this node's processor runs */
+    struct djversion djv; /* what this node's processor runs, and how it was read */
     struct ev_loop *loop;
     /* the registry and the spool directories, watched with inotify for
      * files written or renamed into them (this node's writes only: the
@@ -679,11 +679,24 @@ jobs_set_changed(void (*changed)(void))
     J.changed = changed;
 }
 
+/* Says once what this node runs, or why that cannot be read. */
+static void
+log_version(void)
+{
+    if (strcmp(J.djv.version, "unknown"))
+        log_info(NULL, "Data-Juicer version here: %s (%s%s%s)", J.djv.version, J.djv.source,
+                 J.djv.why ? ", since " : "", J.djv.why ? J.djv.why : "");
+    else
+        log_warning(NULL, "the Data-Juicer version here cannot be read: %s; jobs prepared with "
+                    "a known version are refused unless data_juicer.allow_version_mismatch is "
+                    "set", J.djv.why ? J.djv.why : "no way to read it");
+}
+
 int
 jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
 {
     struct attempt_opts ao = { 0 };
-    int dirty, r;
+    int r;
 
     J.loop = loop;
     J.conf = c;
@@ -697,8 +710,8 @@ jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
     ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
-    djversion_detect(&ao, &J.dj_version, &dirty);
-    log_info(NULL, "Data-Juicer version here: %s", J.dj_version);
+    djversion_read(&ao, &J.djv);
+    log_version();
     jobs_rescan();
     return 0;
 }
@@ -707,14 +720,14 @@ void
 jobs_reconfigure(const struct esd_conf *c)
 {
     struct attempt_opts ao = { 0 };
-    int dirty;
 
     J.conf = c;
     ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
-    free(J.dj_version);
-    djversion_detect(&ao, &J.dj_version, &dirty);
+    djversion_free(&J.djv);
+    djversion_read(&ao, &J.djv);
+    log_version();
     /* new claims take the new lease and limit (claims held keep theirs);
      * the node name is fixed until a restart */
     for (struct job *j = J.head; j; j = j->next)
@@ -744,7 +757,7 @@ jobs_fini(void)
     if (J.lock_fd >= 0)
         close(J.lock_fd);
     free(J.spool_dir);
-    free(J.dj_version);
+    djversion_free(&J.djv);
     memset(&J, 0, sizeof(J));
 }
 
@@ -792,7 +805,7 @@ refusal(const struct manifest *m, int dfd)
     struct esd_err err;
     size_t len = 0;
 
-    if (djversion_check(m->dj_commit, J.dj_version, &err) < 0 && !J.conf->allow_version_mismatch)
+    if (djversion_judge(m->dj_commit, &J.djv, &err) < 0 && !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
                          "intentional)", err.msg);
     if (fs_join_inside(m->job_dir, snap, &path, &err) < 0)
