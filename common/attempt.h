@@ -112,8 +112,20 @@ struct attempt_final {
     char status[16];
     bool shard_done;
     bool shard_failed;
+    bool shard_left;   /* this node alone used up the shard's retries: left to the others */
+    bool counted;      /* a failure toward max_retries (processor, output) */
     size_t index;      /* the claim's shard */
 };
+
+/*
+ * The attempt.json status of an infrastructure failure that is not a
+ * takeover ("stale") nor a clean stop ("released"): the reference's
+ * workers count "failed" and "stale" toward max_retries (spec §5.4, §8.3
+ * step 4) and skip any other status, so that esd's infrastructure
+ * failures never use up a shard's retries in a fleet that mixes both
+ * (attempt_finish still reports such an attempt as "failed").
+ */
+#define ATTEMPT_STATUS_INFRA "infra_failed"
 
 /*
  * Ends an attempt. Success (res != NULL): publishes the done record (spec

@@ -173,6 +173,7 @@ job_free(struct job *j)
     }
     spawn_cred_free(&j->owner);
     free(j->refused);
+    free(j->stopped);
     free(j->job_dir);
     free(j->output);
     free(j->reg_path);
@@ -1063,13 +1064,69 @@ load_start(struct job *j)
     j->load = l;
 }
 
+void
+jobs_attempt_ended(struct job *j, const struct attempt_final *fin)
+{
+    size_t k;
+
+    for (k = 0; k < j->nfailed_idx && j->failed_idx[k] != fin->index; k++)
+        ;
+    if (!strcmp(fin->status, "done") && k < j->nfailed_idx) {
+        j->failed_idx[k] = j->failed_idx[--j->nfailed_idx];
+    } else if (!strcmp(fin->status, "failed") && fin->counted && !fin->shard_failed &&
+               k == j->nfailed_idx && j->nfailed_idx < JOBS_BADNODE_TRACK) {
+        j->failed_idx[j->nfailed_idx++] = fin->index;
+    }
+}
+
+/*
+ * Looks at the shards that failed here for a done record (another node's:
+ * a success here took the shard off the list); false once this node has
+ * stopped claiming j.
+ */
+static bool
+badnode_check(struct job *j)
+{
+    double now = time_mono();
+    struct fsid prev;
+
+    if (j->stopped)
+        return false;
+    if (!j->nfailed_idx || now - j->badnode_checked < (double)J.conf->poll_interval_secs)
+        return true;
+    j->badnode_checked = now;
+    prev = jobs_fs_owner(j);
+    for (size_t k = 0; k < j->nfailed_idx;) {
+        char *done = manifest_state_path(&j->m, "done", j->m.shards[j->failed_idx[k]].id,
+                                         ".json");
+        struct stat st;
+
+        if (lstat(done, &st) == 0) {
+            j->done_elsewhere++;
+            j->failed_idx[k] = j->failed_idx[--j->nfailed_idx];
+        } else {
+            k++;
+        }
+        free(done);
+    }
+    jobs_fs_restore(prev);
+    if (j->done_elsewhere < JOBS_BADNODE_SHARDS)
+        return true;
+    j->stopped = xasprintf("this node's attempts failed on %u shards that other nodes then did: "
+                           "its processor fails what works elsewhere, so it claims no more of "
+                           "this job (submit it again or restart esd once the node is fixed)",
+                           j->done_elsewhere);
+    log_warning(&(struct log_ctx){ .job = j->m.job_id }, "job %s: %s", j->job_dir, j->stopped);
+    return false;
+}
+
 bool
 jobs_load(struct job *j)
 {
     struct esd_err err;
 
     if (j->loaded)
-        return true;
+        return badnode_check(j);
     if (j->load || time_mono() < j->load_after)
         return false;
     if (jobs_check_bound(j, &err) < 0) {
@@ -1173,6 +1230,11 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
         }
         free(j->refused);
         j->refused = NULL;
+        /* (a node fixed since its processor failed the job's shards) */
+        free(j->stopped);
+        j->stopped = NULL;
+        j->nfailed_idx = 0;
+        j->done_elsewhere = 0;
         free(j->output);
         j->output = want;
         if (j->state == JOB_CANCELLED || j->state == JOB_FAILED || j->state == JOB_COMPLETE) {
@@ -1210,6 +1272,7 @@ jobs_reset(struct job *j)
         j->loaded = false;
     }
     load_abandon(j);
+    j->nfailed_idx = 0; /* (shard indices of the manifest gone) */
     j->load_after = 0;
     free(j->load_error);
     j->load_error = NULL;
@@ -1385,6 +1448,10 @@ jobs_status_json(void)
             json_add_str(o, "load_error", j->refused);
         else if (j->load_error)
             json_add_str(o, "load_error", j->load_error);
+        else if (j->stopped)
+            json_add_str(o, "load_error", j->stopped); /* (shown by the text view) */
+        if (j->stopped)
+            json_add_str(o, "refused", j->stopped);
         cJSON_AddItemToArray(a, o);
     }
     return a;

@@ -563,7 +563,7 @@ run_report(struct run *r)
     struct job *j = r->job;
     struct attempt_final fin = { 0 };
     cJSON *rep = NULL;
-    const char *status = "", *error, *cls;
+    const char *status = "", *error, *cls = NULL;
     bool ok = false, done = false, failed = false;
     double duration = time_mono() - r->started, dv;
     long long rows = 0, bytes = 0;
@@ -613,6 +613,9 @@ run_report(struct run *r)
         jobs_claim_forget(j, &r->cl);
     fin.shard_done = done;
     fin.shard_failed = failed;
+    fin.index = r->cl.index;
+    fin.counted = cls && (!strcmp(cls, "processor") || !strcmp(cls, "output"));
+    jobs_attempt_ended(j, &fin);
     claimer_forget(&j->claimer, &r->cl, done, failed);
     cJSON_Delete(rep);
     j->running--;
