@@ -494,6 +494,8 @@ scan(const char *dir, bool spool)
     closedir(d);
 }
 
+static bool badnode_check(struct job *j);
+
 void
 jobs_rescan(void)
 {
@@ -503,9 +505,13 @@ jobs_rescan(void)
     if (J.spool_dir)
         scan(J.spool_dir, true);
     /* what is still to be worked is still the directory submitted */
-    for (struct job *j = J.head; j; j = j->next)
+    for (struct job *j = J.head; j; j = j->next) {
         if (j->state == JOB_ACTIVE || j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
             jobs_check_bound(j, &err);
+        /* (also while its claims are paused after failures in a row) */
+        if (j->loaded)
+            (void)badnode_check(j);
+    }
 }
 
 /* One esd per state directory: its claim records are then known to be of
