@@ -278,7 +278,7 @@ finish 30
 [ "$(attempts_of "$JOB" "$ID0" | wc -l)" -eq 3 ] ||
     fail "three attempts before the shard fails" "$(attempts_of "$JOB" "$ID0")"
 for n in 1 2 3; do
-    expect_attempt "unstartable attempt $n" "$(attempt_of "$JOB" "$ID0" "$n")" failed \
+    expect_attempt "unstartable attempt $n" "$(attempt_of "$JOB" "$ID0" "$n")" infra_failed \
         infrastructure "/nonexistent/dj"
 done
 got=$(py '"%s|%s|%s" % (j["failure_class"], j["failures"], j["infrastructure_failures"])' \
