@@ -134,9 +134,12 @@ struct attempt_final {
  * done or failed record already existed; "lost"/"stale" if the lock is no
  * longer ours, in which case nothing is published). Failure: records the
  * error and class; publishes the failed record (spec §5.6) under the fence
- * when a limit is exceeded, else releases the lock (also when the attempts
- * cannot be counted: attempt_count's -E2BIG). attempt.json gets the final
- * fields. Tells the claimer.
+ * when attempt_limit says AL_TERMINAL, else releases the lock (also when
+ * the attempts cannot be counted: attempt_count's -E2BIG; ret->shard_left
+ * when this node alone used up the retries while another lives). An
+ * infrastructure failure's attempt.json says ATTEMPT_STATUS_INFRA, any
+ * other failure's "failed". attempt.json gets the final fields. Tells the
+ * claimer.
  */
 int attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
                    const struct attempt_result *res, struct attempt_final *ret,
@@ -216,9 +219,10 @@ enum attempt_limit {
  * shard, or when no other node has been alive in the last
  * ATTEMPT_PEER_ALIVE_SECS (a one-node fleet still fails a bad shard); a
  * shard only this node failed is left to the live others (AL_LEFT), and one
- * only other nodes failed is open to this node. Looks at state/clock and
- * state/locks only when the retries are used up; what cannot be read there
- * counts as no other node.
+ * only other nodes failed is open to this node. Only when the retries are
+ * used up, touches state/clock/<node> (the server's time, through a
+ * descriptor of its own) and looks at state/clock and state/locks; what
+ * cannot be read there counts as no other node.
  */
 enum attempt_limit attempt_limit(struct claimer *c, const struct attempt_counts *n);
 
