@@ -112,6 +112,9 @@ print(used_up)
 EOF
 ) || fail "b's failures did not fail the job"
 ok "no failed record; every done record is h's ($left shards b used up were left to h); b's attempts failed (processor), m and u made none"
+grep -q "failed (processor), its retries used up by this node alone: left to the other nodes" \
+    "$W/b/log" || fail "b logs that it left a shard whose retries it used up to the others"
+ok "b logged the shards it left to the other nodes"
 n=$(grep -c "claims no more of this job" "$W/b/log")
 [ "$n" -eq 1 ] || fail "b logs once that it stopped claiming the job" "$n times"
 python3 - "$J" "$W/b/log" <<'EOF' || fail "b made no attempt after it stopped"
