@@ -114,22 +114,55 @@ attempt_name_number(const char *name)
     return name[k] ? -1 : v;
 }
 
+/* The node of the first counted failure seen, to tell a second one. */
+struct node_seen {
+    char first[128];
+    bool any;
+};
+
+/* Attributes a counted failure of the attempt j to its node. */
+static void
+count_node(const cJSON *j, const char *node, struct attempt_counts *n, struct node_seen *seen)
+{
+    const char *who = json_get_str(j, "node");
+
+    if (!who)
+        who = json_get_str(j, "hostname");
+    if (who && node && !strcmp(who, node))
+        n->here++;
+    if (!who) {
+        n->nodes = 2; /* a node of its own */
+    } else if (!seen->any) {
+        snprintf(seen->first, sizeof(seen->first), "%s", who);
+        seen->any = true;
+        if (!n->nodes)
+            n->nodes = 1;
+    } else if (strncmp(seen->first, who, sizeof(seen->first) - 1)) {
+        n->nodes = 2;
+    }
+}
+
 /* Adds the failure an attempt.json records to n. */
 static void
-count_record(const cJSON *j, struct attempt_counts *n)
+count_record(const cJSON *j, const char *node, struct attempt_counts *n, struct node_seen *seen)
 {
     const char *status = json_get_str(j, "status");
     const char *fc = json_get_str(j, "failure_class");
+    bool counted = false;
 
     if (fc) {
         if (!strcmp(fc, "processor") || !strcmp(fc, "output"))
-            n->counted++;
+            counted = true;
         else if (!strcmp(fc, "infrastructure") && (!status || strcmp(status, "released")))
             n->infra++;
     } else if (status && !strcmp(status, "failed")) {
-        n->counted++;
+        counted = true;
     } else if (status && !strcmp(status, "stale")) {
         n->infra++;
+    }
+    if (counted) {
+        n->counted++;
+        count_node(j, node, n, seen);
     }
 }
 
@@ -137,7 +170,15 @@ int
 attempt_count(const struct manifest *m, const char *shard_id, struct attempt_counts *ret,
               struct esd_err *err)
 {
+    return attempt_count_by(m, shard_id, NULL, ret, err);
+}
+
+int
+attempt_count_by(const struct manifest *m, const char *shard_id, const char *node,
+                 struct attempt_counts *ret, struct esd_err *err)
+{
     struct attempt_counts n = { 0 };
+    struct node_seen seen = { .any = false };
     char *dir = xasprintf("%s/attempts/%s", m->job_dir, shard_id);
     long long highest = 0, found = 0;
     size_t entries = 0, bytes = 0;
@@ -200,7 +241,7 @@ attempt_count(const struct manifest *m, const char *shard_id, struct attempt_cou
         bytes += len;
         close(afd);
         if (j)
-            count_record(j, &n);
+            count_record(j, node, &n, &seen);
         cJSON_Delete(j);
     }
     if (r == 0 && errno)
@@ -215,6 +256,110 @@ out:
     if (r == 0)
         *ret = n;
     return r;
+}
+
+/* ---- the terminal rule ---- */
+
+/*
+ * Whether a node other than c's was alive lately (server time now): its
+ * state/clock/<node> or a lock it holds was modified in the last
+ * ATTEMPT_PEER_ALIVE_SECS. Only names and mtimes, and the content of the
+ * fresh locks only (the lock names no node otherwise); nothing is followed.
+ */
+static bool
+peer_alive(const struct claimer *c, double now)
+{
+    char *dir = fs_join(c->m->job_dir, "state/clock");
+    bool alive = false;
+    struct dirent *e;
+    struct stat st;
+    DIR *d;
+    int fd;
+
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    free(dir);
+    if (fd >= 0 && (d = fdopendir(fd))) {
+        while (!alive && (e = readdir(d)))
+            if (e->d_name[0] != '.' && strcmp(e->d_name, c->node) &&
+                fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                S_ISREG(st.st_mode) &&
+                now - (double)st.st_mtim.tv_sec <= ATTEMPT_PEER_ALIVE_SECS)
+                alive = true;
+        closedir(d);
+    } else if (fd >= 0) {
+        close(fd);
+    }
+    if (alive)
+        return true;
+    /* a node busy with long attempts makes no claim passes, but renews
+     * its locks every lease/4 */
+    dir = fs_join(c->m->job_dir, "state/locks");
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    free(dir);
+    if (fd < 0 || !(d = fdopendir(fd))) {
+        if (fd >= 0)
+            close(fd);
+        return false;
+    }
+    while (!alive && (e = readdir(d))) {
+        cJSON *j;
+        const char *who;
+
+        if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+            !S_ISREG(st.st_mode) || now - (double)st.st_mtim.tv_sec > ATTEMPT_PEER_ALIVE_SECS)
+            continue;
+        if (!(j = job_json_load(dirfd(d), e->d_name, 64 << 10, NULL)))
+            continue;
+        who = json_get_str(j, "node");
+        if (!who)
+            who = json_get_str(j, "hostname");
+        alive = who && strcmp(who, c->node) && strcmp(who, c->hostname);
+        cJSON_Delete(j);
+    }
+    closedir(d);
+    return alive;
+}
+
+/*
+ * The file server's now, as claimer_now reads it, through a descriptor of
+ * its own: attempt_finish may run in a helper process that does not
+ * inherit the claimer's.
+ */
+static int
+server_now(const struct claimer *c, double *ret)
+{
+    char *rel = xasprintf("state/clock/%s", c->node), *path = fs_join(c->m->job_dir, rel);
+    struct esd_err err;
+    struct stat st;
+    int fd = fs_open_job(path, O_WRONLY, 0, 0, NULL, &err), r = 0;
+
+    if (fd < 0 || fs_touch_fd(fd) < 0 || fstat(fd, &st) < 0)
+        r = fd < 0 ? fd : -errno;
+    else
+        *ret = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9;
+    if (fd >= 0)
+        close(fd);
+    free(rel);
+    free(path);
+    return r;
+}
+
+enum attempt_limit
+attempt_limit(struct claimer *c, const struct attempt_counts *n)
+{
+    double now;
+
+    if (n->infra > c->max_infra)
+        return AL_TERMINAL;
+    if (n->counted <= c->max_retries)
+        return AL_OPEN;
+    if (n->nodes >= 2)
+        return AL_TERMINAL;
+    if (n->here == 0)
+        return AL_OPEN; /* used up by one other node: this one tries it */
+    if (server_now(c, &now) < 0)
+        return AL_TERMINAL; /* (no clock: as if no other node) */
+    return peer_alive(c, now) ? AL_LEFT : AL_TERMINAL;
 }
 
 /* ---- attempt.json ---- */
@@ -705,7 +850,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
     char *done = manifest_state_path(m, "done", cl->shard_id, ".json");
     char *failed = manifest_state_path(m, "failed", cl->shard_id, ".json");
     char *output_rel = xasprintf("%s/processed.jsonl", cl->attempt_rel);
-    const char *status, *seen;
+    const char *status, *seen, *jstatus = NULL;
     cJSON *meta, *latest = NULL, *rec = NULL;
     bool owned;
     int fd, r = 0;
@@ -762,27 +907,36 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         if (unlink(cl->lock_path) < 0)
             r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
     } else {
+        enum attempt_limit lim = AL_OPEN;
+
         status = "failed";
+        /* (an infrastructure failure under a status the reference's
+         * workers do not count toward max_retries) */
+        if (out->fc == FC_INFRASTRUCTURE)
+            jstatus = ATTEMPT_STATUS_INFRA;
         json_set(meta, "failure_class", cJSON_CreateString(attempt_class_name(out->fc)));
         json_set(meta, "error", cJSON_CreateString(out->error ? out->error : "unknown error"));
-        json_set(meta, "status", cJSON_CreateString(status));
+        json_set(meta, "status", cJSON_CreateString(jstatus));
         /* Recorded before counting, so the count includes this attempt. */
         r = json_write_atomic(meta_path, meta, JSON_PRETTY, err);
         if (r == 0)
-            r = attempt_count(m, cl->shard_id, &n, err);
+            r = attempt_count_by(m, cl->shard_id, c->node, &n, err);
         /* An over-full attempts directory cannot be counted: release the
          * shard; its next claim reports the directory. */
         if (r == -E2BIG) {
             memset(&n, 0, sizeof(n));
             r = 0;
         }
-        if (r == 0 && (n.counted > c->max_retries || n.infra > c->max_infra) && !exists(done)) {
+        if (r == 0)
+            lim = attempt_limit(c, &n);
+        if (r == 0 && lim == AL_TERMINAL && !exists(done)) {
             rec = failed_record(c, cl, out, &n);
             r = json_publish_excl(failed, rec, JSON_PRETTY, err);
             if (r == -EEXIST)
                 r = 0;
             fin.shard_failed = true;
         }
+        fin.shard_left = lim == AL_LEFT;
         if (r == 0 && unlink(cl->lock_path) < 0)
             r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
     }
@@ -793,9 +947,11 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
     }
     if (r < 0)
         goto out;
-    json_set(meta, "status", cJSON_CreateString(status));
+    json_set(meta, "status", cJSON_CreateString(jstatus ? jstatus : status));
     r = json_write_atomic(meta_path, meta, JSON_PRETTY, err);
     snprintf(fin.status, sizeof(fin.status), "%s", status);
+    fin.index = cl->index;
+    fin.counted = out->fc == FC_PROCESSOR || out->fc == FC_OUTPUT;
     claimer_forget(c, cl, fin.shard_done, fin.shard_failed);
     if (r == 0)
         *ret = fin;

@@ -112,7 +112,20 @@ struct attempt_final {
     char status[16];
     bool shard_done;
     bool shard_failed;
+    bool shard_left;   /* this node alone used up the shard's retries: left to the others */
+    bool counted;      /* a failure toward max_retries (processor, output) */
+    size_t index;      /* the claim's shard */
 };
+
+/*
+ * The attempt.json status of an infrastructure failure that is not a
+ * takeover ("stale") nor a clean stop ("released"): the reference's
+ * workers count "failed" and "stale" toward max_retries (spec §5.4, §8.3
+ * step 4) and skip any other status, so that esd's infrastructure
+ * failures never use up a shard's retries in a fleet that mixes both
+ * (attempt_finish still reports such an attempt as "failed").
+ */
+#define ATTEMPT_STATUS_INFRA "infra_failed"
 
 /*
  * Ends an attempt. Success (res != NULL): publishes the done record (spec
@@ -121,9 +134,12 @@ struct attempt_final {
  * done or failed record already existed; "lost"/"stale" if the lock is no
  * longer ours, in which case nothing is published). Failure: records the
  * error and class; publishes the failed record (spec §5.6) under the fence
- * when a limit is exceeded, else releases the lock (also when the attempts
- * cannot be counted: attempt_count's -E2BIG). attempt.json gets the final
- * fields. Tells the claimer.
+ * when attempt_limit says AL_TERMINAL, else releases the lock (also when
+ * the attempts cannot be counted: attempt_count's -E2BIG; ret->shard_left
+ * when this node alone used up the retries while another lives). An
+ * infrastructure failure's attempt.json says ATTEMPT_STATUS_INFRA, any
+ * other failure's "failed". attempt.json gets the final fields. Tells the
+ * claimer.
  */
 int attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
                    const struct attempt_result *res, struct attempt_final *ret,
@@ -134,6 +150,8 @@ struct attempt_counts {
     long long attempts;  /* the last attempt number in use: the next is attempts + 1 */
     long long counted;   /* toward max_retries: processor and output */
     long long infra;     /* toward the infrastructure limit */
+    long long here;      /* of counted: the failures of the node attempt_count_by names */
+    int nodes;           /* nodes whose attempts make up counted: 0, 1, or 2 for two or more */
     bool truncated;      /* the directory held more than was looked at */
 };
 
@@ -167,6 +185,46 @@ struct attempt_counts {
  */
 int attempt_count(const struct manifest *m, const char *shard_id, struct attempt_counts *ret,
                   struct esd_err *err);
+
+/*
+ * attempt_count, and the failures attributed to nodes: an attempt belongs
+ * to the node its attempt.json names ("node", else "hostname", as the
+ * reference's workers record only that); ret->here counts the counted
+ * failures of node (NULL: none), ret->nodes how many nodes failed. An
+ * attempt that names neither counts as a node of its own, so that failures
+ * nobody can be told apart by keep the reference's rule.
+ */
+int attempt_count_by(const struct manifest *m, const char *shard_id, const char *node,
+                     struct attempt_counts *ret, struct esd_err *err);
+
+/*
+ * A node is alive if its state/clock/<node> (touched at least every
+ * CLAIM_CLOCK_RESYNC seconds while it makes claim passes) or a lock it
+ * holds (renewed every lease/4) was modified this recently on the server's
+ * clock.
+ */
+#define ATTEMPT_PEER_ALIVE_SECS (3 * CLAIM_CLOCK_RESYNC)
+
+/* What the counts of a shard let claimer c's node do. */
+enum attempt_limit {
+    AL_OPEN,     /* under the limits, or used up by other nodes only: claim it */
+    AL_TERMINAL, /* used up: publish the failed record */
+    AL_LEFT,     /* this node alone used up max_retries while another node lives:
+                    the shard is left to the others */
+};
+
+/*
+ * The terminal rule. The infrastructure limit is the fleet's, as before.
+ * max_retries used up is terminal only when at least two nodes failed the
+ * shard, or when no other node has been alive in the last
+ * ATTEMPT_PEER_ALIVE_SECS (a one-node fleet still fails a bad shard); a
+ * shard only this node failed is left to the live others (AL_LEFT), and one
+ * only other nodes failed is open to this node. Only when the retries are
+ * used up, touches state/clock/<node> (the server's time, through a
+ * descriptor of its own) and looks at state/clock and state/locks; what
+ * cannot be read there counts as no other node.
+ */
+enum attempt_limit attempt_limit(struct claimer *c, const struct attempt_counts *n);
 
 /*
  * Writes the first attempt.json of a new claim (status "running", the

@@ -496,6 +496,7 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     const char *id = m->shards[i].id;
     struct claim cl = { 0 };
     struct attempt_counts n;
+    enum attempt_limit lim;
     struct buf line;
     struct stat st;
     char claimed_at[40], *done = NULL, *failed = NULL, *parent = NULL;
@@ -530,7 +531,7 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     }
     /* Held. Count the attempts now: a previous owner records its failure
      * before it releases the lock. */
-    if ((r = attempt_count(m, id, &n, err)) < 0) {
+    if ((r = attempt_count_by(m, id, c->node, &n, err)) < 0) {
         /* (e.g. an over-full attempts directory) Leave this shard for a
          * lease, so that the next passes claim the others. */
         remember_fresh(c, i, now, now + (double)c->lease_secs);
@@ -560,7 +561,13 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
         r = T_SKIP;
         goto unlock;
     }
-    if (n.counted > c->max_retries || n.infra > c->max_infra) {
+    if ((lim = attempt_limit(c, &n)) == AL_LEFT) {
+        /* only this node failed it, and another lives: theirs to try */
+        remember_fresh(c, i, now, now + (double)c->lease_secs);
+        r = T_SKIP;
+        goto unlock;
+    }
+    if (lim == AL_TERMINAL) {
         if ((r = fail_before_claim(c, i, &n, err)) < 0)
             goto unlock;
         c->known[i] = K_FAILED;

@@ -1,14 +1,17 @@
 /*
- * djversion: asking git or the processor's Python which Data-Juicer runs.
+ * djversion: asking a checkout's .git, git or the processor's Python which
+ * Data-Juicer runs, and saying why when none of them can tell.
  */
 #include "djversion.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +19,10 @@
 #include "spawn.h"
 
 #define DETECT_TIMEOUT 10.0
+/* Largest .git file read (HEAD, a loose ref, commondir, a gitdir link). */
+#define GIT_FILE_MAX 4096
+/* packed-refs is read line by line; a longer line is not a ref's. */
+#define PACKED_LINE_MAX 1024
 
 /*
  * Runs the command given as NULL-terminated words in cwd; collects up to
@@ -49,6 +56,153 @@ first_line(const struct buf *out)
     return n ? xstrndup(out->p, n) : NULL;
 }
 
+/* A commit id as git prints it: 40 (SHA-1) or 64 (SHA-256) lowercase hex. */
+static bool
+is_commit(const char *s)
+{
+    size_t n = strspn(s, "0123456789abcdef");
+
+    return (n == 40 || n == 64) && !s[n];
+}
+
+/* ---- reading a checkout's HEAD without git ---- */
+
+/* A small .git file, trailing whitespace cut; NULL with *why set. */
+static char *
+git_file(const char *dir, const char *name, char **why)
+{
+    char *path = fs_join(dir, name), *text = NULL;
+    struct esd_err err;
+    size_t len = 0;
+
+    if (fs_read_file(path, GIT_FILE_MAX, &text, &len, &err) < 0) {
+        free(*why);
+        *why = xstrdup(err.msg);
+        free(path);
+        return NULL;
+    }
+    while (len && isspace((unsigned char)text[len - 1]))
+        text[--len] = '\0';
+    free(path);
+    return text;
+}
+
+/* A path a .git file holds (a gitdir link, commondir): relative to base. */
+static char *
+git_path(const char *base, const char *p)
+{
+    return p[0] == '/' ? xstrdup(p) : fs_join(base, p);
+}
+
+/* A ref name HEAD may point to: under refs/, no "..", no odd byte. */
+static bool
+ref_ok(const char *ref)
+{
+    if (strncmp(ref, "refs/", 5) || strstr(ref, "..") || strstr(ref, "//"))
+        return false;
+    for (const char *p = ref; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("/._-+@", *p))
+            return false;
+    return true;
+}
+
+/* The commit of ref in common's packed-refs, or NULL. */
+static char *
+packed_ref(const char *common, const char *ref)
+{
+    char *path = fs_join(common, "packed-refs"), line[PACKED_LINE_MAX], *commit = NULL;
+    FILE *f = fopen(path, "re");
+
+    free(path);
+    if (!f)
+        return NULL;
+    while (!commit && fgets(line, sizeof(line), f)) {
+        char *sp = strchr(line, ' ');
+        size_t n;
+
+        if (line[0] == '#' || line[0] == '^' || !sp)
+            continue;
+        *sp++ = '\0';
+        n = strcspn(sp, "\r\n");
+        sp[n] = '\0';
+        if (!strcmp(sp, ref) && is_commit(line))
+            commit = xstrdup(line);
+    }
+    fclose(f);
+    return commit;
+}
+
+/*
+ * The commit HEAD of the checkout root names, read from its files: .git
+ * (a directory, or a file "gitdir: <path>" for a worktree or submodule),
+ * its commondir, HEAD, the loose ref or packed-refs. NULL with *why set.
+ */
+static char *
+git_head(const char *root, char **why)
+{
+    char *dotgit = fs_join(root, ".git"), *gitdir = NULL, *common = NULL, *head = NULL;
+    char *link, *cd, *commit = NULL;
+    struct stat st;
+
+    if (stat(dotgit, &st) < 0) {
+        *why = xasprintf("%s: %s", dotgit, strerror(errno));
+        goto out;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        gitdir = xstrdup(dotgit);
+    } else if (!(link = git_file(root, ".git", why))) {
+        goto out;
+    } else if (strncmp(link, "gitdir: ", 8)) {
+        *why = xasprintf("%s is neither a directory nor a \"gitdir:\" link", dotgit);
+        free(link);
+        goto out;
+    } else {
+        gitdir = git_path(root, link + 8);
+        free(link);
+    }
+    if ((cd = git_file(gitdir, "commondir", why))) {
+        common = git_path(gitdir, cd);
+        free(cd);
+    } else {
+        common = xstrdup(gitdir);
+    }
+    free(*why);
+    *why = NULL;
+    if (!(head = git_file(gitdir, "HEAD", why)))
+        goto out;
+    if (is_commit(head)) {
+        commit = xstrdup(head);
+    } else if (!strncmp(head, "ref: ", 5) && ref_ok(head + 5)) {
+        const char *ref = head + 5;
+        char *loose = git_file(gitdir, ref, why);
+
+        if (!loose)
+            loose = git_file(common, ref, why);
+        if (loose && is_commit(loose))
+            commit = xstrdup(loose);
+        else if (!(commit = packed_ref(common, ref))) {
+            free(*why);
+            *why = xasprintf("%s/HEAD names %s, which has no commit in %s (loose or packed)",
+                             gitdir, ref, common);
+        }
+        free(loose);
+    } else {
+        *why = xasprintf("%s/HEAD holds neither a commit nor a ref", gitdir);
+    }
+out:
+    if (commit) {
+        free(*why);
+        *why = NULL;
+    }
+    free(dotgit);
+    free(gitdir);
+    free(common);
+    free(head);
+    return commit;
+}
+
+/* ---- the processor's Python ---- */
+
 /* PATH lookup of a command name, as execvp would do it. Caller frees. */
 static char *
 which(const char *cmd)
@@ -71,24 +225,31 @@ which(const char *cmd)
     return NULL;
 }
 
-/* The interpreter a script runs on: its "#!" line's first word. */
+/*
+ * The interpreter a script runs on: its "#!" line's first word, or, for
+ * "#!/usr/bin/env [-S] name", name looked up on PATH. NULL for a file that
+ * is not a script.
+ */
 static char *
 interpreter_of(const char *script)
 {
-    char line[512];
+    char line[512], *save = NULL, *interp = NULL;
     FILE *f = fopen(script, "re");
-    char *interp = NULL;
 
     if (!f)
         return NULL;
     if (fgets(line, sizeof(line), f) && line[0] == '#' && line[1] == '!') {
-        char *p = line + 2;
-        size_t n;
+        char *w = strtok_r(line + 2, " \t\r\n", &save);
 
-        p += strspn(p, " \t");
-        n = strcspn(p, " \t\r\n");
-        if (n)
-            interp = xstrndup(p, n);
+        if (w && !strcmp(fs_basename(w), "env")) {
+            while ((w = strtok_r(NULL, " \t\r\n", &save)) && w[0] == '-')
+                ;
+            interp = w ? which(w) : NULL;
+            if (!interp && w)
+                interp = xstrdup(w);
+        } else if (w) {
+            interp = xstrdup(w);
+        }
     }
     fclose(f);
     return interp;
@@ -100,61 +261,163 @@ looks_like_python(const char *path)
     return strstr(fs_basename(path), "python") != NULL;
 }
 
-void
-djversion_detect(const struct attempt_opts *o, char **ret_version, int *ret_dirty)
+/* The version of py-data-juicer that python imports (run in cwd), or NULL
+ * with *why saying what python answered. */
+static char *
+package_version(const char *python, const char *cwd, char **why)
 {
+    /* the error goes to stdout, marked, since stderr is not collected */
     static const char *const probe =
-        "import importlib.metadata as m; print(m.version('py-data-juicer'))";
+        "import importlib.metadata as m\n"
+        "try:\n"
+        "    print(m.version('py-data-juicer'))\n"
+        "except Exception as e:\n"
+        "    print('!%s: %s' % (type(e).__name__, e))\n";
+    struct buf out;
+    char *line = NULL;
+    bool ok;
+
+    buf_init(&out);
+    ok = run(cwd, 4096, &out, python, "-c", probe, NULL);
+    line = first_line(&out);
+    buf_free(&out);
+    if (ok && line && line[0] != '!')
+        return line;
+    if (line && line[0] == '!')
+        *why = xasprintf("%s cannot tell the version of py-data-juicer (%s)", python, line + 1);
+    else
+        *why = xasprintf("%s could not be run to ask for the version of py-data-juicer", python);
+    free(line);
+    return NULL;
+}
+
+void
+djversion_read(const struct attempt_opts *o, struct djversion *ret)
+{
     const char *const *proc = o ? o->processor : NULL;
-    char *version = NULL, *python = NULL;
+    char *version = NULL, *python = NULL, *source = NULL, *why = NULL, *pwhy = NULL;
     int dirty = -1;
 
     if (o && o->dj_root) {
         struct buf out;
+        char *safe = xasprintf("safe.directory=%s", o->dj_root);
 
         buf_init(&out);
-        if (run(NULL, 4096, &out, "git", "-C", o->dj_root, "rev-parse", "HEAD", NULL))
-            version = first_line(&out);
+        if ((version = git_head(o->dj_root, &why))) {
+            source = xasprintf("git HEAD of the checkout %s", o->dj_root);
+        } else if (run(NULL, 4096, &out, "git", "-c", safe, "-C", o->dj_root, "rev-parse",
+                       "HEAD", NULL) &&
+                   (version = first_line(&out))) {
+            /* (a layout git_head does not read, e.g. reftable) */
+            source = xasprintf("git rev-parse HEAD in the checkout %s", o->dj_root);
+            free(why);
+            why = NULL;
+        }
         buf_reset(&out);
+        /* Without the safe.directory override: a checkout git does not
+         * trust must not run its configuration (core.fsmonitor, filters)
+         * here; its dirty flag stays unknown. */
         if (version && run(NULL, 1 << 20, &out, "git", "-C", o->dj_root, "status", "--porcelain",
                            NULL))
             dirty = out.len > 0;
         buf_free(&out);
-        if (!version) /* not a git checkout: ask its python */
+        free(safe);
+        if (!version) { /* not a git checkout: ask its python */
+            char *nowhy = xasprintf("%s is not a readable git checkout (%s)", o->dj_root,
+                                    why ? why : "no commit found");
+
+            free(why);
+            why = nowhy;
             python = xstrdup(o->python ? o->python : "python3");
+        }
     } else {
         const char *cmd = proc && proc[0] ? proc[0] : "dj-process";
         char *path = which(cmd);
 
-        if (path && looks_like_python(path))
+        if (!path)
+            why = xasprintf("the processor %s is not an executable file (nor on PATH)", cmd);
+        else if (looks_like_python(path))
             python = xstrdup(path);
-        else if (path)
-            python = interpreter_of(path);
-        free(path);
+        else if (!(python = interpreter_of(path)))
+            why = xasprintf("the processor %s is neither a Python interpreter nor a script: "
+                            "which Data-Juicer it runs cannot be read",
+                            path);
         if (python && !looks_like_python(python)) {
+            why = xasprintf("the processor %s is a script for %s, not for Python: which "
+                            "Data-Juicer it runs cannot be read",
+                            path, python);
             free(python);
             python = NULL;
         }
+        free(path);
     }
     if (!version && python) {
-        struct buf out;
+        if ((version = package_version(python, o && o->dj_root ? o->dj_root : NULL, &pwhy))) {
+            source = xasprintf("py-data-juicer of %s", python);
+        } else {
+            char *both = why ? xasprintf("%s, and %s", why, pwhy) : xstrdup(pwhy);
 
-        buf_init(&out);
-        if (run(o && o->dj_root ? o->dj_root : NULL, 4096, &out, python, "-c", probe, NULL))
-            version = first_line(&out);
-        buf_free(&out);
+            free(why);
+            why = both;
+        }
     }
+    free(pwhy);
     free(python);
-    *ret_version = version ? version : xstrdup("unknown");
-    *ret_dirty = dirty;
+    ret->version = version ? version : xstrdup("unknown");
+    ret->dirty = dirty;
+    ret->source = source;
+    ret->why = why;
+}
+
+void
+djversion_free(struct djversion *v)
+{
+    free(v->version);
+    free(v->source);
+    free(v->why);
+    memset(v, 0, sizeof(*v));
+}
+
+void
+djversion_detect(const struct attempt_opts *o, char **ret_version, int *ret_dirty)
+{
+    struct djversion v;
+
+    djversion_read(o, &v);
+    *ret_version = v.version;
+    *ret_dirty = v.dirty;
+    v.version = NULL;
+    djversion_free(&v);
+}
+
+int
+djversion_judge(const char *job_version, const struct djversion *ours, struct esd_err *err)
+{
+    const char *mine = ours->version;
+
+    if (!job_version || !strcmp(job_version, "unknown") || (mine && !strcmp(job_version, mine)))
+        return 0;
+    if (!mine || !strcmp(mine, "unknown"))
+        return err_set(err, -EPROTO,
+                       "Data-Juicer version cannot be read on this node: %s; the job was "
+                       "prepared with %s",
+                       ours->why ? ours->why : "no way to read it", job_version);
+    return err_set(err, -EPROTO, "Data-Juicer version mismatch: job=%s, worker=%s (%s%s%s%s)",
+                   job_version, mine, ours->source ? ours->source : "detected here",
+                   ours->why ? ", since " : "", ours->why ? ours->why : "",
+                   is_commit(job_version) != is_commit(mine)
+                       ? is_commit(job_version)
+                             ? "; the job records a git commit, this node a package version"
+                             : "; the job records a package version, this node a git commit"
+                       : "");
 }
 
 int
 djversion_check(const char *job_version, const char *ours, struct esd_err *err)
 {
-    if (!job_version || !ours || !strcmp(job_version, "unknown") || !strcmp(ours, "unknown") ||
-        !strcmp(job_version, ours))
-        return 0;
-    return err_set(err, -EPROTO, "Data-Juicer version mismatch: job=%s, worker=%s", job_version,
-                   ours);
+    struct djversion v = { .version = ours ? xstrdup(ours) : NULL };
+    int r = djversion_judge(job_version, &v, err);
+
+    djversion_free(&v);
+    return r;
 }

@@ -308,10 +308,15 @@ check_job(const struct call *c, const struct manifest *m, struct worker_cfg *w,
     const char *snapshot = m->recipe_snapshot;
     const char *want = m->recipe_sha256;
     char hex[SHA256_HEX_LEN + 1], *path = NULL;
-    int dirty, r;
+    struct djversion v;
+    int r;
 
-    djversion_detect(&w->aopts, &w->dj_version, &dirty);
-    if ((r = djversion_check(m->dj_commit, w->dj_version, err)) < 0) {
+    /* (judged with how the version was read, or why it could not be) */
+    djversion_read(&w->aopts, &v);
+    w->dj_version = xstrdup(v.version);
+    r = djversion_judge(m->dj_commit, &v, err);
+    djversion_free(&v);
+    if (r < 0) {
         if (!c->set[O_ALLOW_MISMATCH]) {
             size_t n = strlen(err->msg);
             snprintf(err->msg + n, sizeof(err->msg) - n,

@@ -38,7 +38,7 @@ static struct {
     char *jobs_dir;     /* <state_dir>/jobs */
     char *claims_dir;   /* <state_dir>/claims: <key>.<token>.json per claim held */
     int lock_fd;        /* <state_dir>/esd.lock, flocked while esd runs */
-    char *dj_version;   /* what this node's processor runs */
+    struct djversion djv; /* what this node's processor runs, and how it was read */
     struct ev_loop *loop;
     /* the registry and the spool directories, watched with inotify for
      * files written or renamed into them (this node's writes only: the
@@ -174,6 +174,7 @@ job_free(struct job *j)
     }
     spawn_cred_free(&j->owner);
     free(j->refused);
+    free(j->stopped);
     free(j->job_dir);
     free(j->output);
     free(j->reg_path);
@@ -506,6 +507,8 @@ scan(const char *dir, bool spool)
     closedir(d);
 }
 
+static bool badnode_check(struct job *j);
+
 void
 jobs_rescan(void)
 {
@@ -515,9 +518,13 @@ jobs_rescan(void)
     if (J.spool_dir)
         scan(J.spool_dir, true);
     /* what is still to be worked is still the directory submitted */
-    for (struct job *j = J.head; j; j = j->next)
+    for (struct job *j = J.head; j; j = j->next) {
         if (j->state == JOB_ACTIVE || j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
             jobs_check_bound(j, &err);
+        /* (also while its claims are paused after failures in a row) */
+        if (j->loaded)
+            (void)badnode_check(j);
+    }
 }
 
 /* One esd per state directory: its claim records are then known to be of
@@ -692,11 +699,24 @@ jobs_set_changed(void (*changed)(void))
     J.changed = changed;
 }
 
+/* Says once what this node runs, or why that cannot be read. */
+static void
+log_version(void)
+{
+    if (strcmp(J.djv.version, "unknown"))
+        log_info(NULL, "Data-Juicer version here: %s (%s%s%s)", J.djv.version, J.djv.source,
+                 J.djv.why ? ", since " : "", J.djv.why ? J.djv.why : "");
+    else
+        log_warning(NULL, "the Data-Juicer version here cannot be read: %s; jobs prepared with "
+                    "a known version are refused unless data_juicer.allow_version_mismatch is "
+                    "set", J.djv.why ? J.djv.why : "no way to read it");
+}
+
 int
 jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
 {
     struct attempt_opts ao = { 0 };
-    int dirty, r;
+    int r;
 
     J.loop = loop;
     J.conf = c;
@@ -710,8 +730,8 @@ jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
     ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
-    djversion_detect(&ao, &J.dj_version, &dirty);
-    log_info(NULL, "Data-Juicer version here: %s", J.dj_version);
+    djversion_read(&ao, &J.djv);
+    log_version();
     jobs_rescan();
     return 0;
 }
@@ -720,14 +740,14 @@ void
 jobs_reconfigure(const struct esd_conf *c)
 {
     struct attempt_opts ao = { 0 };
-    int dirty;
 
     J.conf = c;
     ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
-    free(J.dj_version);
-    djversion_detect(&ao, &J.dj_version, &dirty);
+    djversion_free(&J.djv);
+    djversion_read(&ao, &J.djv);
+    log_version();
     /* new claims take the new lease and limit (claims held keep theirs);
      * the node name is fixed until a restart */
     for (struct job *j = J.head; j; j = j->next)
@@ -757,7 +777,7 @@ jobs_fini(void)
     if (J.lock_fd >= 0)
         close(J.lock_fd);
     free(J.spool_dir);
-    free(J.dj_version);
+    djversion_free(&J.djv);
     memset(&J, 0, sizeof(J));
 }
 
@@ -805,7 +825,7 @@ refusal(const struct manifest *m, int dfd)
     struct esd_err err;
     size_t len = 0;
 
-    if (djversion_check(m->dj_commit, J.dj_version, &err) < 0 && !J.conf->allow_version_mismatch)
+    if (djversion_judge(m->dj_commit, &J.djv, &err) < 0 && !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
                          "intentional)", err.msg);
     if (fs_join_inside(m->job_dir, snap, &path, &err) < 0)
@@ -1066,13 +1086,69 @@ load_start(struct job *j)
     j->load = l;
 }
 
+void
+jobs_attempt_ended(struct job *j, const struct attempt_final *fin)
+{
+    size_t k;
+
+    for (k = 0; k < j->nfailed_idx && j->failed_idx[k] != fin->index; k++)
+        ;
+    if (!strcmp(fin->status, "done") && k < j->nfailed_idx) {
+        j->failed_idx[k] = j->failed_idx[--j->nfailed_idx];
+    } else if (!strcmp(fin->status, "failed") && fin->counted && !fin->shard_failed &&
+               k == j->nfailed_idx && j->nfailed_idx < JOBS_BADNODE_TRACK) {
+        j->failed_idx[j->nfailed_idx++] = fin->index;
+    }
+}
+
+/*
+ * Looks at the shards that failed here for a done record (another node's:
+ * a success here took the shard off the list); false once this node has
+ * stopped claiming j.
+ */
+static bool
+badnode_check(struct job *j)
+{
+    double now = time_mono();
+    struct fsid prev;
+
+    if (j->stopped)
+        return false;
+    if (!j->nfailed_idx || now - j->badnode_checked < (double)J.conf->poll_interval_secs)
+        return true;
+    j->badnode_checked = now;
+    prev = jobs_fs_owner(j);
+    for (size_t k = 0; k < j->nfailed_idx;) {
+        char *done = manifest_state_path(&j->m, "done", j->m.shards[j->failed_idx[k]].id,
+                                         ".json");
+        struct stat st;
+
+        if (lstat(done, &st) == 0) {
+            j->done_elsewhere++;
+            j->failed_idx[k] = j->failed_idx[--j->nfailed_idx];
+        } else {
+            k++;
+        }
+        free(done);
+    }
+    jobs_fs_restore(prev);
+    if (j->done_elsewhere < JOBS_BADNODE_SHARDS)
+        return true;
+    j->stopped = xasprintf("this node's attempts failed on %u shards that other nodes then did: "
+                           "its processor fails what works elsewhere, so it claims no more of "
+                           "this job (submit it again or restart esd once the node is fixed)",
+                           j->done_elsewhere);
+    log_warning(&(struct log_ctx){ .job = j->m.job_id }, "job %s: %s", j->job_dir, j->stopped);
+    return false;
+}
+
 bool
 jobs_load(struct job *j)
 {
     struct esd_err err;
 
     if (j->loaded)
-        return true;
+        return badnode_check(j);
     if (j->load || time_mono() < j->load_after)
         return false;
     if (jobs_check_bound(j, &err) < 0) {
@@ -1176,6 +1252,11 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
         }
         free(j->refused);
         j->refused = NULL;
+        /* (a node fixed since its processor failed the job's shards) */
+        free(j->stopped);
+        j->stopped = NULL;
+        j->nfailed_idx = 0;
+        j->done_elsewhere = 0;
         free(j->output);
         j->output = want;
         if (j->state == JOB_CANCELLED || j->state == JOB_FAILED || j->state == JOB_COMPLETE) {
@@ -1213,6 +1294,7 @@ jobs_reset(struct job *j)
         j->loaded = false;
     }
     load_abandon(j);
+    j->nfailed_idx = 0; /* (shard indices of the manifest gone) */
     j->load_after = 0;
     free(j->load_error);
     j->load_error = NULL;
@@ -1388,6 +1470,10 @@ jobs_status_json(void)
             json_add_str(o, "load_error", j->refused);
         else if (j->load_error)
             json_add_str(o, "load_error", j->load_error);
+        else if (j->stopped)
+            json_add_str(o, "load_error", j->stopped); /* (shown by the text view) */
+        if (j->stopped)
+            json_add_str(o, "refused", j->stopped);
         cJSON_AddItemToArray(a, o);
     }
     return a;

@@ -45,6 +45,13 @@
 #include "spawn.h"
 #include "util.h"
 
+struct attempt_final;
+
+/* Shards failed here that are watched for a done record of another node. */
+#define JOBS_BADNODE_TRACK 16
+/* This many of them done elsewhere: the node stops claiming the job. */
+#define JOBS_BADNODE_SHARDS 3
+
 enum job_state { JOB_ACTIVE, JOB_DRAINING, JOB_FINALIZING, JOB_COMPLETE, JOB_FAILED, JOB_CANCELLED };
 
 /* "active", "draining", "finalizing", "complete", "failed", "cancelled". */
@@ -80,12 +87,33 @@ struct job {
     double paused_until;   /* ... and the monotonic time before which it
                               is not claimed from (sched.c) */
     unsigned long long rows_here;
+    /* a bad node (jobs_attempt_ended): the shards whose attempts failed
+     * here and were not done since, how many of those another node did,
+     * and why this node claims no more of the job (NULL: it does) */
+    size_t failed_idx[JOBS_BADNODE_TRACK];
+    size_t nfailed_idx;
+    unsigned done_elsewhere;
+    double badnode_checked; /* monotonic time of the last look */
+    char *stopped;
     void *finalize;  /* finalize.c's state while finalizing */
     bool seen;       /* rescan bookkeeping */
     bool cancelled_everywhere; /* by the job dir's marker (persisted) */
     double rate_t0, rate_t1; /* jobs_rate's snapshots (monotonic) */
     size_t rate_d0, rate_d1;
 };
+
+/*
+ * A bad node cannot fail a job: called at the end of each attempt here.
+ * A failure toward max_retries (processor, output) puts its shard on the
+ * job's watch list, a success here takes it off. When a claim pass asks
+ * (jobs_load), the watched shards are looked at, at most once a poll
+ * interval: one whose done record exists was done by another node. Once
+ * JOBS_BADNODE_SHARDS such shards were seen, this node's processor fails
+ * what works elsewhere: it claims no more of the job (j->stopped says
+ * why, in status as "refused" and in the journal, once) until the job is
+ * submitted again or esd restarts.
+ */
+void jobs_attempt_ended(struct job *j, const struct attempt_final *fin);
 
 /* Reads the registry (and the spool). Start-up errors only. */
 int jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err);

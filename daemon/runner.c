@@ -543,6 +543,7 @@ finish_child(struct run *r, int fd)
     json_add_str(rep, "status", rc == 0 ? fin.status : "");
     json_add_bool(rep, "shard_done", fin.shard_done);
     json_add_bool(rep, "shard_failed", fin.shard_failed);
+    json_add_bool(rep, "shard_left", fin.shard_left);
     json_add_int(rep, "rows", have_result ? (long long)res.rows : 0);
     json_add_int(rep, "bytes", have_result ? (long long)res.size_bytes : 0);
     json_add_float(rep, "duration", out.duration);
@@ -563,8 +564,8 @@ run_report(struct run *r)
     struct job *j = r->job;
     struct attempt_final fin = { 0 };
     cJSON *rep = NULL;
-    const char *status = "", *error, *cls;
-    bool ok = false, done = false, failed = false;
+    const char *status = "", *error, *cls = NULL;
+    bool ok = false, done = false, failed = false, left = false;
     double duration = time_mono() - r->started, dv;
     long long rows = 0, bytes = 0;
 
@@ -575,6 +576,7 @@ run_report(struct run *r)
         status = json_get_str(rep, "status");
         json_get_bool(rep, "shard_done", &done);
         json_get_bool(rep, "shard_failed", &failed);
+        json_get_bool(rep, "shard_left", &left);
         json_get_int(rep, "rows", &rows);
         json_get_int(rep, "bytes", &bytes);
         if (json_get_num(rep, "duration", &dv) == 0)
@@ -587,7 +589,11 @@ run_report(struct run *r)
             j->rows_here += (unsigned long long)rows;
         } else if (!strcmp(status, "failed")) {
             log_warning(&r->ctx, "failed (%s)%s: %s", cls ? cls : "?",
-                        failed ? ", no retries left: the shard failed" : "", error ? error : "");
+                        failed ? ", no retries left: the shard failed"
+                        : left ? ", its retries used up by this node alone: left to the other "
+                                 "nodes"
+                               : "",
+                        error ? error : "");
             j->failed_here++;
         } else if (!strcmp(status, "released")) {
             log_info(&r->ctx, "released: %s", error ? error : "stopped");
@@ -613,6 +619,9 @@ run_report(struct run *r)
         jobs_claim_forget(j, &r->cl);
     fin.shard_done = done;
     fin.shard_failed = failed;
+    fin.index = r->cl.index;
+    fin.counted = cls && (!strcmp(cls, "processor") || !strcmp(cls, "output"));
+    jobs_attempt_ended(j, &fin);
     claimer_forget(&j->claimer, &r->cl, done, failed);
     cJSON_Delete(rep);
     j->running--;

@@ -278,13 +278,19 @@ finish 30
 [ "$(attempts_of "$JOB" "$ID0" | wc -l)" -eq 3 ] ||
     fail "three attempts before the shard fails" "$(attempts_of "$JOB" "$ID0")"
 for n in 1 2 3; do
-    expect_attempt "unstartable attempt $n" "$(attempt_of "$JOB" "$ID0" "$n")" failed \
+    expect_attempt "unstartable attempt $n" "$(attempt_of "$JOB" "$ID0" "$n")" infra_failed \
         infrastructure "/nonexistent/dj"
 done
 got=$(py '"%s|%s|%s" % (j["failure_class"], j["failures"], j["infrastructure_failures"])' \
     "$JOB/state/failed/$ID0.json")
 [ "$got" = "infrastructure|0|3" ] || fail "failed record of an unstartable processor" "$got"
-ok "an unstartable processor: infrastructure failures do not use up --max-retries 0; the third fails the shard with --max-infra-failures 2"
+# (the reference's workers count "failed" and "stale" only: none of these)
+got=$(python3 -c 'import glob, json, sys
+print(sum(json.load(open(f)).get("status") in ("failed", "stale")
+          for f in glob.glob(sys.argv[1] + "/attempts/" + sys.argv[2] + "/*/attempt.json")))' \
+    "$JOB" "$ID0")
+[ "$got" -eq 0 ] || fail "the reference would count none of the infrastructure failures" "$got"
+ok "an unstartable processor: infrastructure failures (infra_failed, which the reference does not count) do not use up --max-retries 0; the third fails the shard with --max-infra-failures 2"
 
 # ---- failing once, then done; merge works ----
 newjob once 2

@@ -1182,6 +1182,184 @@ START_TEST(test_count_reference_attempts)
 }
 END_TEST
 
+/* The reference's count (spec §8.3 step 4): attempt.json statuses "failed"
+ * and "stale", nothing else, whatever else the record says. */
+static long long
+reference_count(size_t i)
+{
+    char *dir = attempts_dir(i), *cmd, line[64] = "";
+    long long n = -1;
+    FILE *p;
+
+    cmd = xasprintf("cat '%s'/*/attempt.json 2>/dev/null | "
+                    "grep -cE '\"status\": \"(failed|stale)\"' || true", dir);
+    ck_assert_ptr_nonnull(p = popen(cmd, "r"));
+    if (fgets(line, sizeof(line), p))
+        n = atoll(line);
+    pclose(p);
+    free(cmd);
+    free(dir);
+    return n;
+}
+
+START_TEST(test_infra_failures_skipped_by_the_reference)
+{
+    struct claimer c;
+    struct claim cl;
+    struct attempt_final fin;
+    cJSON *a;
+
+    claimer_lim(&c, "node-a", 3, 0);
+    claim_only(&c, 0, &cl);
+    fin = finish_failed(&c, &cl, FC_INFRASTRUCTURE, "No space left on device");
+    /* esd's own view: a failure, of the infrastructure */
+    ck_assert_str_eq(fin.status, "failed");
+    ck_assert(!fin.counted);
+    a = load_attempt(&cl);
+    ck_assert_str_eq(json_get_str(a, "status"), ATTEMPT_STATUS_INFRA);
+    ck_assert_str_eq(json_get_str(a, "failure_class"), "infrastructure");
+    cJSON_Delete(a);
+    claim_free(&cl);
+    ck_assert_int_eq(count(0).infra, 1);
+    ck_assert_int_eq(count(0).counted, 0);
+    /* the reference's worker does not count it toward max_retries ... */
+    ck_assert_int_eq(reference_count(0), 0);
+    /* ... but does count a processor failure, as esd does */
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    fin = finish_failed(&c, &cl, FC_PROCESSOR, "Data-Juicer returned exit code 1");
+    ck_assert(fin.counted);
+    ck_assert_int_eq(reference_count(0), 1);
+    ck_assert_int_eq(count(0).counted, 1);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
+static struct attempt_counts
+count_by(size_t i, const char *node)
+{
+    struct attempt_counts n;
+    struct esd_err err;
+
+    ck_assert_msg(attempt_count_by(&M, id(i), node, &n, &err) == 0, "%s", err.msg);
+    return n;
+}
+
+START_TEST(test_count_by_node)
+{
+    struct attempt_counts n;
+
+    ck_assert_int_eq(count_by(0, "a").nodes, 0);
+    put_attempt(0, aname(1), "{\"status\": \"failed\", \"failure_class\": \"processor\", "
+                             "\"node\": \"a\", \"hostname\": \"h\"}\n");
+    put_attempt(0, aname(2), "{\"status\": \"infra_failed\", \"failure_class\": "
+                             "\"infrastructure\", \"node\": \"b\"}\n");
+    put_attempt(0, aname(3), "{\"status\": \"failed\", \"failure_class\": \"output\", "
+                             "\"node\": \"a\"}\n");
+    n = count_by(0, "a");
+    ck_assert_int_eq(n.counted, 2);
+    ck_assert_int_eq(n.here, 2);
+    ck_assert_int_eq(n.nodes, 1); /* b's infrastructure failure is not b's to answer for */
+    ck_assert_int_eq(count_by(0, "b").here, 0);
+    ck_assert_int_eq(count_by(0, NULL).here, 0);
+    /* a reference worker: known by its hostname */
+    put_attempt(0, aname(4), "{\"status\": \"failed\", \"hostname\": \"ref-host\"}\n");
+    n = count_by(0, "ref-host");
+    ck_assert_int_eq(n.counted, 3);
+    ck_assert_int_eq(n.here, 1);
+    ck_assert_int_eq(n.nodes, 2);
+    /* a failure that names nobody is a node of its own */
+    put_attempt(1, aname(1), "{\"status\": \"failed\", \"node\": \"a\"}\n");
+    put_attempt(1, aname(2), "{\"status\": \"failed\"}\n");
+    ck_assert_int_eq(count_by(1, "a").nodes, 2);
+}
+END_TEST
+
+/* Fails shard 2's attempts on c until its max_retries (1) are used up. */
+static struct attempt_final
+fail_twice(struct claimer *c, bool first)
+{
+    struct attempt_final fin = { 0 };
+    struct claim cl;
+
+    for (int k = 0; k < 2; k++) {
+        if (first && k == 0)
+            claim_only(c, 2, &cl);
+        else
+            ck_assert_int_eq(acquire(c, &cl, NULL), 1);
+        ck_assert_uint_eq(cl.index, 2);
+        fin = finish_failed(c, &cl, FC_PROCESSOR, "Data-Juicer returned exit code 1");
+        ck_assert_uint_eq(fin.index, 2);
+        claim_free(&cl);
+    }
+    return fin;
+}
+
+START_TEST(test_one_node_cannot_fail_a_shard)
+{
+    struct claimer a, b;
+    struct claim cl;
+    struct attempt_final fin;
+    struct claim_idle idle;
+    struct attempt_counts n;
+    cJSON *f;
+
+    claimer_lim(&a, "node-a", 1, 0);
+    claimer_lim(&b, "node-b", 1, 0); /* (its state/clock/node-b: alive) */
+    fin = fail_twice(&a, true);
+    /* node-a used up max_retries alone while node-b lives: left to node-b */
+    ck_assert(fin.shard_left && !fin.shard_failed);
+    ck_assert(!state_exists("failed", 2, ".json"));
+    ck_assert(!state_exists("locks", 2, ".lock"));
+    ck_assert_int_eq(acquire(&a, &cl, &idle), 0);
+    ck_assert(!idle.terminal);
+    ck_assert(!state_exists("failed", 2, ".json"));
+    /* node-b has not tried it: it may */
+    ck_assert_int_eq(acquire(&b, &cl, NULL), 1);
+    ck_assert_uint_eq(cl.index, 2);
+    n = count_by(2, "node-b");
+    ck_assert_int_eq(n.counted, 2);
+    ck_assert_int_eq(n.here, 0);
+    /* and once two nodes failed it, it is terminal */
+    fin = finish_failed(&b, &cl, FC_PROCESSOR, "Data-Juicer returned exit code 1");
+    ck_assert(fin.shard_failed && !fin.shard_left);
+    f = load_state("failed", 2);
+    ck_assert_int_eq(get_int(f, "failures"), 3);
+    cJSON_Delete(f);
+    claim_free(&cl);
+    claimer_free(&a);
+    claimer_free(&b);
+}
+END_TEST
+
+START_TEST(test_one_node_fleet_still_fails_a_shard)
+{
+    struct claimer a, b;
+    struct attempt_final fin;
+    char *clock_b = fs_join(M.job_dir, "state/clock/node-b");
+    char *lock = fs_join(M.job_dir, "state/locks/other.lock");
+
+    claimer_lim(&a, "node-a", 1, 0);
+    claimer_lim(&b, "node-b", 1, 0);
+    claimer_free(&b);
+    /* node-b went quiet long ago, but holds a lock it renews: alive */
+    tu_set_age(clock_b, 10 * ATTEMPT_PEER_ALIVE_SECS);
+    free(tu_write(M.job_dir, "state/locks/other.lock", "{\"node\": \"node-b\"}\n", (size_t)-1));
+    fin = fail_twice(&a, true);
+    ck_assert(fin.shard_left);
+    ck_assert(!state_exists("failed", 2, ".json"));
+    /* its lock gone stale as well (a lock of node-a's own never counts):
+     * no other node lives, and node-a's failures are terminal */
+    tu_set_age(lock, 10 * ATTEMPT_PEER_ALIVE_SECS);
+    free(tu_write(M.job_dir, "state/locks/mine.lock", "{\"node\": \"node-a\"}\n", (size_t)-1));
+    ck_assert_int_eq(acquire(&a, &(struct claim){ 0 }, NULL), 0);
+    ck_assert(state_exists("failed", 2, ".json"));
+    free(clock_b);
+    free(lock);
+    claimer_free(&a);
+}
+END_TEST
+
 /* Junk in attempts/<shard>/ is neither counted nor numbered. */
 START_TEST(test_count_ignores_junk)
 {
@@ -1514,6 +1692,10 @@ attempt_suite(void)
     tcase_add_test(tc, test_released_counts_nothing);
     tcase_add_test(tc, test_count_reference_attempts);
     tcase_add_test(tc, test_count_ignores_junk);
+    tcase_add_test(tc, test_infra_failures_skipped_by_the_reference);
+    tcase_add_test(tc, test_count_by_node);
+    tcase_add_test(tc, test_one_node_cannot_fail_a_shard);
+    tcase_add_test(tc, test_one_node_fleet_still_fails_a_shard);
     tcase_add_test(tc, test_count_numbering);
     tcase_add_test(tc, test_attempt_json_fifo_and_links);
     tcase_add_test(tc, test_finish_does_not_follow_link);
