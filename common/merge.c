@@ -359,6 +359,30 @@ merge_abort(void)
         unlink(tmp);
 }
 
+/* After a link() that reported EEXIST: whether the name is our file all
+ * the same (a retransmitted NFS LINK reports EEXIST after it succeeded),
+ * decided on the opened files, not on cached attributes. errno is kept. */
+static bool
+linked_ours(int dirfd, const char *ours, const char *name)
+{
+    int e = errno, a, b;
+    struct stat sa, sb;
+    bool same = false;
+
+    if (e != EEXIST)
+        return false;
+    a = openat(dirfd, ours, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    b = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (a >= 0 && b >= 0 && fstat(a, &sa) == 0 && fstat(b, &sb) == 0)
+        same = sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (a >= 0)
+        close(a);
+    if (b >= 0)
+        close(b);
+    errno = e;
+    return same;
+}
+
 int
 merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
           struct esd_err *err)
@@ -412,7 +436,8 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     if (o->confined) {
         /* (a name planted at the output's place is replaced, never followed) */
         if (o->overwrite ? renameat(pfd, fs_basename(tmp), pfd, base) < 0
-                         : linkat(pfd, fs_basename(tmp), pfd, base, 0) < 0)
+                         : linkat(pfd, fs_basename(tmp), pfd, base, 0) < 0 &&
+                               !linked_ours(pfd, fs_basename(tmp), base))
             r = errno == EEXIST ? err_set(err, -EEXIST, "Output already exists: %s; pass "
                                           "--overwrite to replace it", o->output)
                                 : err_sys(err, -errno, "Cannot create %s", o->output);
@@ -423,7 +448,7 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     } else if (o->overwrite) {
         if (rename(tmp, o->output) < 0)
             r = err_sys(err, -errno, "Cannot replace %s", o->output);
-    } else if (link(tmp, o->output) < 0) {
+    } else if (link(tmp, o->output) < 0 && !linked_ours(AT_FDCWD, tmp, o->output)) {
         r = errno == EEXIST
                 ? err_set(err, -EEXIST, "Output already exists: %s; pass --overwrite to replace it",
                           o->output)
