@@ -697,9 +697,9 @@ scan_pass(struct job *j, struct esd_err *err)
 
 enum { WBUF = 1 << 20 };
 
+/* No string a shard: at 100,000 shards every allocation kept shows in the
+ * RSS. Its id and path are formatted when needed (shard_fmt). */
 struct shard_out {
-    char *id;
-    char *rel;  /* shards/<id>.jsonl; its name in shards/ follows the slash */
     int fd;
     struct sha256 sha;
     uint64_t rows, bytes;
@@ -791,29 +791,50 @@ shard_hash(struct writer *w, const char *p, long long n)
         hashq_run(w->j->hq2, shard_hasher_apply, &w->sh, p, (size_t)n);
 }
 
-static const char SHARDS_SLASH[] = "shards/";
+/* "shards/<id>.jsonl" of shard i of n: its id is what follows the slash up to
+ * the dot, its name in shards/ (shards_fd) what follows the slash; the ids
+ * are manifest_shard_id's. */
+struct shard_name {
+    char rel[96];
+    const char *name; /* in rel */
+    int id_len;
+};
 
-/* The shard's name in shards/ (shards_fd). */
-static const char *
-shard_name(const struct shard_out *s)
+static void
+shard_fmt(struct shard_name *sn, long long i, long long n)
 {
-    return s->rel + sizeof(SHARDS_SLASH) - 1;
+    int width = snprintf(NULL, 0, "%lld", n);
+
+    if (width < 5)
+        width = 5;
+    snprintf(sn->rel, sizeof(sn->rel), "shards/part-%0*lld-of-%0*lld.jsonl", width, i, width, n);
+    sn->name = sn->rel + strlen("shards/");
+    sn->id_len = (int)(strlen(sn->name) - strlen(".jsonl"));
 }
 
-/* Two allocations a shard (id, rel); its full path is made only for a message. */
 static int
 shard_open(struct writer *w, long long i, struct esd_err *err)
 {
     struct shard_out *s = &w->shards[i];
+    struct shard_name sn;
 
-    s->id = manifest_shard_id(i, w->j->o->num_shards);
-    s->rel = xasprintf("%s%s.jsonl", SHARDS_SLASH, s->id);
-    s->fd = openat(w->j->shards_fd, shard_name(s),
-                   O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    shard_fmt(&sn, i, w->j->o->num_shards);
+    s->fd = openat(w->j->shards_fd, sn.name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                   0644);
     if (s->fd < 0)
-        return err_sys(err, -errno, "Cannot create shard %s/%s", w->j->staging, s->rel);
+        return err_sys(err, -errno, "Cannot create shard %s/%s", w->j->staging, sn.rel);
     w->cur = i;
     return 0;
+}
+
+/* For a message about shard i. */
+static int
+shard_err(struct writer *w, int r, struct esd_err *err)
+{
+    struct shard_name sn;
+
+    shard_fmt(&sn, w->cur, w->j->o->num_shards);
+    return err_sys(err, r, "Cannot write shard %s/%s", w->j->staging, sn.rel);
 }
 
 static int
@@ -825,7 +846,7 @@ writer_flush(struct writer *w, const char *p, size_t n, struct esd_err *err)
     if (n == 0)
         return 0;
     if ((r = fs_write_all(s->fd, p, n)) < 0)
-        return err_sys(err, r, "Cannot write shard %s/%s", w->j->staging, s->rel);
+        return shard_err(w, r, err);
     shard_hash(w, p, (long long)n);
     hashq_update(w->j->hq, &w->all, p, n);
     return 0;
@@ -851,7 +872,7 @@ shard_close(struct writer *w, struct esd_err *err)
         (void)sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     /* NFS reports a write error of the flush at close at the latest */
     if (close(s->fd) < 0 && errno != EINTR && r == 0)
-        r = err_sys(err, -errno, "Cannot write shard %s/%s", w->j->staging, s->rel);
+        r = shard_err(w, -errno, err);
     s->fd = -1;
     if (r == 0)
         shard_hash(w, NULL, SHARD_END);
@@ -988,11 +1009,23 @@ strv_json(const struct strv *s)
     return a;
 }
 
+/*
+ * The manifest's "shards" array is the one part that grows with the shards:
+ * as a cJSON tree, six items and their strings a shard, then its text whole,
+ * 100,000 shards took more than 100 MiB. So the tree holds this raw token
+ * in its place, and write_manifest writes the array through a bounded
+ * buffer where the token is, laid out as json_dump lays out the rest
+ * (JSON_PRETTY: indent 2, keys sorted). The token cannot occur otherwise
+ * after a newline and the key: a string's newline is escaped.
+ */
+static const char SHARDS_MARK[] = "@shards@";
+static const char SHARDS_AT[] = "\n  \"shards\": @shards@";
+
 static cJSON *
-build_manifest(struct job *j, struct writer *w, const char *all_sha)
+build_manifest(struct job *j, const char *all_sha)
 {
     const struct prepare_opts *o = j->o;
-    cJSON *m = cJSON_CreateObject(), *files, *shards, *x;
+    cJSON *m = cJSON_CreateObject(), *files, *x;
     char now[40];
 
     time_iso_now(now, NULL);
@@ -1019,18 +1052,8 @@ build_manifest(struct job *j, struct writer *w, const char *all_sha)
     json_add_int(m, "total_size_bytes", (long long)j->bytes);
     json_add_str(m, "normalized_sha256", all_sha);
     json_add_int(m, "num_shards", o->num_shards);
-    shards = cJSON_AddArrayToObject(m, "shards");
-    for (long long i = 0; i < o->num_shards; i++) {
-        struct shard_out *s = &w->shards[i];
-        x = cJSON_CreateObject();
-        json_add_str(x, "id", s->id);
-        json_add_int(x, "index", i);
-        json_add_str(x, "path", s->rel);
-        json_add_int(x, "rows", (long long)s->rows);
-        json_add_int(x, "size_bytes", (long long)s->bytes);
-        json_add_str(x, "sha256", s->sha256);
-        cJSON_AddItemToArray(shards, x);
-    }
+    /* written by write_manifest in its place, without a tree */
+    cJSON_AddItemToObject(m, "shards", cJSON_CreateRaw(SHARDS_MARK));
     x = cJSON_AddObjectToObject(m, "recipe");
     json_add_str(x, "source_path", j->config);
     json_add_str(x, "snapshot_path", "recipe.yaml");
@@ -1112,23 +1135,66 @@ make_dirs(struct job *j, struct esd_err *err)
     return j->shards_fd < 0 ? j->shards_fd : 0;
 }
 
+/* The "shards" array at depth 1 of the manifest, written to fd in pieces. */
+static int
+write_shards(int fd, const struct writer *w, long long n, struct buf *b)
+{
+    int r = 0;
+
+    buf_putc(b, '[');
+    for (long long i = 0; r == 0 && i < n; i++) {
+        const struct shard_out *s = &w->shards[i];
+        struct shard_name sn;
+
+        shard_fmt(&sn, i, n);
+        buf_printf(b, "%s\n    {\n      \"id\": \"%.*s\",\n      \"index\": %lld,\n"
+                   "      \"path\": \"%s\",\n      \"rows\": %llu,\n      \"sha256\": \"%s\",\n"
+                   "      \"size_bytes\": %llu\n    }",
+                   i ? "," : "", sn.id_len, sn.name, i, sn.rel, (unsigned long long)s->rows,
+                   s->sha256, (unsigned long long)s->bytes);
+        if (b->len >= WBUF || i == n - 1) {
+            r = fs_write_all(fd, b->p, b->len);
+            b->len = 0;
+        }
+    }
+    if (r == 0) {
+        buf_puts(b, "\n  ]");
+        r = fs_write_all(fd, b->p, b->len);
+    }
+    b->len = 0;
+    return r;
+}
+
 /* manifest.json, as json_write_atomic writes it (0666 less the umask); a
  * new name in a directory nobody else can write needs no temporary file. */
 static int
-write_manifest(struct job *j, const cJSON *manifest, struct esd_err *err)
+write_manifest(struct job *j, const struct writer *w, const cJSON *manifest,
+               struct esd_err *err)
 {
     char *path = fs_join(j->staging, "manifest.json");
-    struct buf b;
+    struct buf b, sb;
+    const char *at;
+    size_t head;
     int fd, r;
 
     buf_init(&b);
+    buf_init(&sb);
     json_dump(manifest, JSON_PRETTY, &b);
+    at = strstr(b.p, SHARDS_AT);
+    if (!at)
+        abort(); /* build_manifest put it there */
+    head = (size_t)(at - b.p) + strlen(SHARDS_AT) - strlen(SHARDS_MARK);
     fd = openat(j->staging_fd, "manifest.json",
                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0) {
         r = err_sys(err, -errno, "cannot create %s", path);
     } else {
-        r = fs_write_all(fd, b.p, b.len);
+        r = fs_write_all(fd, b.p, head);
+        if (r == 0)
+            r = write_shards(fd, w, j->o->num_shards, &sb);
+        if (r == 0)
+            r = fs_write_all(fd, b.p + head + strlen(SHARDS_MARK),
+                             b.len - head - strlen(SHARDS_MARK));
         /* with PREPARE_SYNC_FS, stage_sync's syncfs writes it */
         if (r == 0 && j->sync == PREPARE_SYNC_FILES && fsync(fd) < 0)
             r = -errno;
@@ -1139,6 +1205,7 @@ write_manifest(struct job *j, const cJSON *manifest, struct esd_err *err)
             err_sys(err, r, "cannot write %s", path);
     }
     buf_free(&b);
+    buf_free(&sb);
     free(path);
     return r;
 }
@@ -1243,9 +1310,10 @@ stage_sync(struct job *j, const struct writer *w, struct esd_err *err)
                            j->staging);
     } else {
         for (long long i = 0; r == 0 && i < j->o->num_shards; i++) {
-            const struct shard_out *s = &w->shards[i];
+            struct shard_name sn;
 
-            r = sync_at(j->shards_fd, shard_name(s), O_RDONLY, j->staging, s->rel, err);
+            shard_fmt(&sn, i, j->o->num_shards);
+            r = sync_at(j->shards_fd, sn.name, O_RDONLY, j->staging, sn.rel, err);
             if (r == 0 && i % 1024 == 1023)
                 r = cancelled(j, err);
         }
@@ -1504,8 +1572,8 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     if ((r = write_pass(&j, &w, err)) < 0)
         goto out;
     sha256_final(&w.all, all_sha);
-    manifest = build_manifest(&j, &w, all_sha);
-    if ((r = write_manifest(&j, manifest, err)) < 0 || (r = stage_sync(&j, &w, err)) < 0 ||
+    manifest = build_manifest(&j, all_sha);
+    if ((r = write_manifest(&j, &w, manifest, err)) < 0 || (r = stage_sync(&j, &w, err)) < 0 ||
         (r = publish(&j, err)) < 0)
         goto out;
 done:
@@ -1530,8 +1598,6 @@ out:
             if (w.shards[i].fd >= 0)
                 close(w.shards[i].fd);
             sha256_abort(&w.shards[i].sha);
-            free(w.shards[i].id);
-            free(w.shards[i].rel);
         }
         free(w.shards);
     }

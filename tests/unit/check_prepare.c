@@ -915,6 +915,24 @@ START_TEST(test_shard_digests)
     input = tu_write(f.dir, "big.jsonl", data.p, data.len);
     ck_assert_msg(run_prepare(&f, input, 12, &res, &err) == 0, "%s", err.msg);
     check_shard_digests(f.job, 12);
+    {
+        /* the streamed "shards" array, laid out as json_dump lays out the rest */
+        char *mpath = fs_join(f.job, "manifest.json"), *text = tu_read(mpath, NULL), *want;
+        char hex[SHA256_HEX_LEN + 1];
+        char *shard = fs_join(f.job, "shards/part-00011-of-00012.jsonl");
+
+        ck_assert_int_eq(sha256_file(shard, hex, &err), 0);
+        want = xasprintf("},\n    {\n      \"id\": \"part-00011-of-00012\",\n      \"index\": 11,"
+                         "\n      \"path\": \"shards/part-00011-of-00012.jsonl\",\n      "
+                         "\"rows\": 1,\n      \"sha256\": \"%s\",\n      \"size_bytes\": 131039\n"
+                         "    }\n  ],\n  \"total_rows\": 12,\n", hex);
+        ck_assert_msg(strstr(text, want), "%s", text);
+        ck_assert(strstr(text, "\n  \"shards\": [\n    {\n      \"id\": \"part-00000-of-00012\","));
+        free(want);
+        free(shard);
+        free(text);
+        free(mpath);
+    }
     prepare_result_free(&res);
     fs_rm_rf(f.job);
     free(input);
