@@ -10,6 +10,13 @@
  * bytes, compared at the end of the file, proves the bytes did not change
  * in between (the reference rehashes with SHA-256 for the same purpose).
  *
+ * What a shard costs, for jobs of 100,000 shards: one create, a write a
+ * MiB and one close, no sync (the staging directory is made durable at
+ * once before publication, stage_sync), no wait for its digest (one framed
+ * stream to the hashing thread), no string kept and no JSON tree (the
+ * manifest's shards array is written as it is formatted). The file
+ * system's create is what remains.
+ *
  * Descriptors. The job directory's parent may be writable by someone who
  * wants root's shards and manifest in another user's job: between two
  * path lookups they can swap any name in it for a symlink. So the parent
