@@ -7,9 +7,24 @@ the fastest run counts. Peak RSS is that of the measured process alone
 
   bench.py prepare   prepare 16 shards from a deterministic 256 MiB JSONL
   bench.py merge     merge the finished job of the same size
+  bench.py prepare-many
+                     prepare 100,000 shards (--many, BENCH_MANY_SHARDS) and 16
+                     shards of the same 256 MiB (BENCH_MANY_SIZE; the input of
+                     bench.py prepare, 2.6 KiB a shard), at most 2 runs
+                     (BENCH_MANY_RUNS); the ratio is
+                     the time of the first over the second: the per-shard
+                     cost of prepare (create, write, close, digest, manifest
+                     entry, sync) against its per-byte cost
 
-Targets (issue 2): prepare <= 4.0, merge <= 3.0, peak RSS < 64 MiB.
-Exit status is 0 unless BENCH_STRICT=1 and a target is missed."""
+Targets (issue 2): prepare <= 4.0, merge <= 3.0, peak RSS < 64 MiB;
+(issue 12) prepare-many <= 2.0. Exit status is 0 unless BENCH_STRICT=1 and
+a target is missed.
+
+prepare-many makes every run's job in a new directory and removes them all
+at the end: on ext4, the inodes of 100,000 files removed just before are
+stepped over one by one by the next creations for a minute or more (the
+allocator spares recently freed inodes), which would measure the removal.
+Two runs take about a minute on a two-core machine."""
 import argparse
 import os
 import shutil
@@ -18,18 +33,21 @@ import sys
 import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGETS = {"prepare": 4.0, "merge": 3.0}
+TARGETS = {"prepare": 4.0, "merge": 3.0, "prepare-many": 2.0}
 RSS_LIMIT_MIB = 64
 
 
-def run(argv, cwd=None):
-    """Runs argv; returns (seconds, peak RSS in KiB)."""
+def run(argv, cwd=None, ret_cpu=None):
+    """Runs argv; returns (seconds, peak RSS in KiB); appends its CPU seconds
+    (user and system) to ret_cpu if given."""
     t0 = time.perf_counter()
     pid = os.posix_spawnp(argv[0], argv, os.environ) if cwd is None else None
     if pid is None:
         raise RuntimeError("cwd unsupported")
     _, status, usage = os.wait4(pid, 0)
     secs = time.perf_counter() - t0
+    if ret_cpu is not None:
+        ret_cpu.append(usage.ru_utime + usage.ru_stime)
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         sys.exit("bench: %s exited with %d" % (" ".join(argv), code))
@@ -61,19 +79,60 @@ def dataset(workdir, size):
     return path
 
 
+def prepare_many(a, work):
+    """The prepare-many figure: N shards against 16 of the same bytes."""
+    data = dataset(work, a.size)
+    recipe = os.path.join(work, "recipe.yaml")
+    with open(recipe, "w") as f:
+        f.write("executor_type: ray\nprocess:\n  - whitespace_normalization_mapper:\n")
+    times = {16: [], a.many: []}
+    cpu = {16: [], a.many: []}
+    rss = 0
+    for i in range(a.runs):
+        for n in (16, a.many):
+            job = os.path.join(work, "job-%d-%d" % (n, i))
+            secs, kib = run([a.esctl, "prepare", "--local", "--config", recipe, "--dataset-path",
+                             data, "--job-dir", job, "--num-shards", str(n)], ret_cpu=cpu[n])
+            times[n].append(secs)
+            rss = max(rss, kib)
+    few, many = min(times[16]), min(times[a.many])
+    ratio = many / few
+    target = TARGETS["prepare-many"]
+    ok = ratio <= target and rss / 1024 < RSS_LIMIT_MIB
+    print("bench prepare-many: %d MiB, %d vs 16 shards, in %s" % (a.size >> 20, a.many, work))
+    print("  esctl prepare --local, 16 shards:    %.3f s" % few)
+    print("  esctl prepare --local, %d shards: %.3f s (%.1f us a shard more)"
+          % (a.many, many, (many - few) / (a.many - 16) * 1e6))
+    print("  CPU (user+system): %.3f s and %.3f s, ratio %.2f (less noisy where CPU is shared)"
+          % (min(cpu[16]), min(cpu[a.many]), min(cpu[a.many]) / min(cpu[16])))
+    print("  ratio: %.2f (target <= %.1f)   peak RSS: %.1f MiB (limit %d)   %s"
+          % (ratio, target, rss / 1024, RSS_LIMIT_MIB, "PASS" if ok else "MISS"))
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["prepare", "merge"])
+    ap.add_argument("what", choices=["prepare", "merge", "prepare-many"])
     ap.add_argument("--esctl", default=os.environ.get("ESCTL", os.path.join(TOP, "esctl")))
-    ap.add_argument("--size", type=int, default=int(os.environ.get("BENCH_SIZE", 256 << 20)))
+    ap.add_argument("--size", type=int, default=None,
+                    help="input bytes (BENCH_SIZE: 256 MiB; BENCH_MANY_SIZE: 64 MiB)")
     ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--many", type=int, default=int(os.environ.get("BENCH_MANY_SHARDS", 100000)))
     ap.add_argument("--runs", type=int, default=int(os.environ.get("BENCH_RUNS", 3)))
     ap.add_argument("--dir", default=os.environ.get("BENCH_DIR"))
     a = ap.parse_args()
+    if a.size is None:
+        a.size = int(os.environ.get("BENCH_MANY_SIZE", 256 << 20) if a.what == "prepare-many"
+                     else os.environ.get("BENCH_SIZE", 256 << 20))
+    if a.what == "prepare-many":
+        a.runs = int(os.environ.get("BENCH_MANY_RUNS", min(a.runs, 2)))
 
     work = a.dir or os.path.join(os.environ.get("TMPDIR", "/tmp"), "esd-bench-%d" % os.getpid())
     os.makedirs(work, exist_ok=True)
     try:
+        if a.what == "prepare-many":
+            ok = prepare_many(a, work)
+            return 1 if not ok and os.environ.get("BENCH_STRICT") == "1" else 0
         data = dataset(work, a.size)
         recipe = os.path.join(work, "recipe.yaml")
         with open(recipe, "w") as f:

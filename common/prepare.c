@@ -10,6 +10,13 @@
  * bytes, compared at the end of the file, proves the bytes did not change
  * in between (the reference rehashes with SHA-256 for the same purpose).
  *
+ * What a shard costs, for jobs of 100,000 shards: one create, a write a
+ * MiB and one close, no sync (the staging directory is made durable at
+ * once before publication, stage_sync), no wait for its digest (one framed
+ * stream to the hashing thread), no string kept and no JSON tree (the
+ * manifest's shards array is written as it is formatted). The file
+ * system's create is what remains.
+ *
  * Descriptors. The job directory's parent may be writable by someone who
  * wants root's shards and manifest in another user's job: between two
  * path lookups they can swap any name in it for a symlink. So the parent
@@ -29,7 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/types.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "fsutil.h"
@@ -393,6 +402,7 @@ struct job {
     uint64_t progress_next;
     struct hashq *hq;  /* input digests; the normalised stream in the write pass */
     struct hashq *hq2; /* shard digests */
+    enum prepare_sync sync; /* FS or FILES, chosen once the staging directory is open */
 };
 
 static void
@@ -694,15 +704,77 @@ scan_pass(struct job *j, struct esd_err *err)
 
 enum { WBUF = 1 << 20 };
 
+/* No string a shard: at 100,000 shards every allocation kept shows in the
+ * RSS. Its id and path are formatted when needed (shard_fmt). */
 struct shard_out {
-    char *id;
-    char *rel;  /* shards/<id>.jsonl */
-    char *path;
     int fd;
     struct sha256 sha;
     uint64_t rows, bytes;
     char sha256[SHA256_HEX_LEN + 1];
 };
+
+/*
+ * The shard digests, on the second hashing thread. Each shard is a digest
+ * context of its own, and hashq gives every change of context a slot and a
+ * hand-off to the thread; with a wait for the digest at every shard's end
+ * that is two thread switches a shard, which dominate at 100,000 small
+ * shards. So the writer sends one framed stream to one consumer instead:
+ * a header (shard index, data length) before the bytes of every flush and
+ * an end header after a shard's last flush. Small shards then share slots,
+ * and nothing waits for a shard's digest until the write pass is over.
+ * Only the consumer touches the shards' sha and sha256 until hashq_sync.
+ */
+enum { SHARD_END = -1 };
+
+struct frame {
+    long long shard;
+    long long len; /* data bytes that follow, or SHARD_END */
+};
+
+struct shard_hasher {
+    struct shard_out *shards;
+    struct shard_out *cur; /* of the frame being read */
+    uint64_t left;         /* its data bytes still to come */
+    unsigned char hdr[sizeof(struct frame)];
+    size_t nhdr;
+};
+
+static void
+shard_hasher_apply(void *ctx, const char *p, size_t n)
+{
+    struct shard_hasher *h = ctx;
+
+    while (n > 0) {
+        struct frame f;
+        size_t k;
+
+        if (h->left > 0) {
+            k = h->left < n ? (size_t)h->left : n;
+            sha256_update(&h->cur->sha, p, k);
+            h->left -= k;
+            p += k;
+            n -= k;
+            continue;
+        }
+        /* a header may be split between two slots */
+        k = sizeof(h->hdr) - h->nhdr < n ? sizeof(h->hdr) - h->nhdr : n;
+        memcpy(h->hdr + h->nhdr, p, k);
+        h->nhdr += k;
+        p += k;
+        n -= k;
+        if (h->nhdr < sizeof(h->hdr))
+            return;
+        h->nhdr = 0;
+        memcpy(&f, h->hdr, sizeof(f));
+        h->cur = &h->shards[f.shard];
+        if (!h->cur->sha.ctx)
+            sha256_init(&h->cur->sha);
+        if (f.len == SHARD_END)
+            sha256_final(&h->cur->sha, h->cur->sha256);
+        else
+            h->left = (uint64_t)f.len;
+    }
+}
 
 struct writer {
     struct job *j;
@@ -711,27 +783,65 @@ struct writer {
     char *buf;
     size_t len;
     struct sha256 all; /* normalised stream, on the hashing thread */
+    struct shard_hasher sh; /* fed through j->hq2 */
 };
+
+/* Queues a frame of the current shard's digest stream: its header, then
+ * n bytes of data (none for SHARD_END). */
+static void
+shard_hash(struct writer *w, const char *p, long long n)
+{
+    struct frame f = { w->cur, n };
+
+    hashq_run(w->j->hq2, shard_hasher_apply, &w->sh, &f, sizeof(f));
+    if (n > 0)
+        hashq_run(w->j->hq2, shard_hasher_apply, &w->sh, p, (size_t)n);
+}
+
+/* "shards/<id>.jsonl" of shard i of n: its id is what follows the slash up to
+ * the dot, its name in shards/ (shards_fd) what follows the slash; the ids
+ * are manifest_shard_id's. */
+struct shard_name {
+    char rel[96];
+    const char *name; /* in rel */
+    int id_len;
+};
+
+static void
+shard_fmt(struct shard_name *sn, long long i, long long n)
+{
+    int width = snprintf(NULL, 0, "%lld", n);
+
+    if (width < 5)
+        width = 5;
+    snprintf(sn->rel, sizeof(sn->rel), "shards/part-%0*lld-of-%0*lld.jsonl", width, i, width, n);
+    sn->name = sn->rel + strlen("shards/");
+    sn->id_len = (int)(strlen(sn->name) - strlen(".jsonl"));
+}
 
 static int
 shard_open(struct writer *w, long long i, struct esd_err *err)
 {
     struct shard_out *s = &w->shards[i];
-    char *dir = fs_join(w->j->staging, "shards"), *name;
+    struct shard_name sn;
 
-    s->id = manifest_shard_id(i, w->j->o->num_shards);
-    s->rel = xasprintf("shards/%s.jsonl", s->id);
-    s->path = xasprintf("%s/%s.jsonl", dir, s->id);
-    free(dir);
-    name = xasprintf("%s.jsonl", s->id);
-    s->fd = openat(w->j->shards_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+    shard_fmt(&sn, i, w->j->o->num_shards);
+    s->fd = openat(w->j->shards_fd, sn.name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                    0644);
-    free(name);
     if (s->fd < 0)
-        return err_sys(err, -errno, "Cannot create shard %s", s->path);
-    sha256_init(&s->sha);
+        return err_sys(err, -errno, "Cannot create shard %s/%s", w->j->staging, sn.rel);
     w->cur = i;
     return 0;
+}
+
+/* For a message about shard i. */
+static int
+shard_err(struct writer *w, int r, struct esd_err *err)
+{
+    struct shard_name sn;
+
+    shard_fmt(&sn, w->cur, w->j->o->num_shards);
+    return err_sys(err, r, "Cannot write shard %s/%s", w->j->staging, sn.rel);
 }
 
 static int
@@ -743,12 +853,17 @@ writer_flush(struct writer *w, const char *p, size_t n, struct esd_err *err)
     if (n == 0)
         return 0;
     if ((r = fs_write_all(s->fd, p, n)) < 0)
-        return err_sys(err, r, "Cannot write shard %s", s->path);
-    hashq_update(w->j->hq2, &s->sha, p, n);
+        return shard_err(w, r, err);
+    shard_hash(w, p, (long long)n);
     hashq_update(w->j->hq, &w->all, p, n);
     return 0;
 }
 
+/*
+ * Closes the current shard without syncing it: the whole staging directory
+ * is made durable at once before publication (stage_sync). Its digest is
+ * finished on the hashing thread, ready after hashq_sync of hq2.
+ */
 static int
 shard_close(struct writer *w, struct esd_err *err)
 {
@@ -756,14 +871,18 @@ shard_close(struct writer *w, struct esd_err *err)
     int r = writer_flush(w, w->buf, w->len, err);
 
     w->len = 0;
-    if (r == 0 && fsync(s->fd) < 0)
-        r = err_sys(err, -errno, "Cannot write shard %s", s->path);
-    if (close(s->fd) < 0 && r == 0)
-        r = err_sys(err, -errno, "Cannot write shard %s", s->path);
+    /* A big shard's pages start for the disk now, beside the rest of the
+     * pass, so that the sync before publication finds little left to write;
+     * small ones are left to that sync, which writes them together. Best
+     * effort: a write error is reported by that sync. */
+    if (r == 0 && s->bytes >= WBUF)
+        (void)sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    /* NFS reports a write error of the flush at close at the latest */
+    if (close(s->fd) < 0 && errno != EINTR && r == 0)
+        r = shard_err(w, -errno, err);
     s->fd = -1;
-    hashq_sync(w->j->hq2);
     if (r == 0)
-        sha256_final(&s->sha, s->sha256);
+        shard_hash(w, NULL, SHARD_END);
     return r;
 }
 
@@ -873,6 +992,7 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
     if (r == 0)
         r = shard_close(w, err);
     hashq_sync(j->hq);
+    hashq_sync(j->hq2); /* every shard's digest is final */
     if (r == 0 && (w->cur != N - 1 || w->shards[N - 1].rows == 0))
         r = err_set(err, -EIO, "Internal partitioning error: %lld of %lld shards written",
                     w->cur + 1, N);
@@ -896,11 +1016,23 @@ strv_json(const struct strv *s)
     return a;
 }
 
+/*
+ * The manifest's "shards" array is the one part that grows with the shards:
+ * as a cJSON tree, six items and their strings a shard, then its text whole,
+ * 100,000 shards took more than 100 MiB. So the tree holds this raw token
+ * in its place, and write_manifest writes the array through a bounded
+ * buffer where the token is, laid out as json_dump lays out the rest
+ * (JSON_PRETTY: indent 2, keys sorted). The token cannot occur otherwise
+ * after a newline and the key: a string's newline is escaped.
+ */
+static const char SHARDS_MARK[] = "@shards@";
+static const char SHARDS_AT[] = "\n  \"shards\": @shards@";
+
 static cJSON *
-build_manifest(struct job *j, struct writer *w, const char *all_sha)
+build_manifest(struct job *j, const char *all_sha)
 {
     const struct prepare_opts *o = j->o;
-    cJSON *m = cJSON_CreateObject(), *files, *shards, *x;
+    cJSON *m = cJSON_CreateObject(), *files, *x;
     char now[40];
 
     time_iso_now(now, NULL);
@@ -927,18 +1059,8 @@ build_manifest(struct job *j, struct writer *w, const char *all_sha)
     json_add_int(m, "total_size_bytes", (long long)j->bytes);
     json_add_str(m, "normalized_sha256", all_sha);
     json_add_int(m, "num_shards", o->num_shards);
-    shards = cJSON_AddArrayToObject(m, "shards");
-    for (long long i = 0; i < o->num_shards; i++) {
-        struct shard_out *s = &w->shards[i];
-        x = cJSON_CreateObject();
-        json_add_str(x, "id", s->id);
-        json_add_int(x, "index", i);
-        json_add_str(x, "path", s->rel);
-        json_add_int(x, "rows", (long long)s->rows);
-        json_add_int(x, "size_bytes", (long long)s->bytes);
-        json_add_str(x, "sha256", s->sha256);
-        cJSON_AddItemToArray(shards, x);
-    }
+    /* written by write_manifest in its place, without a tree */
+    cJSON_AddItemToObject(m, "shards", cJSON_CreateRaw(SHARDS_MARK));
     x = cJSON_AddObjectToObject(m, "recipe");
     json_add_str(x, "source_path", j->config);
     json_add_str(x, "snapshot_path", "recipe.yaml");
@@ -978,7 +1100,8 @@ write_recipe_copy(struct job *j, struct esd_err *err)
     }
     if ((r = fs_write_all(fd, j->recipe_data, j->recipe_len)) < 0 ||
         (fchmod(fd, j->recipe_st.st_mode & 07777) < 0 && (r = -errno)) ||
-        (futimens(fd, ts) < 0 && (r = -errno)) || (fsync(fd) < 0 && (r = -errno)))
+        (futimens(fd, ts) < 0 && (r = -errno)) ||
+        (j->sync == PREPARE_SYNC_FILES && fsync(fd) < 0 && (r = -errno)))
         err_sys(err, r, "Cannot write %s", path);
     close(fd);
 out:
@@ -1019,24 +1142,68 @@ make_dirs(struct job *j, struct esd_err *err)
     return j->shards_fd < 0 ? j->shards_fd : 0;
 }
 
+/* The "shards" array at depth 1 of the manifest, written to fd in pieces. */
+static int
+write_shards(int fd, const struct writer *w, long long n, struct buf *b)
+{
+    int r = 0;
+
+    buf_putc(b, '[');
+    for (long long i = 0; r == 0 && i < n; i++) {
+        const struct shard_out *s = &w->shards[i];
+        struct shard_name sn;
+
+        shard_fmt(&sn, i, n);
+        buf_printf(b, "%s\n    {\n      \"id\": \"%.*s\",\n      \"index\": %lld,\n"
+                   "      \"path\": \"%s\",\n      \"rows\": %llu,\n      \"sha256\": \"%s\",\n"
+                   "      \"size_bytes\": %llu\n    }",
+                   i ? "," : "", sn.id_len, sn.name, i, sn.rel, (unsigned long long)s->rows,
+                   s->sha256, (unsigned long long)s->bytes);
+        if (b->len >= WBUF || i == n - 1) {
+            r = fs_write_all(fd, b->p, b->len);
+            b->len = 0;
+        }
+    }
+    if (r == 0) {
+        buf_puts(b, "\n  ]");
+        r = fs_write_all(fd, b->p, b->len);
+    }
+    b->len = 0;
+    return r;
+}
+
 /* manifest.json, as json_write_atomic writes it (0666 less the umask); a
  * new name in a directory nobody else can write needs no temporary file. */
 static int
-write_manifest(struct job *j, const cJSON *manifest, struct esd_err *err)
+write_manifest(struct job *j, const struct writer *w, const cJSON *manifest,
+               struct esd_err *err)
 {
     char *path = fs_join(j->staging, "manifest.json");
-    struct buf b;
+    struct buf b, sb;
+    const char *at;
+    size_t head;
     int fd, r;
 
     buf_init(&b);
+    buf_init(&sb);
     json_dump(manifest, JSON_PRETTY, &b);
+    at = strstr(b.p, SHARDS_AT);
+    if (!at)
+        abort(); /* build_manifest put it there */
+    head = (size_t)(at - b.p) + strlen(SHARDS_AT) - strlen(SHARDS_MARK);
     fd = openat(j->staging_fd, "manifest.json",
                 O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd < 0) {
         r = err_sys(err, -errno, "cannot create %s", path);
     } else {
-        r = fs_write_all(fd, b.p, b.len);
-        if (r == 0 && fsync(fd) < 0)
+        r = fs_write_all(fd, b.p, head);
+        if (r == 0)
+            r = write_shards(fd, w, j->o->num_shards, &sb);
+        if (r == 0)
+            r = fs_write_all(fd, b.p + head + strlen(SHARDS_MARK),
+                             b.len - head - strlen(SHARDS_MARK));
+        /* with PREPARE_SYNC_FS, stage_sync's syncfs writes it */
+        if (r == 0 && j->sync == PREPARE_SYNC_FILES && fsync(fd) < 0)
             r = -errno;
         /* NFS may report a write error only at close */
         if (close(fd) < 0 && errno != EINTR && r == 0)
@@ -1045,7 +1212,122 @@ write_manifest(struct job *j, const cJSON *manifest, struct esd_err *err)
             err_sys(err, r, "cannot write %s", path);
     }
     buf_free(&b);
+    buf_free(&sb);
     free(path);
+    return r;
+}
+
+/* ---- durability before publication ---- */
+
+/*
+ * File systems whose syncfs(2) writes back every dirty page and inode of
+ * the file system and commits its metadata (a journal commit; on NFS the
+ * COMMITs of unstable writes, directory operations being synchronous on
+ * the server), so that one call makes the whole staging directory durable
+ * however many shards it holds: 100,000 fsyncs are as many journal commits
+ * or cache flushes, minutes on a busy disk. FUSE (bindfs, sshfs) is not
+ * here: its syncfs reaches the server only if the server implements it,
+ * where an fsync always does.
+ */
+static const unsigned long syncfs_types[] = {
+    0xEF53,     /* ext2, ext3, ext4 */
+    0x58465342, /* XFS */
+    0x9123683E, /* btrfs */
+    0x6969,     /* NFS */
+    0x0BD00BD0, /* Lustre */
+    0x01021994, /* tmpfs: nothing to write, nothing to lose */
+};
+
+/* Before Linux 5.8 syncfs returned 0 even when the write-back failed. */
+static bool
+syncfs_reports_errors(void)
+{
+    struct utsname u;
+    unsigned major, minor;
+
+    if (uname(&u) < 0 || sscanf(u.release, "%u.%u", &major, &minor) != 2)
+        return false;
+    return major > 5 || (major == 5 && minor >= 8);
+}
+
+/*
+ * Up to this many shards, an fsync of each costs less than a syncfs, which
+ * also writes every other process's dirty data on that file system (2 to 3 s
+ * on a shared build machine's root, where 16 fsyncs took 0.1 s and 100,000
+ * took 40 s).
+ */
+enum { SYNC_FILES_MAX = 1024 };
+
+/* How the staging directory open on j->staging_fd is made durable. */
+static enum prepare_sync
+sync_choose(const struct job *j)
+{
+    struct statfs sf;
+
+    if (j->o->sync != PREPARE_SYNC_AUTO)
+        return j->o->sync;
+    if (j->o->num_shards <= SYNC_FILES_MAX || fstatfs(j->staging_fd, &sf) < 0 || !syncfs_reports_errors())
+        return PREPARE_SYNC_FILES;
+    for (size_t i = 0; i < sizeof(syncfs_types) / sizeof(syncfs_types[0]); i++)
+        if ((unsigned long)sf.f_type == syncfs_types[i])
+            return PREPARE_SYNC_FS;
+    return PREPARE_SYNC_FILES;
+}
+
+/*
+ * fsync of name in the directory open on dfd (shown/rel in messages). A
+ * descriptor opened after the write still reports its write-back error:
+ * nobody has seen it yet (Linux 4.13 and later).
+ */
+static int
+sync_at(int dfd, const char *name, int flags, const char *shown, const char *rel,
+        struct esd_err *err)
+{
+    int fd = openat(dfd, name, flags | O_NOFOLLOW | O_CLOEXEC), r = 0;
+
+    if (fd < 0)
+        return err_sys(err, -errno, "Cannot open %s/%s to sync it", shown, rel);
+    /* EINVAL: a directory the file system cannot sync, with nothing more to do */
+    if (fsync(fd) < 0 && !((flags & O_DIRECTORY) && errno == EINVAL))
+        r = err_sys(err, -errno, "Cannot fsync %s/%s", shown, rel);
+    close(fd);
+    return r;
+}
+
+/* Directories whose entries were made here, the deepest first. */
+static const char *const synced_dirs[] = { "shards", "state/history", "state", "." };
+
+/*
+ * Makes everything in the staging directory durable, after the last file
+ * in it was written and closed and before it is published: with
+ * PREPARE_SYNC_FS one syncfs (through staging_fd, opened before any of it
+ * was written, so that a write-back error since is reported), with
+ * PREPARE_SYNC_FILES an fsync of every shard (the recipe copy and the
+ * manifest were synced as they were written), issued only now that all are
+ * written; then its directories, in both modes.
+ */
+static int
+stage_sync(struct job *j, const struct writer *w, struct esd_err *err)
+{
+    int r = 0;
+
+    if (j->sync == PREPARE_SYNC_FS) {
+        if (syncfs(j->staging_fd) < 0)
+            return err_sys(err, -errno, "Cannot sync %s (syncfs of its file system)",
+                           j->staging);
+    } else {
+        for (long long i = 0; r == 0 && i < j->o->num_shards; i++) {
+            struct shard_name sn;
+
+            shard_fmt(&sn, i, j->o->num_shards);
+            r = sync_at(j->shards_fd, sn.name, O_RDONLY, j->staging, sn.rel, err);
+            if (r == 0 && i % 1024 == 1023)
+                r = cancelled(j, err);
+        }
+    }
+    for (size_t i = 0; r == 0 && i < sizeof(synced_dirs) / sizeof(synced_dirs[0]); i++)
+        r = sync_at(j->staging_fd, synced_dirs[i], O_RDONLY | O_DIRECTORY, j->staging,
+                    synced_dirs[i], err);
     return r;
 }
 
@@ -1282,32 +1564,24 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     }
     hook(&j, PREPARE_STEP_PARENT);
     if ((r = dir_open_path(parent, true, O_RDONLY, &j.parent_fd, err)) < 0 ||
-        (r = staging_make(&j, err)) < 0 || (r = write_recipe_copy(&j, err)) < 0 ||
-        (r = make_dirs(&j, err)) < 0)
+        (r = staging_make(&j, err)) < 0)
+        goto out;
+    j.sync = sync_choose(&j);
+    if ((r = write_recipe_copy(&j, err)) < 0 || (r = make_dirs(&j, err)) < 0)
         goto out;
     w.j = &j;
     w.shards = xcalloc((size_t)o->num_shards, sizeof(*w.shards));
     for (long long i = 0; i < o->num_shards; i++)
         w.shards[i].fd = -1;
     w.buf = xmalloc(WBUF);
+    w.sh.shards = w.shards;
     sha256_init(&w.all);
     if ((r = write_pass(&j, &w, err)) < 0)
         goto out;
     sha256_final(&w.all, all_sha);
-    manifest = build_manifest(&j, &w, all_sha);
-    {
-        char *sdir = fs_join(j.staging, "shards");
-
-        r = write_manifest(&j, manifest, err);
-        if (r == 0)
-            r = dir_sync(j.shards_fd, sdir, err);
-        if (r == 0)
-            r = dir_sync(j.staging_fd, j.staging, err);
-        free(sdir);
-        if (r < 0)
-            goto out;
-    }
-    if ((r = publish(&j, err)) < 0)
+    manifest = build_manifest(&j, all_sha);
+    if ((r = write_manifest(&j, &w, manifest, err)) < 0 || (r = stage_sync(&j, &w, err)) < 0 ||
+        (r = publish(&j, err)) < 0)
         goto out;
 done:
     memset(ret, 0, sizeof(*ret));
@@ -1331,9 +1605,6 @@ out:
             if (w.shards[i].fd >= 0)
                 close(w.shards[i].fd);
             sha256_abort(&w.shards[i].sha);
-            free(w.shards[i].id);
-            free(w.shards[i].rel);
-            free(w.shards[i].path);
         }
         free(w.shards);
     }

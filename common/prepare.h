@@ -33,6 +33,20 @@ struct prepare_progress {
     double elapsed;       /* seconds since prepare started */
 };
 
+/*
+ * How the staging directory is made durable before it is published (see
+ * prepare_run): one syncfs(2) of its file system, or an fsync(2) of every
+ * file in it, issued after all are written. AUTO takes syncfs for more
+ * than 1024 shards where it is known to write and commit everything and to
+ * report a write error (ext4, XFS, btrfs, NFS, Lustre and tmpfs on Linux
+ * 5.8 or later), else the fsyncs; the others are for tests.
+ */
+enum prepare_sync {
+    PREPARE_SYNC_AUTO,
+    PREPARE_SYNC_FS,
+    PREPARE_SYNC_FILES,
+};
+
 struct prepare_opts {
     const char *config;       /* recipe path as given (resolved like a CLI path) */
     const char *dataset_path; /* overrides the recipe's dataset_path; may be NULL */
@@ -52,6 +66,7 @@ struct prepare_opts {
     /* When it becomes non-zero (a signal handler sets it), prepare stops
      * with -ECANCELED and leaves nothing behind. May be NULL. */
     const volatile sig_atomic_t *cancel;
+    enum prepare_sync sync; /* default AUTO */
 };
 
 struct prepare_result {
@@ -70,6 +85,14 @@ void prepare_opts_init(struct prepare_opts *o);
  * Prepares the job. On success *ret is filled (prepare_result_free). On
  * failure nothing is left behind (no job directory, no staging directory)
  * and err says why, naming the file and line for bad input.
+ *
+ * Durability: no file is synced as it is written. Once every shard, the
+ * recipe copy and the manifest are written and closed, the staging
+ * directory is synced at once (o->sync), then its directories (shards/,
+ * state/, state/history/, itself); only then is it renamed onto the job
+ * directory, and the parent synced. A crash before the rename leaves a
+ * staging directory and no job; after it, a complete job. A write error
+ * reported by any of those syncs (or by a close) fails the prepare.
  */
 int prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd_err *err);
 void prepare_result_free(struct prepare_result *r);

@@ -6,7 +6,10 @@
  * Then an attacker who can write the job's parent directory, played in
  * prepare_test_hook between prepare's steps: whatever name they swap, no
  * byte lands outside prepare's own staging directory, and no swap is
- * published as the job. Last, whose identity a root prepare takes.
+ * published as the job. Durability: fsync and syncfs are interposed here
+ * (this binary's definitions win over the C library's), to count what is
+ * synced and to fail a sync, which must leave nothing behind. Last, whose
+ * identity a root prepare takes.
  */
 #include <check.h>
 #include <dirent.h>
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "fsutil.h"
@@ -68,9 +72,34 @@ fixture_free(struct fixture *f)
     free(f->job);
 }
 
+/* Counts of the interposed calls; the fsync numbered fsync_fail_at (from
+ * 1) and every syncfs while syncfs_fail is set fail with EIO. */
+static int fsync_calls, syncfs_calls, fsync_fail_at, syncfs_fail;
+
+int
+fsync(int fd)
+{
+    if (++fsync_calls == fsync_fail_at) {
+        errno = EIO;
+        return -1;
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+int
+syncfs(int fd)
+{
+    syncfs_calls++;
+    if (syncfs_fail) {
+        errno = EIO;
+        return -1;
+    }
+    return (int)syscall(SYS_syncfs, fd);
+}
+
 static int
-run_prepare(struct fixture *f, const char *dataset, long long n, struct prepare_result *res,
-            struct esd_err *err)
+run_prepare_sync(struct fixture *f, const char *dataset, long long n, enum prepare_sync sync,
+                 struct prepare_result *res, struct esd_err *err)
 {
     struct prepare_opts o;
 
@@ -80,7 +109,16 @@ run_prepare(struct fixture *f, const char *dataset, long long n, struct prepare_
     o.job_dir = f->job;
     o.num_shards = n;
     o.dj_root = f->dir;
+    o.sync = sync;
+    fsync_calls = syncfs_calls = 0;
     return prepare_run(&o, res, err);
+}
+
+static int
+run_prepare(struct fixture *f, const char *dataset, long long n, struct prepare_result *res,
+            struct esd_err *err)
+{
+    return run_prepare_sync(f, dataset, n, PREPARE_SYNC_AUTO, res, err);
 }
 
 static void
@@ -834,6 +872,178 @@ START_TEST(test_become)
 }
 END_TEST
 
+/* Every shard file's digest and size are the manifest's. */
+static void
+check_shard_digests(const char *job, size_t n)
+{
+    struct manifest m;
+    struct esd_err err;
+
+    ck_assert_int_eq(manifest_load(job, &m, &err), 0);
+    ck_assert_uint_eq(m.nshards, n);
+    for (size_t i = 0; i < n; i++) {
+        char *path = fs_join(job, m.shards[i].path), hex[SHA256_HEX_LEN + 1];
+        struct stat st;
+
+        ck_assert_int_eq(sha256_file(path, hex, &err), 0);
+        ck_assert_msg(!strcmp(hex, m.shards[i].sha256), "shard %zu", i);
+        ck_assert_int_eq(stat(path, &st), 0);
+        ck_assert_int_eq(st.st_size, m.shards[i].size_bytes);
+        free(path);
+    }
+    manifest_free(&m);
+}
+
+/*
+ * The shard digests travel as one framed stream through 1 MiB slots: with
+ * one record of 131039 bytes a shard, a shard is 131071 bytes of stream
+ * (a 16-byte header, the data, a 16-byte end), and the first slot ends 8
+ * bytes into the header of shard 8. Many small shards then share slots.
+ */
+START_TEST(test_shard_digests)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    struct buf data;
+    char *input;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    buf_init(&data);
+    for (int i = 0; i < 12; i++)
+        add_record(&data, 131039);
+    input = tu_write(f.dir, "big.jsonl", data.p, data.len);
+    ck_assert_msg(run_prepare(&f, input, 12, &res, &err) == 0, "%s", err.msg);
+    check_shard_digests(f.job, 12);
+    {
+        /* the streamed "shards" array, laid out as json_dump lays out the rest */
+        char *mpath = fs_join(f.job, "manifest.json"), *text = tu_read(mpath, NULL), *want;
+        char hex[SHA256_HEX_LEN + 1];
+        char *shard = fs_join(f.job, "shards/part-00011-of-00012.jsonl");
+
+        ck_assert_int_eq(sha256_file(shard, hex, &err), 0);
+        want = xasprintf("},\n    {\n      \"id\": \"part-00011-of-00012\",\n      \"index\": 11,"
+                         "\n      \"path\": \"shards/part-00011-of-00012.jsonl\",\n      "
+                         "\"rows\": 1,\n      \"sha256\": \"%s\",\n      \"size_bytes\": 131039\n"
+                         "    }\n  ],\n  \"total_rows\": 12,\n", hex);
+        ck_assert_msg(strstr(text, want), "%s", text);
+        ck_assert(strstr(text, "\n  \"shards\": [\n    {\n      \"id\": \"part-00000-of-00012\","));
+        free(want);
+        free(shard);
+        free(text);
+        free(mpath);
+    }
+    prepare_result_free(&res);
+    fs_rm_rf(f.job);
+    free(input);
+    buf_free(&data);
+    buf_init(&data);
+    for (int i = 0; i < 3000; i++)
+        add_record(&data, 20 + (size_t)(i * 7919 % 600));
+    input = tu_write(f.dir, "small.jsonl", data.p, data.len);
+    ck_assert_msg(run_prepare(&f, input, 2000, &res, &err) == 0, "%s", err.msg);
+    check_shard_digests(f.job, 2000);
+    prepare_result_free(&res);
+    buf_free(&data);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+/*
+ * No fsync a shard with one syncfs: five fsyncs (shards/, state/history/,
+ * state/, the staging directory, the parent after the rename). With an
+ * fsync of each file, all issued after the writes: the shards, the recipe
+ * copy, the manifest and the same five. AUTO takes the fsyncs for few
+ * shards. Both give the same job.
+ */
+START_TEST(test_sync_counts)
+{
+    enum { N = 300 };
+    static const struct {
+        enum prepare_sync sync;
+        int fsyncs, syncfs;
+    } c[] = {
+        { PREPARE_SYNC_FS, 5, 1 },
+        { PREPARE_SYNC_FILES, N + 2 + 5, 0 },
+        { PREPARE_SYNC_AUTO, N + 2 + 5, 0 },
+    };
+    char first[SHA256_HEX_LEN + 1] = "";
+    struct fixture f;
+    struct buf data;
+    char *input;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    buf_init(&data);
+    for (int i = 0; i < N; i++)
+        add_record(&data, 40 + (size_t)i % 50);
+    input = tu_write(f.dir, "in.jsonl", data.p, data.len);
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct prepare_result res;
+        struct esd_err err;
+        struct manifest m;
+
+        ck_assert_msg(run_prepare_sync(&f, input, N, c[i].sync, &res, &err) == 0, "%s", err.msg);
+        ck_assert_msg(fsync_calls == c[i].fsyncs, "case %zu: %d fsyncs", i, fsync_calls);
+        ck_assert_int_eq(syncfs_calls, c[i].syncfs);
+        check_shard_digests(f.job, N);
+        ck_assert_int_eq(manifest_load(f.job, &m, &err), 0);
+        if (!*first)
+            memcpy(first, m.shards[N - 1].sha256, sizeof(first));
+        ck_assert_str_eq(m.shards[N - 1].sha256, first);
+        manifest_free(&m);
+        prepare_result_free(&res);
+        fs_rm_rf(f.job);
+    }
+    buf_free(&data);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
+/* A sync that fails (the disk's write-back error) publishes nothing and
+ * leaves no staging directory: syncfs, a shard's fsync, a directory's. */
+START_TEST(test_sync_failure)
+{
+    static const struct {
+        enum prepare_sync sync;
+        int fail_fsync, fail_syncfs;
+        const char *msg;
+    } c[] = {
+        { PREPARE_SYNC_FS, 0, 1, "syncfs of its file system" },
+        { PREPARE_SYNC_FILES, 3, 0, "Cannot fsync " }, /* recipe, manifest, shard 0 */
+        { PREPARE_SYNC_FILES, 12, 0, "shards/part-00009-of-00020.jsonl" },
+        { PREPARE_SYNC_FS, 2, 0, "state/history" },
+    };
+    struct fixture f;
+    struct buf data;
+    char *input;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    buf_init(&data);
+    for (int i = 0; i < 40; i++)
+        add_record(&data, 64);
+    input = tu_write(f.dir, "in.jsonl", data.p, data.len);
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct prepare_result res;
+        struct esd_err err;
+        int r;
+
+        fsync_fail_at = c[i].fail_fsync;
+        syncfs_fail = c[i].fail_syncfs;
+        r = run_prepare_sync(&f, input, 20, c[i].sync, &res, &err);
+        fsync_fail_at = syncfs_fail = 0;
+        ck_assert_msg(r == -EIO, "case %zu: %d", i, r);
+        ck_assert_msg(strstr(err.msg, c[i].msg), "case %zu: %s", i, err.msg);
+        ck_assert(!tu_exists(f.job));
+        ck_assert_int_eq(tu_count_entries(f.dir), 2); /* recipe and input only */
+    }
+    buf_free(&data);
+    free(input);
+    fixture_free(&f);
+}
+END_TEST
+
 static Suite *
 prepare_suite(void)
 {
@@ -851,6 +1061,9 @@ prepare_suite(void)
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_ray_address_warning);
     tcase_add_test(tc, test_cancel);
+    tcase_add_test(tc, test_shard_digests);
+    tcase_add_test(tc, test_sync_counts);
+    tcase_add_test(tc, test_sync_failure);
     tcase_add_test(tc, test_race_staging_link);
     tcase_add_test(tc, test_race_staging_dir);
     tcase_add_test(tc, test_race_staging_full);
