@@ -471,9 +471,9 @@ view_lock(struct status_view *v, const struct manifest *m, size_t i, const char 
             : NULL;
     if ((n = view_node(v, who))) {
         if (state == ST_STALE)
-            n->stale++;
+            n->next_stale++;
         else
-            n->running++;
+            n->next_running++;
     }
     if ((d = next_detail(v, i, state))) {
         d->lock_age = age;
@@ -514,9 +514,10 @@ detail_cmp(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* The reading is complete: it becomes the view's. */
+/* The listings are complete: their states become the view's (the done
+ * records not summarised yet are read after, without changing them). */
 static void
-view_finish(struct status_view *v, const struct manifest *m)
+view_publish(struct status_view *v, const struct manifest *m)
 {
     memset(v->counts, 0, sizeof(v->counts));
     v->rows_done = 0;
@@ -528,6 +529,10 @@ view_finish(struct status_view *v, const struct manifest *m)
         if (s == ST_DONE)
             v->rows_done += m->shards[i].rows;
     }
+    for (size_t i = 0; i < v->nnodes; i++) {
+        v->nodes[i].running = v->nodes[i].next_running;
+        v->nodes[i].stale = v->nodes[i].next_stale;
+    }
     details_free(v->details, v->ndetails);
     qsort(v->next_details, v->next_ndetails, sizeof(*v->next_details), detail_cmp);
     v->details = v->next_details;
@@ -536,7 +541,6 @@ view_finish(struct status_view *v, const struct manifest *m)
     v->next_ndetails = 0;
     v->read_wall = v->start_wall;
     v->valid = true;
-    status_view_abort(v);
 }
 
 /* Opens the listing of the phase's directory; a missing one is empty. */
@@ -585,7 +589,7 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
         for (size_t i = 0; i < v->nshards; i++)
             v->bits[i] &= (unsigned char)~VB_NEXT;
         for (size_t i = 0; i < v->nnodes; i++)
-            v->nodes[i].running = v->nodes[i].stale = 0;
+            v->nodes[i].next_running = v->nodes[i].next_stale = 0;
         v->phase = PH_DONE;
         v->cursor = 0;
         if ((r = open_phase(v, err)) < 0)
@@ -597,7 +601,7 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
             unsigned s;
 
             if (v->cursor >= v->nshards) {
-                view_finish(v, m);
+                status_view_abort(v);
                 return 1;
             }
             i = v->cursor++;
@@ -605,9 +609,6 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
             spent++;
             if (s == ST_DONE && !(v->bits[i] & VB_SUMMARISED)) {
                 summarise_done(v, m, i);
-                spent += COST_RECORD;
-            } else if (s == ST_FAILED) {
-                failed_detail(v, m, i);
                 spent += COST_RECORD;
             }
             continue;
@@ -628,8 +629,10 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
             if (v->dir)
                 closedir(v->dir);
             v->dir = NULL;
-            if (++v->phase == PH_RECORDS)
+            if (++v->phase == PH_RECORDS) {
+                view_publish(v, m);
                 continue;
+            }
             if ((r = open_phase(v, err)) < 0)
                 goto fail;
             continue;
@@ -650,8 +653,13 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
         /* a done record wins over a failed one, either over a lock */
         if (v->phase == PH_DONE)
             v->bits[k] = (unsigned char)((v->bits[k] & ~VB_NEXT) | ST_DONE);
-        else if (v->phase == PH_FAILED && s != ST_DONE)
+        else if (v->phase == PH_FAILED && s != ST_DONE) {
             v->bits[k] = (unsigned char)((v->bits[k] & ~VB_NEXT) | ST_FAILED);
+            if (v->next_ndetails < STATUS_VIEW_DETAILS) {
+                failed_detail(v, m, (size_t)k);
+                spent += COST_RECORD;
+            }
+        }
         else if (v->phase == PH_LOCKS && s == ST_PENDING) {
             view_lock(v, m, (size_t)k, e->d_name);
             spent += COST_RECORD;
@@ -741,6 +749,8 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
         json_add_str(o, "as_of", when);
     }
     json_add_float(o, "age_secs", wall > v->read_wall ? wall - v->read_wall : 0);
+    /* done records summarised so far (nodes' done counts and the pace) */
+    json_add_int(o, "records_read", (long long)v->summarised);
     shards = cJSON_AddArrayToObject(o, "shards");
     if (all) {
         size_t d = 0;

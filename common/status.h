@@ -76,6 +76,7 @@ void status_counts_text(const struct job_status *st, struct buf *out);
 struct status_node {
     char *name;
     size_t done, running, stale;
+    size_t next_running, next_stale; /* of the reading in progress */
 };
 
 /* A shard the last reading details: a lock (running or stale) or a
@@ -97,7 +98,8 @@ struct status_detail {
  * come from listings of state/done, state/failed and state/locks, made a
  * bounded piece at a time (status_view_step), so that a reading of a
  * 100,000-shard job never holds an event loop for long. The counts are
- * those of the last complete reading, taken at read_wall.
+ * those of the last reading whose listings are complete, taken at
+ * read_wall; the done records it found new are summarised after that.
  */
 struct status_view {
     size_t nshards;
@@ -136,9 +138,9 @@ void status_view_free(struct status_view *v);
 /*
  * Goes on with the reading of m's directory into v (starting one when
  * none is in progress) for about budget units of work (a directory entry
- * is one, a record read is 16). lock_timeout as status_compute. Returns 1
- * when the reading is complete (v's counts are the new ones), 0 when work
- * remains, or a negative errno with err set (the reading is abandoned; v
+ * is one, a record read is 16). lock_timeout as status_compute. v's counts
+ * change once the listings are complete; returns 1 when the new done
+ * records are summarised too, 0 when work remains, or a negative errno with err set (the reading is abandoned; v
  * keeps the last complete one). The caller runs it with the job owner's
  * identity.
  */

@@ -118,12 +118,16 @@ work_cb(struct ev_loop *loop, ev_idle *iw, int revents)
     for (struct job *j = jobs_first(); j; j = j->next) {
         struct view *w;
 
+        double read = 0;
+
         if (!j->loaded || !(w = find_view(j)) || !due(w, j, now))
             continue;
-        if (step(w, j, STEP_BUDGET))
-            changed = true;
-        else
+        read = w->v.read_wall;
+        if (!step(w, j, STEP_BUDGET))
             more = true;
+        /* new counts once a reading's listings are over */
+        if (w->v.read_wall != read)
+            changed = true;
         break; /* one job's step a turn */
     }
     for (struct job *j = jobs_first(); !more && j; j = j->next) {
