@@ -260,6 +260,8 @@ status_view_init(struct status_view *v, const struct manifest *m)
     memset(v, 0, sizeof(*v));
     v->nshards = m->nshards;
     v->bits = xcalloc(m->nshards ? m->nshards : 1, 1);
+    v->host = xcalloc(m->nshards ? m->nshards : 1, sizeof(*v->host));
+    v->node = xcalloc(m->nshards ? m->nshards : 1, sizeof(*v->node));
     v->jobfd = -1;
 }
 
@@ -297,6 +299,11 @@ status_view_free(struct status_view *v)
         free(v->nodes[i].name);
     free(v->nodes);
     details_free(v->details, v->ndetails);
+    for (size_t i = 0; i < v->nnames; i++)
+        free(v->names[i]);
+    free(v->names);
+    free(v->host);
+    free(v->node);
     free(v->bits);
     memset(v, 0, sizeof(*v));
     v->jobfd = -1;
@@ -387,6 +394,23 @@ load_fd(int fd, size_t max)
     return j;
 }
 
+/* name's index + 1 in v->names (added when new), 0 for none or when the
+ * table is full. */
+static unsigned short
+intern(struct status_view *v, const char *name)
+{
+    if (!name)
+        return 0;
+    for (size_t i = 0; i < v->nnames; i++)
+        if (!strcmp(v->names[i], name))
+            return (unsigned short)(i + 1);
+    if (v->nnames >= 65535)
+        return 0;
+    v->names = xrealloc(v->names, (v->nnames + 1) * sizeof(*v->names));
+    v->names[v->nnames++] = xstrdup(name);
+    return (unsigned short)v->nnames;
+}
+
 /* A done record, once: its node's done count, its times. */
 static void
 summarise_done(struct status_view *v, const struct manifest *m, size_t i)
@@ -407,6 +431,8 @@ summarise_done(struct status_view *v, const struct manifest *m, size_t i)
     who = json_get_str(j, "node") ? json_get_str(j, "node") : json_get_str(j, "hostname");
     if ((n = view_node(v, who)))
         n->done++;
+    v->host[i] = intern(v, json_get_str(j, "hostname"));
+    v->node[i] = intern(v, json_get_str(j, "node"));
     end = status_parse_time(json_get_str(j, "completed_at"));
     if (json_get_num(j, "duration_secs", &dur) == 0 && dur >= 0 && dur < 1e9) {
         v->dur_sum += dur;
@@ -534,7 +560,8 @@ view_publish(struct status_view *v, const struct manifest *m)
         v->nodes[i].stale = v->nodes[i].next_stale;
     }
     details_free(v->details, v->ndetails);
-    qsort(v->next_details, v->next_ndetails, sizeof(*v->next_details), detail_cmp);
+    if (v->next_ndetails)
+        qsort(v->next_details, v->next_ndetails, sizeof(*v->next_details), detail_cmp);
     v->details = v->next_details;
     v->ndetails = v->next_ndetails;
     v->next_details = NULL;
@@ -717,6 +744,19 @@ detail_json(const struct manifest *m, const struct status_detail *d, enum shard_
     return x;
 }
 
+/* A done shard of a listing with --all: its record's host and node. */
+static cJSON *
+done_json(const struct status_view *v, const struct manifest *m, size_t i)
+{
+    cJSON *x = detail_json(m, NULL, ST_DONE, i);
+
+    if (v->host[i])
+        json_add_str(x, "owner", v->names[v->host[i] - 1]);
+    if (v->node[i])
+        json_add_str(x, "node", v->names[v->node[i] - 1]);
+    return x;
+}
+
 cJSON *
 status_view_json(const struct status_view *v, const struct manifest *m, bool all)
 {
@@ -746,13 +786,15 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
                                                  1e9) };
 
         time_iso_format(&ts, when);
-        json_add_str(o, "as_of", when);
+        json_add_str(o, "read_at", when);
     }
-    json_add_float(o, "age_secs", wall > v->read_wall ? wall - v->read_wall : 0);
+    json_add_float(o, "read_age_secs", wall > v->read_wall ? wall - v->read_wall : 0);
     /* done records summarised so far (nodes' done counts and the pace) */
     json_add_int(o, "records_read", (long long)v->summarised);
     shards = cJSON_AddArrayToObject(o, "shards");
-    if (all) {
+    /* every shard while that stays within the bound (status --json as
+     * spec §5.9 has it), else those that need attention */
+    if (all || v->nshards <= STATUS_VIEW_DETAILS) {
         size_t d = 0;
 
         for (size_t i = 0; i < v->nshards; i++) {
@@ -764,9 +806,12 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
                 omitted = v->nshards - i;
                 break;
             }
-            cJSON_AddItemToArray(shards,
-                                 detail_json(m, d < v->ndetails && v->details[d].index == i
-                                                    ? &v->details[d] : NULL, s, i));
+            if (s == ST_DONE)
+                cJSON_AddItemToArray(shards, done_json(v, m, i));
+            else
+                cJSON_AddItemToArray(shards,
+                                     detail_json(m, d < v->ndetails && v->details[d].index == i
+                                                        ? &v->details[d] : NULL, s, i));
             listed++;
         }
     } else {

@@ -117,6 +117,11 @@ struct status_view {
     size_t dur_n;             /* ... over this many */
     struct status_node *nodes;
     size_t nnodes;
+    /* the "hostname" and "node" of each summarised done record, as
+     * indices + 1 into names (0: none), for a listing with --all */
+    unsigned short *host, *node;
+    char **names;
+    size_t nnames;
     struct status_detail *details; /* the last reading's, by shard index */
     size_t ndetails;
     /* the reading in progress */
@@ -163,12 +168,13 @@ void status_view_pace(const struct status_view *v, double *ret_shards_per_sec,
 /*
  * The status object of a job from its view (caller deletes): the fields of
  * status_json (total, counts, complete, terminal, merge, nodes, total_rows,
- * rows_done, ray_address) plus "as_of" (the reading's time), "age_secs"
+ * rows_done, ray_address) plus "read_at" (the reading's time), "read_age_secs"
  * (now - read_wall), "shards_per_sec", "rows_per_sec", "eta_secs" and
- * "source": "view". "shards" is bounded: without all the detailed shards
- * (locks and failures, at most STATUS_VIEW_DETAILS), with all the first
- * STATUS_VIEW_DETAILS shards in manifest order; "shards_omitted" counts
- * what was left out.
+ * "source": "view". "shards" is bounded: every shard of a job of at most
+ * STATUS_VIEW_DETAILS shards; of a larger one, with all the first
+ * STATUS_VIEW_DETAILS in manifest order, without it the detailed shards
+ * (locks and failures, at most STATUS_VIEW_DETAILS); "shards_omitted"
+ * counts what was left out.
  */
 cJSON *status_view_json(const struct status_view *v, const struct manifest *m, bool all);
 

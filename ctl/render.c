@@ -217,7 +217,7 @@ merge_line(const cJSON *m)
 }
 
 /* " (as of N s ago)" for a reading esd took JOBVIEW_FRESH_SECS (2 s) or
- * more ago (its "age_secs"), else "". The text is static: one at a time. */
+ * more ago (its "read_age_secs"), else "". The text is static: one at a time. */
 static const char *
 age_note(const cJSON *x)
 {
@@ -225,7 +225,7 @@ age_note(const cJSON *x)
     double age;
 
     out[0] = '\0';
-    if (json_get_num(x, "age_secs", &age) == 0 && age >= 2.0)
+    if (json_get_num(x, "read_age_secs", &age) == 0 && age >= 2.0)
         snprintf(out, sizeof(out), " (as of %.0f s ago)", age);
     return out;
 }

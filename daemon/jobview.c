@@ -27,6 +27,7 @@ struct view {
     bool busy;               /* a reading is in progress */
     bool want;               /* read again at once */
     bool failed_said;        /* its last failure was logged */
+    enum job_state read_state; /* the job's state when its last reading started */
 };
 
 static struct {
@@ -72,6 +73,7 @@ step(struct view *w, struct job *j, size_t budget)
         w->busy = true;
         w->want = false;
         w->start_mono = time_mono();
+        w->read_state = j->state;
     }
     err_clear(&err);
     prev = jobs_fs_owner(j);
@@ -104,6 +106,8 @@ due(const struct view *w, const struct job *j, double now)
         return true;
     if (!w->v.valid)
         return w->read_mono == 0 || now - w->read_mono >= every;
+    if (j->state != w->read_state)
+        return true; /* complete, failed, cancelled...: the counts now */
     if (terminal(j))
         return false; /* read once at its end: nothing changes any more */
     return now - w->read_mono >= every;
@@ -256,7 +260,8 @@ jobview_status(struct job *j, bool all)
         return NULL;
     /* a request wants the present: a short try at a new reading (one a
      * step at a time goes on in the background otherwise) */
-    if (!w->v.valid || jobview_age(&w->v) >= JOBVIEW_FRESH_SECS) {
+    if (!w->v.valid || jobview_age(&w->v) >= JOBVIEW_FRESH_SECS || w->busy ||
+        j->state != w->read_state) {
         while (time_mono() - t0 < SYNC_SECS && !step(w, j, STEP_BUDGET))
             ;
         if (w->busy && !ev_is_active(&V.work_w))
@@ -300,8 +305,8 @@ jobview_jobs_json(void)
 
             time_iso_format(&ts, when);
         }
-        json_set(o, "as_of", cJSON_CreateString(when));
-        json_set(o, "age_secs", json_float(jobview_age(v)));
+        json_set(o, "read_at", cJSON_CreateString(when));
+        json_set(o, "read_age_secs", json_float(jobview_age(v)));
         cJSON_DeleteItemFromObjectCaseSensitive(o, "shards_per_sec");
         cJSON_DeleteItemFromObjectCaseSensitive(o, "rows_per_sec");
         cJSON_DeleteItemFromObjectCaseSensitive(o, "eta_secs");

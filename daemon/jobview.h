@@ -45,8 +45,8 @@ double jobview_age(const struct status_view *v);
 cJSON *jobview_status(struct job *j, bool all);
 
 /* jobs_status_json with every job's counts, rows/s and ETA from its view
- * ("done", "failed", "running", "stale", "pending", "rows_done", "as_of",
- * "age_secs"); jobs without a reading keep this node's counts and say
+ * ("done", "failed", "running", "stale", "pending", "rows_done", "read_at",
+ * "read_age_secs"); jobs without a reading keep this node's counts and say
  * "counts_from": "node". Caller deletes. */
 cJSON *jobview_jobs_json(void);
 

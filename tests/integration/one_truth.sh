@@ -84,7 +84,7 @@ for n in o1 o2 w; do
         fail "$n's list says its counts are the job directory's" "$(cat "$W/$n.counts")"
     grep -q "^status .* view$" "$W/$n.counts" ||
         fail "$n's status is answered from its view" "$(cat "$W/$n.counts")"
-    py '"as_of" in j["jobs"][0] and j["jobs"][0]["age_secs"] >= 0' "$W/$n.list" | grep -q True ||
+    py '"read_at" in j["jobs"][0] and j["jobs"][0]["read_age_secs"] >= 0' "$W/$n.list" | grep -q True ||
         fail "$n's list dates its reading" "$(cat "$W/$n.list")"
     grep -q 'esd_job_status_age_seconds{job="job"}' "$W/$n/esd.prom" ||
         fail "$n's metrics date the reading" "$(cat "$W/$n/esd.prom")"

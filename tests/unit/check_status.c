@@ -755,19 +755,24 @@ START_TEST(test_view_json_bounded_and_dated)
     cJSON *j, *all;
     long long n;
 
+    put_done(0, "host-a");
     put_failed(1, "boom");
     status_view_init(&v, &M);
     view_read(&v, 1000);
     j = status_view_json(&v, &M, false);
-    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "shards")), 1);
-    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 0),
+    /* a job this small: every shard, even without all */
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "shards")), 3);
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 1),
                                   "error"), "boom");
-    ck_assert_ptr_nonnull(json_get_str(j, "as_of"));
-    ck_assert_ptr_nonnull(cJSON_GetObjectItem(j, "age_secs"));
+    ck_assert_ptr_nonnull(json_get_str(j, "read_at"));
+    ck_assert_ptr_nonnull(cJSON_GetObjectItem(j, "read_age_secs"));
     ck_assert_int_eq(json_get_int(cJSON_GetObjectItem(j, "counts"), "failed", &n), 0);
     ck_assert_int_eq(n, 1);
     all = status_view_json(&v, &M, true);
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(all, "shards")), 3);
+    /* a done shard's owner comes from its record, read once */
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(all, "shards"), 0),
+                                  "owner"), "host-a");
     cJSON_Delete(j);
     cJSON_Delete(all);
     status_view_free(&v);
