@@ -300,7 +300,8 @@ render_daemon_status(struct call *c, const cJSON *res)
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(d, sizeof(d), "-");
         else
-            snprintf(d, sizeof(d), "%lld/%lld", num(x, "done"), num(x, "shards"));
+            snprintf(d, sizeof(d), "%lld/%lld%s", num(x, "done"), num(x, "shards"),
+                     age_note(x));
         snprintf(h, sizeof(h), "%lld done, %lld running", num(x, "done_here"),
                  num(x, "running_here"));
         table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"),
