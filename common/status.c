@@ -356,16 +356,19 @@ status_parse_time(const char *s)
     return (double)t + sec - off;
 }
 
-/* Reads rel below dirfd as a JSON object, or NULL. */
+/* Reads rel below dirfd as a JSON object, or NULL; *ret_len (if not
+ * NULL) gets the bytes read. */
 static cJSON *
-load_at(int dirfd, const char *rel, size_t max)
+load_at(int dirfd, const char *rel, size_t max, size_t *ret_len)
 {
     char *text = NULL;
-    size_t len;
+    size_t len = 0;
     cJSON *j = NULL;
 
     if (fs_read_job_at(dirfd, rel, NULL, max, &text, &len, NULL) == 0)
         json_parse_object(text, len, rel, &j, NULL);
+    if (ret_len)
+        *ret_len = len;
     free(text);
     return j;
 }
@@ -411,12 +414,14 @@ intern(struct status_view *v, const char *name)
     return (unsigned short)v->nnames;
 }
 
-/* A done record, once: its node's done count, its times. */
-static void
+/* A done record, once: its node's done count, its times. Returns the
+ * bytes read (a step's budget counts them: a record may be large). */
+static size_t
 summarise_done(struct status_view *v, const struct manifest *m, size_t i)
 {
     char *rel = xasprintf("state/done/%s.json", m->shards[i].id);
-    cJSON *j = load_at(v->jobfd, rel, RECORD_MAX_BYTES);
+    size_t len;
+    cJSON *j = load_at(v->jobfd, rel, RECORD_MAX_BYTES, &len);
     const char *who;
     double end, dur = -1;
     struct status_node *n;
@@ -426,7 +431,7 @@ summarise_done(struct status_view *v, const struct manifest *m, size_t i)
     v->summarised++;
     if (!j) {
         v->unreadable++;
-        return;
+        return len;
     }
     who = json_get_str(j, "node") ? json_get_str(j, "node") : json_get_str(j, "hostname");
     if ((n = view_node(v, who)))
@@ -447,6 +452,7 @@ summarise_done(struct status_view *v, const struct manifest *m, size_t i)
             v->first_start = end - dur;
     }
     cJSON_Delete(j);
+    return len;
 }
 
 static struct status_detail *
@@ -518,7 +524,7 @@ static void
 failed_detail(struct status_view *v, const struct manifest *m, size_t i)
 {
     char *rel = xasprintf("state/failed/%s.json", m->shards[i].id);
-    cJSON *j = load_at(v->jobfd, rel, RECORD_MAX_BYTES);
+    cJSON *j = load_at(v->jobfd, rel, RECORD_MAX_BYTES, NULL);
     struct status_detail *d = next_detail(v, i, ST_FAILED);
 
     free(rel);
@@ -634,10 +640,8 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
             i = v->cursor++;
             s = v->bits[i] & VB_NEXT;
             spent++;
-            if (s == ST_DONE && !(v->bits[i] & VB_SUMMARISED)) {
-                summarise_done(v, m, i);
-                spent += COST_RECORD;
-            }
+            if (s == ST_DONE && !(v->bits[i] & VB_SUMMARISED))
+                spent += COST_RECORD + summarise_done(v, m, i) / 4096;
             continue;
         }
         struct dirent *e = NULL;

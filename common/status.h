@@ -143,7 +143,7 @@ void status_view_free(struct status_view *v);
 /*
  * Goes on with the reading of m's directory into v (starting one when
  * none is in progress) for about budget units of work (a directory entry
- * is one, a record read is 16). lock_timeout as status_compute. v's counts
+ * is one, a record read is 16 plus one per 4 KiB of it). lock_timeout as status_compute. v's counts
  * change once the listings are complete; returns 1 when the new done
  * records are summarised too, 0 when work remains, or a negative errno with err set (the reading is abandoned; v
  * keeps the last complete one). The caller runs it with the job owner's
