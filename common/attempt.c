@@ -813,6 +813,8 @@ done_record(const struct claimer *c, const struct claim *cl, const struct attemp
     json_add_str(j, "ray_address", out->ray_address ? out->ray_address : c->m->ray_address);
     json_add_str(j, "data_juicer_commit", out->dj_commit ? out->dj_commit : "unknown");
     json_add_str(j, "node", c->node);
+    /* the pace of a job (status_view_pace) comes from its done records */
+    json_add_float(j, "duration_secs", out->duration);
     return j;
 }
 

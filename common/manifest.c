@@ -477,7 +477,9 @@ manifest_compact(const struct manifest *m, struct buf *out)
         buf_printf(out, "S\t%lld\t%lld\t%lld", s->index, s->rows, s->size_bytes);
         put_field(out, s->id);
         put_field(out, s->path);
-        put_field(out, s->sha256);
+        /* (no digest: the daemon checks none; whoever verifies a shard
+         * loads the manifest itself) */
+        put_field(out, NULL);
         buf_putc(out, '\n');
     }
 }
@@ -620,6 +622,8 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
                        struct esd_err *err)
 {
     struct manifest m = { 0 };
+    size_t jd, len;
+    char *arena;
     int r = 0;
 
     if (!rd->header || rd->got != rd->nshards || rd->part.len)
@@ -630,20 +634,13 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
     rd->shards = NULL;
     m.job_id = at(rd, rd->hoff[0]);
     m.ray_address = at(rd, rd->hoff[1]);
-    m.execution_json = at(rd, rd->hoff[2]);
-    m.recipe_sha256 = at(rd, rd->hoff[3]);
-    m.recipe_snapshot = at(rd, rd->hoff[4]);
-    m.dj_commit = at(rd, rd->hoff[5]);
     m.lock_timeout_secs = rd->lock_timeout;
     m.max_retries = rd->max_retries;
     m.poll_interval_secs = rd->poll;
     for (size_t i = 0; i < m.nshards; i++) {
         struct manifest_shard *s = &m.shards[i];
 
-        s->id = at(rd, rd->offs[i * 3]);
-        s->path = at(rd, rd->offs[i * 3 + 1]);
-        s->sha256 = at(rd, rd->offs[i * 3 + 2]);
-        if (!manifest_id_ok(s->id) || !path_ok(s->path))
+        if (!manifest_id_ok(at(rd, rd->offs[i * 3])) || !path_ok(at(rd, rd->offs[i * 3 + 1])))
             r = err_set(err, -EINVAL, "Malformed compact manifest: shard %zu", i);
         m.total_rows += s->rows;
     }
@@ -651,15 +648,41 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
                    m.max_retries < 0 || m.poll_interval_secs < 1 ||
                    !manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir))))
         r = err_set(err, -EINVAL, "Malformed compact manifest: its header");
-    if (r == 0)
-        r = index_ids(&m, "the compact manifest", err);
     if (r < 0) {
         free(m.shards);
-        free(m.by_id);
         return r;
     }
-    /* the strings move from the reader's arena into the manifest's own */
-    keep_strings(&m, job_dir);
+    /* The reader's arena becomes the manifest's, cut to its size, with the
+     * job directory appended: a daemon that loads a 100,000-shard job
+     * never holds two copies of its strings. */
+    jd = rd->arena.len;
+    buf_append(&rd->arena, job_dir, strlen(job_dir) + 1);
+    len = rd->arena.len;
+    arena = xrealloc(buf_steal(&rd->arena), len);
+#define AT(o) ((o) == (size_t)-1 ? NULL : arena + (o))
+    m.arena = arena;
+    m.job_dir = arena + jd;
+    m.job_id = rd->hoff[0] == (size_t)-1 ? fs_basename(m.job_dir) : AT(rd->hoff[0]);
+    m.ray_address = AT(rd->hoff[1]);
+    m.execution_json = AT(rd->hoff[2]);
+    m.recipe_sha256 = AT(rd->hoff[3]);
+    m.recipe_snapshot = AT(rd->hoff[4]);
+    m.dj_commit = AT(rd->hoff[5]);
+    for (size_t i = 0; i < m.nshards; i++) {
+        m.shards[i].id = AT(rd->offs[i * 3]);
+        m.shards[i].path = AT(rd->offs[i * 3 + 1]);
+        m.shards[i].sha256 = AT(rd->offs[i * 3 + 2]);
+    }
+#undef AT
+    /* the offsets are no longer needed: freed before the index is built */
+    free(rd->offs);
+    rd->offs = NULL;
+    if ((r = index_ids(&m, "the compact manifest", err)) < 0) {
+        free(m.shards);
+        free(m.by_id);
+        free(m.arena);
+        return r;
+    }
     *ret = m;
     return 0;
 }

@@ -263,6 +263,9 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
     json_add_int(j, "total_rows", m.total_rows);
     json_add_int(j, "rows_done", rows_done);
     json_add_str(j, "ray_address", m.ray_address);
+    /* through esd: a reply within the protocol's line limit */
+    if (env->confined)
+        status_json_bound(j, STATUS_VIEW_DETAILS);
     status_free(&st);
     manifest_free(&m);
     *ret = j;

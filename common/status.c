@@ -7,10 +7,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fsutil.h"
 #include "json.h"
@@ -152,8 +155,8 @@ status_free(struct job_status *st)
  * complete, failed or merging, "node", "error", "rows"}; nothing while no
  * node has been elected (esd's daemons; a job merged with esctl merge has
  * merge.json instead). */
-static void
-merge_state(const struct manifest *m, cJSON *o)
+void
+status_merge_json(const struct manifest *m, cJSON *o)
 {
     char *result = xasprintf("%s/state/esd/finalize.json", m->job_dir);
     char *lock = xasprintf("%s/state/esd/finalize.lock", m->job_dir);
@@ -196,7 +199,7 @@ status_json(const struct manifest *m, const struct job_status *st)
         json_add_int(counts, status_state_name[k], (long long)st->counts[k]);
     json_add_bool(o, "complete", st->complete);
     json_add_bool(o, "terminal", st->terminal);
-    merge_state(m, o);
+    status_merge_json(m, o);
     shards = cJSON_AddArrayToObject(o, "shards");
     for (size_t i = 0; i < st->total; i++) {
         const struct shard_status *s = &st->shards[i];
@@ -231,4 +234,653 @@ status_counts_text(const struct job_status *st, struct buf *out)
 {
     for (int k = 0; k < ST__COUNT; k++)
         buf_printf(out, "%s%s=%zu", k ? " " : "", status_state_name[k], st->counts[k]);
+}
+
+/* ---- views ---- */
+
+/* A view's byte a shard: the state of the reading in progress (bits 0-2),
+ * that of the last complete reading (bits 3-5), and whether its done
+ * record was summarised (read once: done records never change). */
+#define VB_NEXT 0x07
+#define VB_CUR_SHIFT 3
+#define VB_CUR 0x38
+#define VB_SUMMARISED 0x80
+#define COST_RECORD 16
+#define LOCK_MAX_BYTES (1 << 16)
+#define RECORD_MAX_BYTES (1 << 20)
+
+enum { PH_NONE, PH_DONE, PH_FAILED, PH_LOCKS, PH_RECORDS };
+
+static const char *const phase_dir[] = { NULL, "state/done", "state/failed", "state/locks" };
+static const char *const phase_suffix[] = { NULL, ".json", ".json", ".lock" };
+
+void
+status_view_init(struct status_view *v, const struct manifest *m)
+{
+    memset(v, 0, sizeof(*v));
+    v->nshards = m->nshards;
+    v->bits = xcalloc(m->nshards ? m->nshards : 1, 1);
+    v->host = xcalloc(m->nshards ? m->nshards : 1, sizeof(*v->host));
+    v->node = xcalloc(m->nshards ? m->nshards : 1, sizeof(*v->node));
+    v->jobfd = -1;
+}
+
+static void
+details_free(struct status_detail *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(d[i].owner);
+        free(d[i].node);
+        free(d[i].error);
+    }
+    free(d);
+}
+
+void
+status_view_abort(struct status_view *v)
+{
+    if (v->dir)
+        closedir(v->dir);
+    v->dir = NULL;
+    if (v->jobfd >= 0)
+        close(v->jobfd);
+    v->jobfd = -1;
+    details_free(v->next_details, v->next_ndetails);
+    v->next_details = NULL;
+    v->next_ndetails = 0;
+    v->phase = PH_NONE;
+}
+
+void
+status_view_free(struct status_view *v)
+{
+    status_view_abort(v);
+    for (size_t i = 0; i < v->nnodes; i++)
+        free(v->nodes[i].name);
+    free(v->nodes);
+    details_free(v->details, v->ndetails);
+    for (size_t i = 0; i < v->nnames; i++)
+        free(v->names[i]);
+    free(v->names);
+    free(v->host);
+    free(v->node);
+    free(v->bits);
+    memset(v, 0, sizeof(*v));
+    v->jobfd = -1;
+}
+
+/* The node of that name (added when new; NULL name: none). */
+static struct status_node *
+view_node(struct status_view *v, const char *name)
+{
+    if (!name || !*name)
+        return NULL;
+    for (size_t i = 0; i < v->nnodes; i++)
+        if (!strcmp(v->nodes[i].name, name))
+            return &v->nodes[i];
+    /* bounded by what records name; a job has a fleet's worth */
+    v->nodes = xrealloc(v->nodes, (v->nnodes + 1) * sizeof(*v->nodes));
+    memset(&v->nodes[v->nnodes], 0, sizeof(*v->nodes));
+    v->nodes[v->nnodes].name = xstrdup(name);
+    return &v->nodes[v->nnodes++];
+}
+
+double
+status_parse_time(const char *s)
+{
+    struct tm tm = { 0 };
+    int y, mo, d, h, mi, n = 0;
+    double sec, off = 0;
+    const char *p;
+    time_t t;
+
+    if (!s || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%lf%n", &y, &mo, &d, &h, &mi, &sec, &n) != 6 ||
+        mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec < 0 || sec >= 61)
+        return -1;
+    p = s + n;
+    if (*p == '+' || *p == '-') {
+        int oh, om;
+
+        if (sscanf(p + 1, "%2d:%2d", &oh, &om) != 2)
+            return -1;
+        off = (*p == '+' ? 1 : -1) * (oh * 3600.0 + om * 60.0);
+    } else if (*p && strcmp(p, "Z") != 0) {
+        return -1;
+    }
+    tm.tm_year = y - 1900;
+    tm.tm_mon = mo - 1;
+    tm.tm_mday = d;
+    tm.tm_hour = h;
+    tm.tm_min = mi;
+    t = timegm(&tm);
+    return (double)t + sec - off;
+}
+
+/* Reads rel below dirfd as a JSON object, or NULL; *ret_len (if not
+ * NULL) gets the bytes read. */
+static cJSON *
+load_at(int dirfd, const char *rel, size_t max, size_t *ret_len)
+{
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *j = NULL;
+
+    if (fs_read_job_at(dirfd, rel, NULL, max, &text, &len, NULL) == 0)
+        json_parse_object(text, len, rel, &j, NULL);
+    if (ret_len)
+        *ret_len = len;
+    free(text);
+    return j;
+}
+
+/* The object in the open file fd (at most max bytes), or NULL. */
+static cJSON *
+load_fd(int fd, size_t max)
+{
+    char *text = xmalloc(max + 1);
+    size_t len = 0;
+    ssize_t n;
+    cJSON *j = NULL;
+
+    while (len < max && (n = read(fd, text + len, max - len)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            free(text);
+            return NULL;
+        }
+        len += (size_t)n;
+    }
+    text[len] = '\0';
+    json_parse_object(text, len, "lock", &j, NULL);
+    free(text);
+    return j;
+}
+
+/* name's index + 1 in v->names (added when new), 0 for none or when the
+ * table is full. */
+static unsigned short
+intern(struct status_view *v, const char *name)
+{
+    if (!name)
+        return 0;
+    for (size_t i = 0; i < v->nnames; i++)
+        if (!strcmp(v->names[i], name))
+            return (unsigned short)(i + 1);
+    if (v->nnames >= 65535)
+        return 0;
+    v->names = xrealloc(v->names, (v->nnames + 1) * sizeof(*v->names));
+    v->names[v->nnames++] = xstrdup(name);
+    return (unsigned short)v->nnames;
+}
+
+/* A done record, once: its node's done count, its times. Returns the
+ * bytes read (a step's budget counts them: a record may be large). */
+static size_t
+summarise_done(struct status_view *v, const struct manifest *m, size_t i)
+{
+    char *rel = xasprintf("state/done/%s.json", m->shards[i].id);
+    size_t len;
+    cJSON *j = load_at(v->jobfd, rel, RECORD_MAX_BYTES, &len);
+    const char *who;
+    double end, dur = -1;
+    struct status_node *n;
+
+    free(rel);
+    v->bits[i] |= VB_SUMMARISED;
+    v->summarised++;
+    if (!j) {
+        v->unreadable++;
+        return len;
+    }
+    who = json_get_str(j, "node") ? json_get_str(j, "node") : json_get_str(j, "hostname");
+    if ((n = view_node(v, who)))
+        n->done++;
+    v->host[i] = intern(v, json_get_str(j, "hostname"));
+    v->node[i] = intern(v, json_get_str(j, "node"));
+    end = status_parse_time(json_get_str(j, "completed_at"));
+    if (json_get_num(j, "duration_secs", &dur) == 0 && dur >= 0 && dur < 1e9) {
+        v->dur_sum += dur;
+        v->dur_n++;
+    } else {
+        dur = 0;
+    }
+    if (end > 0) {
+        if (!v->last_end || end > v->last_end)
+            v->last_end = end;
+        if (!v->first_start || end - dur < v->first_start)
+            v->first_start = end - dur;
+    }
+    cJSON_Delete(j);
+    return len;
+}
+
+static struct status_detail *
+next_detail(struct status_view *v, size_t i, enum shard_state state)
+{
+    struct status_detail *d;
+
+    if (v->next_ndetails >= STATUS_VIEW_DETAILS)
+        return NULL;
+    v->next_details = xrealloc(v->next_details, (v->next_ndetails + 1) * sizeof(*d));
+    d = &v->next_details[v->next_ndetails++];
+    memset(d, 0, sizeof(*d));
+    d->index = i;
+    d->state = state;
+    return d;
+}
+
+/* One lock of the listing: running or stale, by its age and lease. */
+static void
+view_lock(struct status_view *v, const struct manifest *m, size_t i, const char *name)
+{
+    struct stat sb;
+    struct timespec now;
+    cJSON *j;
+    long long timeout = v->lock_timeout, lease;
+    double age;
+    const char *who;
+    struct status_detail *d;
+    struct status_node *n;
+    int fd;
+    enum shard_state state;
+
+    fd = fs_open_job_at(dirfd(v->dir), name, NULL, O_RDONLY, 0, LOCK_MAX_BYTES, &sb, NULL);
+    if (fd < 0)
+        return; /* released since the listing: pending */
+    j = load_fd(fd, LOCK_MAX_BYTES);
+    close(fd);
+    clock_gettime(CLOCK_REALTIME, &now);
+    age = (double)(now.tv_sec - sb.st_mtim.tv_sec) +
+          (double)(now.tv_nsec - sb.st_mtim.tv_nsec) / 1e9;
+    if (age < 0)
+        age = 0;
+    if (j && json_get_int(j, "lease_secs", &lease) == 0 && lease > 0)
+        timeout = lease;
+    state = age > (double)timeout ? ST_STALE : ST_RUNNING;
+    v->bits[i] = (unsigned char)((v->bits[i] & ~VB_NEXT) | state);
+    who = j ? (json_get_str(j, "node") ? json_get_str(j, "node") : json_get_str(j, "hostname"))
+            : NULL;
+    if ((n = view_node(v, who))) {
+        if (state == ST_STALE)
+            n->next_stale++;
+        else
+            n->next_running++;
+    }
+    if ((d = next_detail(v, i, state))) {
+        d->lock_age = age;
+        d->metadata_error = !j;
+        if (j && json_get_str(j, "hostname"))
+            d->owner = xstrdup(json_get_str(j, "hostname"));
+        if (j && json_get_str(j, "node"))
+            d->node = xstrdup(json_get_str(j, "node"));
+        if (j && json_get_int(j, "pid", &d->pid) == 0)
+            d->has_pid = true;
+    }
+    cJSON_Delete(j);
+}
+
+static void
+failed_detail(struct status_view *v, const struct manifest *m, size_t i)
+{
+    char *rel = xasprintf("state/failed/%s.json", m->shards[i].id);
+    cJSON *j = load_at(v->jobfd, rel, RECORD_MAX_BYTES, NULL);
+    struct status_detail *d = next_detail(v, i, ST_FAILED);
+
+    free(rel);
+    if (d) {
+        d->metadata_error = !j;
+        if (j && json_get_str(j, "last_error"))
+            d->error = xstrdup(json_get_str(j, "last_error"));
+        if (j && json_get_str(j, "node"))
+            d->node = xstrdup(json_get_str(j, "node"));
+    }
+    cJSON_Delete(j);
+}
+
+static int
+detail_cmp(const void *a, const void *b)
+{
+    const struct status_detail *x = a, *y = b;
+
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* The listings are complete: their states become the view's (the done
+ * records not summarised yet are read after, without changing them). */
+static void
+view_publish(struct status_view *v, const struct manifest *m)
+{
+    memset(v->counts, 0, sizeof(v->counts));
+    v->rows_done = 0;
+    for (size_t i = 0; i < v->nshards; i++) {
+        unsigned s = v->bits[i] & VB_NEXT;
+
+        v->bits[i] = (unsigned char)((v->bits[i] & ~VB_CUR) | (s << VB_CUR_SHIFT));
+        v->counts[s]++;
+        if (s == ST_DONE)
+            v->rows_done += m->shards[i].rows;
+    }
+    for (size_t i = 0; i < v->nnodes; i++) {
+        v->nodes[i].running = v->nodes[i].next_running;
+        v->nodes[i].stale = v->nodes[i].next_stale;
+    }
+    details_free(v->details, v->ndetails);
+    if (v->next_ndetails)
+        qsort(v->next_details, v->next_ndetails, sizeof(*v->next_details), detail_cmp);
+    v->details = v->next_details;
+    v->ndetails = v->next_ndetails;
+    v->next_details = NULL;
+    v->next_ndetails = 0;
+    v->read_wall = v->start_wall;
+    v->valid = true;
+}
+
+/* Opens the listing of the phase's directory; a missing one is empty. */
+static int
+open_phase(struct status_view *v, struct esd_err *err)
+{
+    int fd = fs_open_dir_beneath(v->jobfd, phase_dir[v->phase], NULL, err);
+
+    if (fd == -ENOENT)
+        return 0;
+    if (fd < 0)
+        return fd;
+    if (!(v->dir = fdopendir(fd))) {
+        int r = err_sys(err, -errno, "Cannot read %s/%s", "job", phase_dir[v->phase]);
+
+        close(fd);
+        return r;
+    }
+    return 0;
+}
+
+int
+status_view_step(struct status_view *v, const struct manifest *m, long long lock_timeout,
+                 size_t budget, struct esd_err *err)
+{
+    size_t spent = 0;
+    int r;
+
+    if (v->nshards != m->nshards)
+        return err_set(err, -EINVAL, "status view of %zu shards for a job of %zu", v->nshards,
+                       m->nshards);
+    if (v->phase == PH_NONE) {
+        struct timespec now;
+        struct stat sb;
+
+        v->jobfd = open(m->job_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (v->jobfd < 0)
+            return err_sys(err, -errno, "Cannot open %s", m->job_dir);
+        if (v->ino && (fstat(v->jobfd, &sb) < 0 || sb.st_ino != v->ino)) {
+            r = err_set(err, -ESTALE, "%s is no longer the directory registered", m->job_dir);
+            goto fail;
+        }
+        clock_gettime(CLOCK_REALTIME, &now);
+        v->start_wall = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+        v->lock_timeout = lock_timeout > 0 ? lock_timeout : m->lock_timeout_secs;
+        for (size_t i = 0; i < v->nshards; i++)
+            v->bits[i] &= (unsigned char)~VB_NEXT;
+        for (size_t i = 0; i < v->nnodes; i++)
+            v->nodes[i].next_running = v->nodes[i].next_stale = 0;
+        v->phase = PH_DONE;
+        v->cursor = 0;
+        if ((r = open_phase(v, err)) < 0)
+            goto fail;
+    }
+    while (spent < budget) {
+        if (v->phase == PH_RECORDS) {
+            size_t i;
+            unsigned s;
+
+            if (v->cursor >= v->nshards) {
+                status_view_abort(v);
+                return 1;
+            }
+            i = v->cursor++;
+            s = v->bits[i] & VB_NEXT;
+            spent++;
+            if (s == ST_DONE && !(v->bits[i] & VB_SUMMARISED))
+                spent += COST_RECORD + summarise_done(v, m, i) / 4096;
+            continue;
+        }
+        struct dirent *e = NULL;
+
+        if (v->dir) {
+            errno = 0;
+            e = readdir(v->dir);
+            if (!e && errno) {
+                r = err_sys(err, -errno, "Cannot read %s/%s", m->job_dir, phase_dir[v->phase]);
+                goto fail;
+            }
+        }
+        spent++;
+        if (!e) {
+            /* this listing is over: the next one */
+            if (v->dir)
+                closedir(v->dir);
+            v->dir = NULL;
+            if (++v->phase == PH_RECORDS) {
+                view_publish(v, m);
+                continue;
+            }
+            if ((r = open_phase(v, err)) < 0)
+                goto fail;
+            continue;
+        }
+        size_t n = strlen(e->d_name), slen = strlen(phase_suffix[v->phase]);
+        char id[256];
+        long k;
+        unsigned s;
+
+        if (e->d_name[0] == '.' || n <= slen || n - slen >= sizeof(id) ||
+            strcmp(e->d_name + n - slen, phase_suffix[v->phase]) != 0)
+            continue;
+        memcpy(id, e->d_name, n - slen);
+        id[n - slen] = '\0';
+        if ((k = manifest_find(m, id)) < 0)
+            continue;
+        s = v->bits[k] & VB_NEXT;
+        /* a done record wins over a failed one, either over a lock */
+        if (v->phase == PH_DONE)
+            v->bits[k] = (unsigned char)((v->bits[k] & ~VB_NEXT) | ST_DONE);
+        else if (v->phase == PH_FAILED && s != ST_DONE) {
+            v->bits[k] = (unsigned char)((v->bits[k] & ~VB_NEXT) | ST_FAILED);
+            if (v->next_ndetails < STATUS_VIEW_DETAILS) {
+                failed_detail(v, m, (size_t)k);
+                spent += COST_RECORD;
+            }
+        }
+        else if (v->phase == PH_LOCKS && s == ST_PENDING) {
+            view_lock(v, m, (size_t)k, e->d_name);
+            spent += COST_RECORD;
+        }
+    }
+    return 0;
+fail:
+    status_view_abort(v);
+    return r;
+}
+
+void
+status_view_pace(const struct status_view *v, double *ret_shards_per_sec, double *ret_eta)
+{
+    double rate = -1, eta = -1;
+    size_t left = v->nshards - v->counts[ST_DONE] - v->counts[ST_FAILED];
+
+    if (v->dur_n > 0 && v->dur_sum > 0 && v->counts[ST_RUNNING] > 0)
+        rate = (double)v->counts[ST_RUNNING] / (v->dur_sum / (double)v->dur_n);
+    else if (v->summarised > v->unreadable && v->last_end > v->first_start && v->first_start > 0)
+        rate = (double)(v->summarised - v->unreadable) / (v->last_end - v->first_start);
+    if (!left)
+        eta = 0;
+    else if (rate > 0)
+        eta = (double)left / rate;
+    *ret_shards_per_sec = rate;
+    *ret_eta = eta;
+}
+
+static cJSON *
+detail_json(const struct manifest *m, const struct status_detail *d, enum shard_state state,
+            size_t i)
+{
+    cJSON *x = cJSON_CreateObject();
+
+    json_add_str(x, "shard_id", m->shards[i].id);
+    json_add_int(x, "rows", m->shards[i].rows);
+    json_add_str(x, "status", status_state_name[state]);
+    if (d && d->owner)
+        json_add_str(x, "owner", d->owner);
+    if (d && d->has_pid)
+        json_add_int(x, "pid", d->pid);
+    if (d && d->node)
+        json_add_str(x, "node", d->node);
+    if (d && (state == ST_RUNNING || state == ST_STALE))
+        json_add_float(x, "lock_age_secs", d->lock_age);
+    if (state == ST_FAILED) {
+        if (d && d->error)
+            json_add_str(x, "error", d->error);
+        else
+            cJSON_AddNullToObject(x, "error");
+    }
+    if (d && d->metadata_error)
+        json_add_bool(x, "metadata_error", true);
+    return x;
+}
+
+/* A done shard of a listing with --all: its record's host and node. */
+static cJSON *
+done_json(const struct status_view *v, const struct manifest *m, size_t i)
+{
+    cJSON *x = detail_json(m, NULL, ST_DONE, i);
+
+    if (v->host[i])
+        json_add_str(x, "owner", v->names[v->host[i] - 1]);
+    if (v->node[i])
+        json_add_str(x, "node", v->names[v->node[i] - 1]);
+    return x;
+}
+
+cJSON *
+status_view_json(const struct status_view *v, const struct manifest *m, bool all)
+{
+    cJSON *o = cJSON_CreateObject(), *counts, *shards, *nodes;
+    struct timespec now;
+    double rate, eta, wall;
+    size_t listed = 0, omitted = 0;
+    char when[40];
+
+    clock_gettime(CLOCK_REALTIME, &now);
+    wall = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+    json_add_str(o, "job_id", m->job_id);
+    json_add_str(o, "job_dir", m->job_dir);
+    cJSON_AddItemToObject(o, "execution", m->execution_json ? cJSON_Parse(m->execution_json)
+                                                            : cJSON_CreateObject());
+    json_add_int(o, "total", (long long)v->nshards);
+    counts = cJSON_AddObjectToObject(o, "counts");
+    for (int k = 0; k < ST__COUNT; k++)
+        json_add_int(counts, status_state_name[k], (long long)v->counts[k]);
+    json_add_bool(o, "complete", v->counts[ST_DONE] == v->nshards);
+    json_add_bool(o, "terminal", v->counts[ST_DONE] + v->counts[ST_FAILED] == v->nshards);
+    status_merge_json(m, o);
+    json_add_str(o, "source", "view");
+    {
+        struct timespec ts = { .tv_sec = (time_t)v->read_wall,
+                               .tv_nsec = (long)((v->read_wall - (double)(time_t)v->read_wall) *
+                                                 1e9) };
+
+        time_iso_format(&ts, when);
+        json_add_str(o, "read_at", when);
+    }
+    json_add_float(o, "read_age_secs", wall > v->read_wall ? wall - v->read_wall : 0);
+    /* done records summarised so far (nodes' done counts and the pace) */
+    json_add_int(o, "records_read", (long long)v->summarised);
+    shards = cJSON_AddArrayToObject(o, "shards");
+    /* every shard while that stays within the bound (status --json as
+     * spec §5.9 has it), else those that need attention */
+    if (all || v->nshards <= STATUS_VIEW_DETAILS) {
+        size_t d = 0;
+
+        for (size_t i = 0; i < v->nshards; i++) {
+            enum shard_state s = (enum shard_state)((v->bits[i] & VB_CUR) >> VB_CUR_SHIFT);
+
+            while (d < v->ndetails && v->details[d].index < i)
+                d++;
+            if (listed >= STATUS_VIEW_DETAILS) {
+                omitted = v->nshards - i;
+                break;
+            }
+            if (s == ST_DONE)
+                cJSON_AddItemToArray(shards, done_json(v, m, i));
+            else
+                cJSON_AddItemToArray(shards,
+                                     detail_json(m, d < v->ndetails && v->details[d].index == i
+                                                        ? &v->details[d] : NULL, s, i));
+            listed++;
+        }
+    } else {
+        for (size_t d = 0; d < v->ndetails; d++)
+            cJSON_AddItemToArray(shards, detail_json(m, &v->details[d], v->details[d].state,
+                                                     v->details[d].index));
+        omitted = v->counts[ST_RUNNING] + v->counts[ST_STALE] + v->counts[ST_FAILED] -
+                  v->ndetails;
+    }
+    json_add_int(o, "shards_omitted", (long long)omitted);
+    nodes = cJSON_AddObjectToObject(o, "nodes");
+    for (size_t i = 0; i < v->nnodes; i++) {
+        cJSON *n;
+
+        if (!v->nodes[i].done && !v->nodes[i].running && !v->nodes[i].stale)
+            continue;
+        n = cJSON_AddObjectToObject(nodes, v->nodes[i].name);
+        json_add_int(n, "done", (long long)v->nodes[i].done);
+        json_add_int(n, "running", (long long)v->nodes[i].running);
+        json_add_int(n, "stale", (long long)v->nodes[i].stale);
+    }
+    json_add_int(o, "total_rows", m->total_rows);
+    json_add_int(o, "rows_done", v->rows_done);
+    json_add_str(o, "ray_address", m->ray_address);
+    status_view_pace(v, &rate, &eta);
+    if (rate >= 0) {
+        json_add_float(o, "shards_per_sec", rate);
+        if (v->nshards)
+            json_add_float(o, "rows_per_sec",
+                           rate * (double)m->total_rows / (double)v->nshards);
+    }
+    if (eta >= 0)
+        json_add_float(o, "eta_secs", eta);
+    return o;
+}
+
+/* The order status_json_bound keeps: what needs attention first. */
+static bool
+needs_attention(const cJSON *x)
+{
+    const char *s = json_get_str(x, "status");
+
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "metadata_error")) ||
+           (s && (!strcmp(s, "running") || !strcmp(s, "stale") || !strcmp(s, "failed")));
+}
+
+void
+status_json_bound(cJSON *status, size_t max)
+{
+    cJSON *shards = cJSON_GetObjectItemCaseSensitive(status, "shards"), *keep, *x, *next;
+    size_t n = (size_t)cJSON_GetArraySize(shards), kept = 0;
+
+    if (!cJSON_IsArray(shards) || n <= max) {
+        json_add_int(status, "shards_omitted", 0);
+        return;
+    }
+    keep = cJSON_CreateArray();
+    for (int pass = 0; pass < 2; pass++)
+        for (x = shards->child; x && kept < max; x = next) {
+            next = x->next;
+            if (needs_attention(x) == (pass == 0)) {
+                cJSON_AddItemToArray(keep, cJSON_DetachItemViaPointer(shards, x));
+                kept++;
+            }
+        }
+    cJSON_ReplaceItemInObjectCaseSensitive(status, "shards", keep);
+    json_add_int(status, "shards_omitted", (long long)(n - kept));
 }

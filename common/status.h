@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include <cjson/cJSON.h>
 
@@ -64,5 +65,130 @@ cJSON *status_json(const struct manifest *m, const struct job_status *st);
 
 /* "pending=… running=… stale=… done=… failed=…" into out. */
 void status_counts_text(const struct job_status *st, struct buf *out);
+
+/* ---- views: a job's state kept up to date, step by step ---- */
+
+/* Shards a view details (locks, failures) and a bounded report lists. */
+#define STATUS_VIEW_DETAILS 1000
+
+/* A node named by the records: its shards done (terminal, accumulated)
+ * and the locks it holds in the last reading. */
+struct status_node {
+    char *name;
+    size_t done, running, stale;
+    size_t next_running, next_stale; /* of the reading in progress */
+};
+
+/* A shard the last reading details: a lock (running or stale) or a
+ * failed record. */
+struct status_detail {
+    size_t index;
+    enum shard_state state;
+    char *owner, *node, *error; /* NULL: not recorded */
+    long long pid;
+    bool has_pid;
+    double lock_age;
+    bool metadata_error;
+};
+
+/*
+ * What a daemon keeps of a job between status requests: one byte a shard
+ * and aggregates. Done records never change, so each is read once and
+ * summarised (its node, its completed_at and duration_secs); the states
+ * come from listings of state/done, state/failed and state/locks, made a
+ * bounded piece at a time (status_view_step), so that a reading of a
+ * 100,000-shard job never holds an event loop for long. The counts are
+ * those of the last reading whose listings are complete, taken at
+ * read_wall; the done records it found new are summarised after that.
+ */
+struct status_view {
+    size_t nshards;
+    ino_t ino;                /* the job directory's inode, checked at each
+                                 reading (0: not checked) */
+    unsigned char *bits;      /* per shard (status.c) */
+    bool valid;               /* a reading was completed */
+    double read_wall;         /* wall-clock time its listings started */
+    size_t counts[ST__COUNT];
+    long long rows_done;      /* input rows of the done shards */
+    size_t summarised;        /* done records read (the last reading's or before) */
+    size_t unreadable;        /* of them, those that could not be parsed */
+    double first_start, last_end; /* epoch seconds over the summarised records; 0: none */
+    double dur_sum;           /* sum of their duration_secs ... */
+    size_t dur_n;             /* ... over this many */
+    struct status_node *nodes;
+    size_t nnodes;
+    /* the "hostname" and "node" of each summarised done record, as
+     * indices + 1 into names (0: none), for a listing with --all */
+    unsigned short *host, *node;
+    char **names;
+    size_t nnames;
+    struct status_detail *details; /* the last reading's, by shard index */
+    size_t ndetails;
+    /* the reading in progress */
+    int phase;                /* 0: none */
+    int jobfd;
+    void *dir;                /* DIR * of the listing in progress */
+    size_t cursor;
+    double start_wall;
+    long long lock_timeout;
+    size_t nrunning, nstale;
+    struct status_detail *next_details;
+    size_t next_ndetails;
+};
+
+/* An empty view of m's shards (no reading yet). status_view_free frees. */
+void status_view_init(struct status_view *v, const struct manifest *m);
+void status_view_free(struct status_view *v);
+
+/*
+ * Goes on with the reading of m's directory into v (starting one when
+ * none is in progress) for about budget units of work (a directory entry
+ * is one, a record read is 16 plus one per 4 KiB of it). lock_timeout as status_compute. v's counts
+ * change once the listings are complete; returns 1 when the new done
+ * records are summarised too, 0 when work remains, or a negative errno with err set (the reading is abandoned; v
+ * keeps the last complete one). The caller runs it with the job owner's
+ * identity.
+ */
+int status_view_step(struct status_view *v, const struct manifest *m, long long lock_timeout,
+                     size_t budget, struct esd_err *err);
+
+/* Abandons the reading in progress, if any. */
+void status_view_abort(struct status_view *v);
+
+/*
+ * The fleet's pace from the summarised done records: with durations and
+ * running shards, running / mean duration shards a second; else the done
+ * shards over the span from the first one's start to the last one's end.
+ * *ret_rate -1 when unknown; *ret_eta (seconds) -1 when unknown, 0 when
+ * nothing remains.
+ */
+void status_view_pace(const struct status_view *v, double *ret_shards_per_sec,
+                      double *ret_eta);
+
+/*
+ * The status object of a job from its view (caller deletes): the fields of
+ * status_json (total, counts, complete, terminal, merge, nodes, total_rows,
+ * rows_done, ray_address) plus "read_at" (the reading's time), "read_age_secs"
+ * (now - read_wall), "shards_per_sec", "rows_per_sec", "eta_secs" and
+ * "source": "view". "shards" is bounded: every shard of a job of at most
+ * STATUS_VIEW_DETAILS shards; of a larger one, with all the first
+ * STATUS_VIEW_DETAILS in manifest order, without it the detailed shards
+ * (locks and failures, at most STATUS_VIEW_DETAILS); "shards_omitted"
+ * counts what was left out.
+ */
+cJSON *status_view_json(const struct status_view *v, const struct manifest *m, bool all);
+
+/* Cuts the "shards" list of a status_json object down to at most max
+ * entries, keeping running, stale, failed and unreadable ones first, and
+ * records "shards_omitted". */
+void status_json_bound(cJSON *status, size_t max);
+
+/* The "merge" member of status_json (the finalize election's word), into o. */
+void status_merge_json(const struct manifest *m, cJSON *o);
+
+/* Seconds since the epoch of an ISO 8601 time as Python's isoformat()
+ * writes it ("2026-12-01T13:58:07.123456+00:00", "Z", no zone: UTC);
+ * -1 if malformed. */
+double status_parse_time(const char *s);
 
 #endif

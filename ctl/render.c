@@ -216,6 +216,38 @@ merge_line(const cJSON *m)
         printf("  the merge failed on node %s: %s\n", str(m, "node"), str(m, "error"));
 }
 
+/* " (as of N s ago)" for a reading esd took JOBVIEW_FRESH_SECS (2 s) or
+ * more ago (its "read_age_secs"), else "". The text is static: one at a time. */
+static const char *
+age_note(const cJSON *x)
+{
+    static char out[48];
+    double age;
+
+    out[0] = '\0';
+    if (json_get_num(x, "read_age_secs", &age) == 0 && age >= 2.0)
+        snprintf(out, sizeof(out), " (as of %.0f s ago)", age);
+    return out;
+}
+
+/* Rows a second and the time left, when esd's view of the job knows them. */
+static void
+pace_line(const cJSON *res)
+{
+    char rate[32], eta[32];
+    double v;
+
+    if (json_get_num(res, "rows_per_sec", &v) < 0)
+        return;
+    out_count(v, rate);
+    printf("  %s rows/s", rate);
+    if (json_get_num(res, "eta_secs", &v) == 0 && v > 0) {
+        fmt_duration(v, eta);
+        printf(", about %s left", eta);
+    }
+    printf(" (from the done shards' durations)\n");
+}
+
 static int
 render_job_status(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -229,14 +261,19 @@ render_job_status(struct call *c, const cJSON *args, const cJSON *res)
     printf("Job %s: executor=ray ray_address=%s total=%lld %s\n", str(res, "job_id"),
            str(res, "ray_address"), num(res, "total"), b.p);
     buf_free(&b);
-    printf("  %lld of %lld shards done, %lld of %lld input rows%s\n", num(counts, "done"),
+    printf("  %lld of %lld shards done, %lld of %lld input rows%s%s\n", num(counts, "done"),
            num(res, "total"), num(res, "rows_done"), num(res, "total_rows"),
            flag(res, "complete")   ? "; complete"
            : flag(res, "terminal") ? "; terminal with failures"
-                                   : "");
+                                   : "",
+           age_note(res));
+    pace_line(res);
     merge_line(cJSON_GetObjectItemCaseSensitive(res, "merge"));
     nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
     shards_table(c, args, res);
+    if (num(res, "shards_omitted") > 0)
+        printf("  (%lld more shards not listed; esctl status --local --json lists every one)\n",
+               num(res, "shards_omitted"));
     return op_status_exit(res);
 }
 
@@ -263,7 +300,8 @@ render_daemon_status(struct call *c, const cJSON *res)
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(d, sizeof(d), "-");
         else
-            snprintf(d, sizeof(d), "%lld/%lld", num(x, "done"), num(x, "shards"));
+            snprintf(d, sizeof(d), "%lld/%lld%s", num(x, "done"), num(x, "shards"),
+                     age_note(x));
         snprintf(h, sizeof(h), "%lld done, %lld running", num(x, "done_here"),
                  num(x, "running_here"));
         table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"),
@@ -371,7 +409,8 @@ render_list(struct call *c, const cJSON *args, const cJSON *res)
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(done, sizeof(done), "-");
         else
-            snprintf(done, sizeof(done), "%lld/%lld", num(x, "done"), num(x, "shards"));
+            snprintf(done, sizeof(done), "%lld/%lld%s%s", num(x, "done"), num(x, "shards"),
+                     num(x, "failed") ? " !" : "", age_note(x));
         if (json_get_num(x, "rows_per_sec", &v) == 0)
             out_count(v, rate);
         if (json_get_num(x, "eta_secs", &v) == 0)

@@ -24,6 +24,7 @@
 #include "finalize.h"
 #include "helper.h"
 #include "jobs.h"
+#include "jobview.h"
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
@@ -153,6 +154,7 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
     sched_reconfigure(next);
     opchild_reconfigure(next);
     metrics_reconfigure(next);
+    jobview_reconfigure(next);
     ctl_reconfigure(next);
     log_set_level(next->log_level);
     M.conf = next;
@@ -294,6 +296,7 @@ main(int argc, char **argv)
     finalize_init(M.loop, M.conf);
     opchild_init(M.loop, M.conf);
     metrics_init(M.loop, M.conf);
+    jobview_init(M.loop, M.conf);
     sched_init(M.loop, M.conf);
     ctl_set_status(sched_status_json);
     log_notice(NULL, "esd %s started: node %s, %ld slot(s), ray %s, state in %s, socket %s",
@@ -307,6 +310,7 @@ main(int argc, char **argv)
     ctl_fini();
     opchild_fini();
     metrics_fini();
+    jobview_fini();
     sched_fini();
     finalize_fini();
     runner_fini();

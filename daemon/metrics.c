@@ -12,6 +12,7 @@
 
 #include "fsutil.h"
 #include "jobs.h"
+#include "jobview.h"
 #include "log.h"
 #include "proto.h"
 #include "ray.h"
@@ -115,25 +116,61 @@ metrics_render(void)
     buf_printf(&b, "esd_attempts_running %zu\n", runner_count());
 
     help(&b, "esd_job_shards", "gauge",
-         "shards of each job by state, as this node sees them (remaining: neither done nor "
-         "failed)");
+         "shards of each job by state, read from its job directory (the same on every node; "
+         "remaining: neither done nor failed)");
     for (struct job *j = jobs_first(); j; j = j->next) {
+        const struct status_view *v = jobview_get(j);
         size_t done, total, failed = j->loaded ? j->claimer.nfailed : 0;
         const char *id = j->loaded ? j->m.job_id : j->key;
-        const char *st[] = { "done", "failed", "remaining" };
-        size_t v[3];
+        const char *st[] = { "done", "failed", "remaining", "running", "stale", "pending" };
+        size_t val[6];
+        int n = 3;
 
         jobs_progress(j, &done, &total);
-        v[0] = done;
-        v[1] = failed;
-        v[2] = total >= done + failed ? total - done - failed : 0;
-        for (int k = 0; k < 3; k++) {
+        if (v) {
+            done = v->counts[ST_DONE];
+            failed = v->counts[ST_FAILED];
+            val[3] = v->counts[ST_RUNNING];
+            val[4] = v->counts[ST_STALE];
+            val[5] = v->counts[ST_PENDING];
+            n = 6;
+        }
+        val[0] = done;
+        val[1] = failed;
+        val[2] = total >= done + failed ? total - done - failed : 0;
+        for (int k = 0; k < n; k++) {
             buf_puts(&b, "esd_job_shards{job=");
             label(&b, id);
             buf_puts(&b, ",state=");
             label(&b, st[k]);
-            buf_printf(&b, "} %zu\n", v[k]);
+            buf_printf(&b, "} %zu\n", val[k]);
         }
+    }
+    help(&b, "esd_job_status_age_seconds", "gauge",
+         "age of the reading of each job's directory that esd_job_shards shows");
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        const struct status_view *v = jobview_get(j);
+
+        if (!v)
+            continue;
+        buf_puts(&b, "esd_job_status_age_seconds{job=");
+        label(&b, j->m.job_id);
+        buf_printf(&b, "} %.1f\n", jobview_age(v));
+    }
+    help(&b, "esd_job_eta_seconds", "gauge",
+         "estimated time to each active job's last shard, from its done records' durations");
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        const struct status_view *v = jobview_get(j);
+        double rate, eta;
+
+        if (!v || (j->state != JOB_ACTIVE && j->state != JOB_DRAINING))
+            continue;
+        status_view_pace(v, &rate, &eta);
+        if (eta < 0)
+            continue;
+        buf_puts(&b, "esd_job_eta_seconds{job=");
+        label(&b, j->m.job_id);
+        buf_printf(&b, "} %.0f\n", eta);
     }
     help(&b, "esd_job_state", "gauge", "1 for each job's state on this node");
     for (struct job *j = jobs_first(); j; j = j->next) {

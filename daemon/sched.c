@@ -17,6 +17,7 @@
 #include "finalize.h"
 #include "fsutil.h"
 #include "jobs.h"
+#include "jobview.h"
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
@@ -468,8 +469,21 @@ status_line(void)
             free(name);
             continue;
         }
-        buf_printf(&b, "%s job %s %zu/%zu done%s", shown == 1 ? ";" : ",", j->m.job_id, done,
-                   total, j->state == JOB_FINALIZING ? " (merging)" : "");
+        /* the job directory's counts (jobview.h), the same on every node */
+        const struct status_view *v = jobview_get(j);
+        char age[48] = "";
+
+        if (v) {
+            done = v->counts[ST_DONE];
+            jobview_age_text(v, age);
+        }
+        buf_printf(&b, "%s job %s %zu/%zu done", shown == 1 ? ";" : ",", j->m.job_id, done,
+                   total);
+        if (v && v->counts[ST_FAILED])
+            buf_printf(&b, ", %zu failed", v->counts[ST_FAILED]);
+        if (v && v->counts[ST_RUNNING])
+            buf_printf(&b, ", %zu running", v->counts[ST_RUNNING]);
+        buf_printf(&b, "%s%s", age, j->state == JOB_FINALIZING ? " (merging)" : "");
     }
     if (!shown)
         buf_puts(&b, "; no active job");
@@ -481,6 +495,13 @@ status_line(void)
     buf_printf(&b, "; ray %s", ray_state_name());
     notify_status("%s", b.p);
     buf_free(&b);
+}
+
+void
+sched_status_refresh(void)
+{
+    if (S.conf)
+        status_line();
 }
 
 cJSON *
@@ -503,7 +524,7 @@ sched_status_json(void)
     if (addr)
         json_add_str(ray, "address", addr);
     json_add_int(ray, "restarts", (long long)ray_restarts());
-    cJSON_AddItemToObject(o, "jobs", jobs_status_json());
+    cJSON_AddItemToObject(o, "jobs", jobview_jobs_json());
     cJSON_AddItemToObject(o, "attempts", runner_status_json());
     return o;
 }

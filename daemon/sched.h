@@ -44,5 +44,7 @@ bool sched_held(void);
 void sched_check_cancelled(void);
 /* The daemon's status for the control socket (caller owns it). */
 cJSON *sched_status_json(void);
+/* Sends the STATUS= line again (a job's view changed). */
+void sched_status_refresh(void);
 
 #endif

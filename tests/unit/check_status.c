@@ -619,6 +619,200 @@ START_TEST(test_job_id_defaults_to_dir_name)
 }
 END_TEST
 
+/* ---- views ---- */
+
+/* Runs a reading of V to its end in steps of budget; returns the steps. */
+static int
+view_read(struct status_view *v, size_t budget)
+{
+    struct esd_err err;
+    int r, steps = 0;
+
+    while ((r = status_view_step(v, &M, 0, budget, &err)) == 0)
+        steps++;
+    ck_assert_msg(r == 1, "%s", err.msg);
+    return steps + 1;
+}
+
+/* A done record with esd's fields: node, completed_at, duration_secs. */
+static void
+put_done_timed(size_t i, const char *node, const char *at, double secs)
+{
+    char *text = xasprintf("{\"shard_id\": \"%s\", \"status\": \"done\", \"hostname\": \"h\", "
+                           "\"node\": \"%s\", \"completed_at\": \"%s\", \"duration_secs\": %g}",
+                           id(i), node, at, secs);
+
+    put_raw("done", i, ".json", text);
+    free(text);
+}
+
+START_TEST(test_view_counts_match_status_compute)
+{
+    struct status_view v;
+    struct job_status st;
+
+    put_done(0, "a");
+    put_failed(1, "boom");
+    put_lock(2, "c", 7, 60, 1);
+    status_view_init(&v, &M);
+    ck_assert(!v.valid);
+    /* a budget of 1: many steps, the same result */
+    ck_assert_int_gt(view_read(&v, 1), 3);
+    st = compute(0, false);
+    ck_assert(v.valid);
+    for (int k = 0; k < ST__COUNT; k++)
+        ck_assert_uint_eq(v.counts[k], st.counts[k]);
+    ck_assert_uint_eq(v.counts[ST_RUNNING], 1);
+    ck_assert_int_eq(v.rows_done, M.shards[0].rows);
+    ck_assert_uint_eq(v.ndetails, 2); /* the failure and the lock */
+    ck_assert_str_eq(v.details[0].error, "boom");
+    ck_assert_int_eq(v.details[1].pid, 7);
+    status_free(&st);
+    status_view_free(&v);
+}
+END_TEST
+
+START_TEST(test_view_reads_done_records_once)
+{
+    struct status_view v;
+
+    put_done_timed(0, "n1", "2026-12-01T10:00:10.000000+00:00", 10);
+    status_view_init(&v, &M);
+    view_read(&v, 1000);
+    ck_assert_uint_eq(v.summarised, 1);
+    ck_assert_uint_eq(v.nnodes, 1);
+    ck_assert_uint_eq(v.nodes[0].done, 1);
+    /* a record that changed under the same name is not read again (done
+     * records are terminal), a new one is */
+    put_raw("done", 0, ".json", "not json");
+    put_done_timed(1, "n2", "2026-12-01T10:00:30Z", 10);
+    view_read(&v, 1000);
+    ck_assert_uint_eq(v.summarised, 2);
+    ck_assert_uint_eq(v.unreadable, 0);
+    ck_assert_uint_eq(v.counts[ST_DONE], 2);
+    ck_assert_uint_eq(v.nnodes, 2);
+    /* the span: from 10:00:00 (the first start) to 10:00:30 */
+    ck_assert(v.first_start + 30 == v.last_end);
+    status_view_free(&v);
+}
+END_TEST
+
+START_TEST(test_view_pace_from_durations)
+{
+    struct status_view v;
+    double rate, eta;
+
+    status_view_init(&v, &M);
+    view_read(&v, 1000);
+    status_view_pace(&v, &rate, &eta);
+    ck_assert(rate < 0 && eta < 0); /* nothing done: unknown */
+    /* one shard done in 100 s, one running: 1/100 shards a second, two
+     * shards left (the running one and the pending one) */
+    put_done_timed(0, "n1", "2026-12-01T10:00:00Z", 100);
+    put_lock(1, "h", 1, 60, 0);
+    view_read(&v, 1000);
+    status_view_pace(&v, &rate, &eta);
+    ck_assert_double_eq_tol(rate, 0.01, 1e-9);
+    ck_assert_double_eq_tol(eta, 200, 1e-6);
+    status_view_free(&v);
+}
+END_TEST
+
+START_TEST(test_view_keeps_last_reading_while_reading)
+{
+    struct status_view v;
+    struct esd_err err;
+
+    put_done(0, "a");
+    status_view_init(&v, &M);
+    view_read(&v, 1000);
+    put_done(1, "a");
+    /* a reading in progress does not change what is shown */
+    ck_assert_int_eq(status_view_step(&v, &M, 0, 1, &err), 0);
+    ck_assert_uint_eq(v.counts[ST_DONE], 1);
+    view_read(&v, 1000);
+    ck_assert_uint_eq(v.counts[ST_DONE], 2);
+    status_view_free(&v);
+}
+END_TEST
+
+START_TEST(test_view_refuses_another_directory)
+{
+    struct status_view v;
+    struct esd_err err;
+
+    status_view_init(&v, &M);
+    v.ino = 1; /* not the job directory's */
+    ck_assert_int_eq(status_view_step(&v, &M, 0, 1000, &err), -ESTALE);
+    ck_assert(!v.valid);
+    status_view_free(&v);
+}
+END_TEST
+
+START_TEST(test_view_json_bounded_and_dated)
+{
+    struct status_view v;
+    cJSON *j, *all;
+    long long n;
+
+    put_done(0, "host-a");
+    put_failed(1, "boom");
+    status_view_init(&v, &M);
+    view_read(&v, 1000);
+    j = status_view_json(&v, &M, false);
+    /* a job this small: every shard, even without all */
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "shards")), 3);
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 1),
+                                  "error"), "boom");
+    ck_assert_ptr_nonnull(json_get_str(j, "read_at"));
+    ck_assert_ptr_nonnull(cJSON_GetObjectItem(j, "read_age_secs"));
+    ck_assert_int_eq(json_get_int(cJSON_GetObjectItem(j, "counts"), "failed", &n), 0);
+    ck_assert_int_eq(n, 1);
+    all = status_view_json(&v, &M, true);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(all, "shards")), 3);
+    /* a done shard's owner comes from its record, read once */
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(all, "shards"), 0),
+                                  "owner"), "host-a");
+    cJSON_Delete(j);
+    cJSON_Delete(all);
+    status_view_free(&v);
+}
+END_TEST
+
+START_TEST(test_json_bound_keeps_attention_first)
+{
+    struct job_status st;
+    cJSON *j;
+    long long n;
+
+    put_done(0, "a");
+    put_failed(2, "boom");
+    st = compute(0, true);
+    j = status_json(&M, &st);
+    status_json_bound(j, 1);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "shards")), 1);
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 0),
+                                  "status"), "failed");
+    ck_assert_int_eq(json_get_int(j, "shards_omitted", &n), 0);
+    ck_assert_int_eq(n, 2);
+    cJSON_Delete(j);
+    status_free(&st);
+}
+END_TEST
+
+START_TEST(test_parse_time)
+{
+    ck_assert(status_parse_time("1970-01-01T00:01:00+00:00") == 60);
+    ck_assert(status_parse_time("1970-01-01T01:00:00.5+01:00") == 0.5);
+    ck_assert(status_parse_time("1970-01-01T00:00:02Z") == 2);
+    ck_assert(status_parse_time("1970-01-01T00:00:02") == 2);
+    ck_assert(status_parse_time("yesterday") < 0);
+    ck_assert(status_parse_time("1970-13-01T00:00:02") < 0);
+    ck_assert(status_parse_time("1970-01-01T00:00:02 junk") < 0);
+    ck_assert(status_parse_time(NULL) < 0);
+}
+END_TEST
+
 static Suite *
 status_suite(void)
 {
@@ -644,6 +838,14 @@ status_suite(void)
     tcase_add_test(tc, test_status_json_pending_null_error_and_metadata_error);
     tcase_add_test(tc, test_status_json_complete);
     tcase_add_test(tc, test_job_id_defaults_to_dir_name);
+    tcase_add_test(tc, test_view_counts_match_status_compute);
+    tcase_add_test(tc, test_view_reads_done_records_once);
+    tcase_add_test(tc, test_view_pace_from_durations);
+    tcase_add_test(tc, test_view_keeps_last_reading_while_reading);
+    tcase_add_test(tc, test_view_refuses_another_directory);
+    tcase_add_test(tc, test_view_json_bounded_and_dated);
+    tcase_add_test(tc, test_json_bound_keeps_attention_first);
+    tcase_add_test(tc, test_parse_time);
     suite_add_tcase(s, tc);
     return s;
 }
