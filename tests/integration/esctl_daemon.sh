@@ -266,6 +266,12 @@ check "submit as the owner" 0 "Submitted $J1 (key " ""
 [[ $OUT =~ \(key\ [0-9a-f]{16}\)\ →\ output\ $J1/merged.jsonl ]] || fail "submit names key and output" "$OUT"
 ok "submit: a 16-digit key, the default output"
 example "esctl submit DIR"
+# (esd loads a submitted job in a helper: its row shows "-" until then)
+j1_listed() {
+    run "$ESCTL" list
+    grep -Eq "^j1 +(active|finalizing|complete) +[0-4]/4 .*$J1\$" <<<"$OUT"
+}
+wait_for "list shows j1 loaded" 20 j1_listed
 run "$ESCTL" list
 check "list shows the job" 0 "JOB" "" 
 [[ $OUT == *DONE/TOTAL*ROWS/S*ETA*DIRECTORY* ]] || fail "list's header" "$OUT"
