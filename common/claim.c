@@ -724,7 +724,9 @@ dir_listed(struct claimer *c, int k, const struct timespec *mtime, double now)
     d->mtime = *mtime;
     d->listed = true;
     d->at = time_mono();
-    d->unsettled = now - ts_secs(mtime) < 1.0;
+    /* (a whole second where the timestamps have no fraction: ext3, some
+     * servers; else a few jiffies) */
+    d->unsettled = now - ts_secs(mtime) < (mtime->tv_nsec ? 0.1 : 1.0);
 }
 
 /* Lists state/locks: a lock gone since (released, or its shard ended) is
