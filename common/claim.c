@@ -729,18 +729,28 @@ dir_listed(struct claimer *c, int k, const struct timespec *mtime, double now)
     d->unsettled = now - ts_secs(mtime) < (mtime->tv_nsec ? 0.1 : 1.0);
 }
 
-/* Lists state/locks: a lock gone since (released, or its shard ended) is
- * forgotten; a shard listed is one whose lock must be judged. */
+/*
+ * Lists state/locks: a lock gone since (released, or its shard ended) is
+ * forgotten; a shard listed is one whose lock must be judged. A lock that
+ * appeared since the last listing was made since: it is not looked at
+ * before one of our own leases (most shards end before that, and their
+ * locks are never read), so that judging locks costs a node nothing per
+ * shard that other nodes run.
+ */
 static int
-list_locks(struct claimer *c, struct esd_err *err)
+list_locks(struct claimer *c, double now, struct esd_err *err)
 {
     size_t n = c->m->nshards;
     bool *present = xcalloc(n, sizeof(bool));
+    bool first = !c->dirs[D_LOCKS].listed;
     int r;
 
     c->stats.ops++;
     if ((r = manifest_list_state(c->m, "locks", ".lock", present, err)) == 0)
         for (size_t i = 0; i < n; i++) {
+            if (!first && present[i] && !c->locked[i] && c->known[i] == K_UNKNOWN &&
+                c->fresh_until[i] <= now)
+                c->fresh_until[i] = now + (double)c->lease_secs;
             if (c->locked[i] && !present[i] && c->known[i] == K_UNKNOWN) {
                 c->woken++;
                 c->fresh_until[i] = 0;
@@ -817,7 +827,7 @@ follow_dirs(struct claimer *c, double now, bool eager, struct esd_err *err)
             d->unsettled = true; /* (listed at the next pass that may) */
             continue;
         }
-        r = k == D_LOCKS ? list_locks(c, err) : list_terminal(c, k, err);
+        r = k == D_LOCKS ? list_locks(c, now, err) : list_terminal(c, k, err);
         if (r < 0)
             return r;
         dir_listed(c, k, &mt, now);

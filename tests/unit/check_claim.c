@@ -1535,7 +1535,7 @@ START_TEST(test_cancelled_job_claims_nothing)
     struct claimer c;
     struct claim cl;
     struct claim_idle idle;
-    char *marker = job_path("state/esd/cancelled.json");
+    char *marker = job_path("state/esd/cancelled.json"), *attempts = job_path("attempts");
 
     free(tu_write(M.job_dir, "state/esd/cancelled.json", "{\"node\": \"x\"}\n", (size_t)-1));
     claimer(&c, "node-a", 60, 0);
@@ -1543,7 +1543,7 @@ START_TEST(test_cancelled_job_claims_nothing)
     ck_assert(idle.cancelled);
     ck_assert(!idle.more && !idle.complete);
     ck_assert_int_eq(count_in("state/locks"), 0);
-    ck_assert(!tu_exists(job_path("attempts")) || count_in("attempts") == 0);
+    ck_assert(!tu_exists(attempts) || count_in("attempts") == 0);
     ck_assert_uint_eq(c.stats.locks_created, 0);
     ck_assert_int_eq(unlink(marker), 0);
     ck_assert_int_eq(acquire(&c, &cl, &idle), 1);
@@ -1551,6 +1551,7 @@ START_TEST(test_cancelled_job_claims_nothing)
     claim_free(&cl);
     claimer_free(&c);
     free(marker);
+    free(attempts);
 }
 END_TEST
 
