@@ -27,11 +27,13 @@
  * again soon, it resumes there), so one call is bounded work whatever the
  * number of shards and nodes.
  *
- * Idle. A pass that claims nothing reports in claim_idle.min_secs how long
- * to wait so that the claimer makes at most CLAIM_IDLE_RATE shared
- * metadata operations a second; foreign locks are looked at again only
- * when their cached lease could have ended, at most CLAIM_JUDGE_RATE a
- * second (burst CLAIM_JUDGE_BURST), earliest first.
+ * Idle. A pass that claimed nothing reports in claim_idle.min_secs how
+ * long to wait so that its own shared metadata operations (the cancel
+ * marker, the directories, listings) keep to CLAIM_IDLE_RATE a second;
+ * foreign locks are looked at again only when their cached lease could
+ * have ended, at most CLAIM_JUDGE_RATE a second (burst CLAIM_JUDGE_BURST). A lock that appeared between two
+ * listings of state/locks is not looked at before one of our own leases:
+ * most shards end first, so their locks are never read by other nodes.
  *
  * Cancel. Every pass, and every claim again once its lock is held and
  * before its attempt starts, stats state/esd/cancelled.json (esctl cancel
@@ -139,7 +141,7 @@ struct claim_idle {
     bool complete;         /* every shard done */
     bool terminal;         /* every shard done or failed */
     double next_secs;      /* when a fresh lock could turn stale; -1: unknown */
-    double min_secs;       /* wait at least this long (CLAIM_IDLE_RATE) */
+    double min_secs;       /* wait at least this long (CLAIM_IDLE_RATE), or a poll */
     bool more;             /* the pass stopped at its budget: call again soon */
     bool cancelled;        /* the job is cancelled on every node */
 };

@@ -447,7 +447,7 @@ worker_run(struct call *c)
                 wait = idle.next_secs + 0.05;
             wait *= 0.8 + 0.4 * ((double)rand() / RAND_MAX);
             if (wait < idle.min_secs)
-                wait = idle.min_secs;
+                wait = idle.min_secs < poll_secs ? idle.min_secs : poll_secs;
             printf("No shard claim available; done=%zu failed=%zu busy=%zu. Waiting %.1fs...\n",
                    idle.done, idle.failed, idle.busy, wait);
             fflush(stdout);

@@ -141,7 +141,9 @@ job_idle(struct job *j, double now)
     if (j->idle.next_secs >= 0 && j->idle.next_secs + 0.05 < wait)
         wait = j->idle.next_secs + 0.05;
     wait = jitter(wait);
-    j->next_claim = now + (wait > j->idle.min_secs ? wait : j->idle.min_secs);
+    if (wait < j->idle.min_secs)
+        wait = fmin(j->idle.min_secs, (double)S.conf->poll_interval_secs);
+    j->next_claim = now + wait;
 }
 
 static void

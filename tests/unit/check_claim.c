@@ -5,8 +5,10 @@
  * many claimers, stale takeover by lease or by the reference's lock
  * timeout and the fencing of the old owner, heartbeats, release, the
  * "retry limit reached before claim" record, the re-check of results
- * published under a primed cache, and a requeued shard seen by an idle
- * claimer. Every fixture is a real job made by prepare_run; locks are aged
+ * published under a primed cache, a requeued shard seen by an idle
+ * claimer, and what claims cost (issue 12): no lock made for a shard done
+ * elsewhere, a bounded pass, a cheap idle pass, no claim of a job cancelled
+ * everywhere, no takeover on an absurd lock mtime alone. Every fixture is a real job made by prepare_run; locks are aged
  * with utimensat, never by waiting.
  */
 #include <check.h>
