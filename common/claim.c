@@ -853,7 +853,6 @@ struct pass {
     double until;    /* monotonic end of the pass's time */
     int budget;      /* shards that may still cost a syscall */
     bool starved;    /* a lock to judge waits for a token */
-    unsigned long long judge_ops; /* operations of judgements (paid by tokens) */
     bool stopped;    /* budget or time used up */
 };
 
@@ -899,11 +898,9 @@ sweep(struct claimer *c, int phase, struct pass *p, struct claim *ret, struct es
         }
         if (phase == 0) {
             char *path = manifest_state_path(m, "locks", m->shards[i].id, ".lock");
-            unsigned long long ops = c->stats.ops;
 
             c->tokens -= 1.0;
             r = judge_lock(c, i, path, p->now, err);
-            p->judge_ops += c->stats.ops - ops;
             free(path);
             if (r < 0)
                 return r;
@@ -991,8 +988,7 @@ claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
         if (c->woken != woken)
             p.stopped = true;
     }
-    /* (judgements are paid by their own tokens) */
-    idle_report(c, &p, c->stats.ops - ops0 - p.judge_ops, idle);
+    idle_report(c, &p, c->stats.ops - ops0, idle);
     return 0;
 }
 

@@ -28,9 +28,9 @@
  * number of shards and nodes.
  *
  * Idle. A pass that claimed nothing reports in claim_idle.min_secs how
- * long to wait so that its own shared metadata operations (the cancel
- * marker, the directories, listings) keep to CLAIM_IDLE_RATE a second;
- * foreign locks are looked at again only when their cached lease could
+ * long to wait so that its shared metadata operations keep to
+ * CLAIM_IDLE_RATE a second (callers wait no longer than a poll); foreign
+ * locks are looked at again only when their cached lease could
  * have ended, at most CLAIM_JUDGE_RATE a second (burst CLAIM_JUDGE_BURST). A lock that appeared between two
  * listings of state/locks is not looked at before one of our own leases:
  * most shards end first, so their locks are never read by other nodes.
@@ -175,8 +175,8 @@ int claimer_now(struct claimer *c, double *ret_now, struct esd_err *err);
 /* Shared metadata operations a second of a claimer that claims nothing. */
 #define CLAIM_IDLE_RATE 1.0
 /* Judgements of foreign locks whose cached lease ran out: rate, burst. */
-#define CLAIM_JUDGE_RATE 0.5
-#define CLAIM_JUDGE_BURST 16.0
+#define CLAIM_JUDGE_RATE 0.4
+#define CLAIM_JUDGE_BURST 4.0
 /* A directory listed less than this ago is not listed again in a pass
  * that may still claim (the shard's done record is stat'ed instead). */
 #define CLAIM_RELIST_SECS 2.0

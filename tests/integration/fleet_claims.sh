@@ -72,7 +72,7 @@ ok "one done record per shard, attempt 1, one attempt dir each"
 # (a node that lost the election learns the merge's end at its own poll)
 ended() { [[ " finalizing complete " == *" $(job_state "$1" "$2") "* ]]; }
 for n in "${NODES[@]}"; do
-    wait_for "node $n saw every shard of job a done" 10 ended "$n" "$JA"
+    wait_for "node $n saw every shard of job a done within a poll" 35 ended "$n" "$JA"
 done
 created=0
 claimed=0
