@@ -2,15 +2,19 @@
  * claim: the claim pass, stale takeover, heartbeats and fences.
  *
  * Syscall budget of one claim of a pending shard (first attempt): the
- * O_EXCL create, write, fsync and fstat of the lock (5, close included),
- * the attempts listing (1), the re-check of the done and failed records
- * (2), two mkdirs and attempt.json (6); the server clock (2) only every
+ * stat of the cancel marker and the fresh fstat of state/locks, state/done
+ * and state/failed (4, each directory listed again only when it changed),
+ * the stat of its done record (1), the O_EXCL create, write, fsync and
+ * fstat of the lock (5, close included), the cancel marker again (1), the
+ * attempts listing (1), the re-check of the done and failed records (2),
+ * two mkdirs and attempt.json (6); the server clock (2) only every
  * CLAIM_CLOCK_RESYNC seconds or near a lease's end. Known-terminal shards
- * and locks known to be fresh cost nothing. Every lease/4 the locks are
- * listed and those that could have turned stale are looked at first, so a
- * dead node's shard is taken over about one lease after its last
- * heartbeat: 4 syscalls for a lock seen for the first time, 1 (a stat)
- * after that.
+ * and locks known to be fresh cost nothing; a shard done elsewhere since
+ * the last listing of state/done costs the stat of its done record. The
+ * locks that could have turned stale are looked at first (within
+ * CLAIM_JUDGE_RATE), so a dead node's shard is taken over about one lease
+ * after its last heartbeat: 4 syscalls for a lock seen for the first time,
+ * 1 (a stat) after that.
  */
 #include "claim.h"
 
@@ -29,6 +33,9 @@
 #include "json.h"
 
 enum { K_UNKNOWN, K_DONE, K_FAILED, K_MINE };
+enum { D_LOCKS, D_DONE, D_FAILED };
+static const char *const dir_kind[] = { "locks", "done", "failed" };
+static const char *const dir_suffix[] = { ".lock", ".json", ".json" };
 
 /* Largest lock file worth reading. */
 #define LOCK_MAX 65536
@@ -76,6 +83,10 @@ claimer_init(struct claimer *c, const struct manifest *m, const struct claim_opt
     c->lock_ino = xcalloc(m->nshards, sizeof(*c->lock_ino));
     c->lock_dev = xcalloc(m->nshards, sizeof(*c->lock_dev));
     c->lock_threshold = xcalloc(m->nshards, sizeof(*c->lock_threshold));
+    c->locked = xcalloc(m->nshards, 1);
+    c->cancel_path = fs_join(m->job_dir, "state/esd/cancelled.json");
+    c->tokens = CLAIM_JUDGE_BURST;
+    c->tokens_at = time_mono();
     c->cursor = (size_t)(fnv1a(c->node) % m->nshards);
     /* A job prepared by the reference has no state/clock yet. */
     dir = fs_join(m->job_dir, "state/clock");
@@ -109,6 +120,8 @@ claimer_free(struct claimer *c)
     free(c->lock_ino);
     free(c->lock_dev);
     free(c->lock_threshold);
+    free(c->locked);
+    free(c->cancel_path);
     memset(c, 0, sizeof(*c));
     c->clock_fd = -1;
 }
@@ -126,6 +139,7 @@ claimer_now(struct claimer *c, double *ret_now, struct esd_err *err)
 
     /* UTIME_NOW makes the file server stamp its own time (on NFS a
      * SETATTR to server time); the reply's attributes carry it back. */
+    c->stats.ops += 2;
     if (fs_touch_fd(c->clock_fd) < 0 || fstat(c->clock_fd, &st) < 0)
         return err_sys(err, -errno, "Cannot read the server clock in %s/state/clock",
                        c->m->job_dir);
@@ -173,17 +187,60 @@ read_lock_fd(int fd)
 }
 
 /*
- * Remembers that shard i's lock is fresh until server time until, but
- * looks again after one of our own leases at the latest: the lock may be
- * released or the shard finish long before a reference lock (35 hours
- * without a lease) could turn stale, and an idle node must notice.
+ * Remembers that shard i's lock is fresh until server time until. Its
+ * release or the end of its shard is seen from the listings of state/locks
+ * and state/done when those change, so a fresh lock is not looked at again
+ * before its lease could have ended, however long (35 hours for a lock of
+ * the reference).
  */
 static void
 remember_fresh(struct claimer *c, size_t i, double now, double until)
 {
-    double cap = now + (double)c->lease_secs;
+    (void)now;
+    c->fresh_until[i] = until;
+}
 
-    c->fresh_until[i] = until < cap ? until : cap;
+/*
+ * The age of shard i's lock from its stat st, or, if its mtime is absurd
+ * (*suspect), the time this claimer has seen that mtime unchanged on that
+ * inode: 0 at the first sight. An absurd mtime alone never makes a lock
+ * stale (an NFSv3 exclusive create keeps its verifier there until the
+ * creator's SETATTR); the same mtime a whole lease later does.
+ */
+static double
+lock_age(struct claimer *c, size_t i, const struct stat *st, double now, bool *suspect)
+{
+    double mt = ts_secs(&st->st_mtim), mono = time_mono();
+    struct claim_suspect *free_e = NULL, *oldest = NULL;
+    size_t k;
+
+    *suspect = false;
+    if (mt <= now + CLAIM_MTIME_FUTURE && mt >= CLAIM_MTIME_FLOOR)
+        return now - mt;
+    *suspect = true;
+    for (k = 0; k < sizeof(c->suspects) / sizeof(c->suspects[0]); k++) {
+        struct claim_suspect *e = &c->suspects[k];
+
+        if (e->since > 0 && e->index == i) {
+            if (e->dev == st->st_dev && e->ino == st->st_ino &&
+                e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec)
+                return mono - e->since;
+            free_e = e; /* the same shard, another lock or mtime: start again */
+            break;
+        }
+        if (e->since <= 0 && !free_e)
+            free_e = e;
+        if (!oldest || e->since < oldest->since)
+            oldest = e;
+    }
+    if (!free_e)
+        free_e = oldest; /* (full: forgetting one only delays its takeover) */
+    free_e->index = i;
+    free_e->dev = st->st_dev;
+    free_e->ino = st->st_ino;
+    free_e->mtime = st->st_mtim;
+    free_e->since = mono;
+    return 0;
 }
 
 /* Seconds after which the lock described by j is stale. */
@@ -312,6 +369,7 @@ takeover(struct claimer *c, size_t i, const char *path, double now, const char *
     const char *attempt;
     char hex[33], *dest;
     double threshold, age;
+    bool suspect;
     int fd, r;
 
     fd = claim_fence(path, NULL, true, err);
@@ -326,9 +384,10 @@ takeover(struct claimer *c, size_t i, const char *path, double now, const char *
         claim_unfence(fd);
         return r;
     }
+    c->stats.ops += 3;
     j = read_lock_fd(fd);
     threshold = lock_threshold(c, j);
-    age = now - ts_secs(&st.st_mtim);
+    age = lock_age(c, i, &st, now, &suspect);
     if (own_token) {
         /* a lock of our own previous run: stale at any age, if it still
          * holds our token (else it is somebody else's now) */
@@ -383,13 +442,17 @@ judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd
 {
     struct stat st;
     double threshold, age;
+    bool suspect;
 
+    c->stats.ops++;
     if (stat(path, &st) < 0)
         return errno == ENOENT ? J_GONE : err_sys(err, -errno, "Cannot stat lock %s", path);
+    c->locked[i] = 1;
     if (st.st_ino != c->lock_ino[i] || st.st_dev != c->lock_dev[i] || !c->lock_threshold[i]) {
         int fd = fs_open_job(path, O_RDONLY, 0, 0, NULL, err);
         cJSON *j;
 
+        c->stats.ops++;
         if (fd == -ENOENT)
             return J_GONE;
         if (fd == -ELOOP || fd == -EINVAL) {
@@ -409,14 +472,14 @@ judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd
         cJSON_Delete(j);
     }
     threshold = c->lock_threshold[i];
-    age = now - ts_secs(&st.st_mtim);
-    if (age > threshold - CLAIM_CLOCK_MARGIN) {
+    age = lock_age(c, i, &st, now, &suspect);
+    if (!suspect && age > threshold - CLAIM_CLOCK_MARGIN) {
         /* Close to the end of the lease: decide on a fresh reading. */
         int r = claimer_now(c, &now, err);
 
         if (r < 0)
             return r;
-        age = now - ts_secs(&st.st_mtim);
+        age = lock_age(c, i, &st, now, &suspect);
     }
     if (age <= threshold) {
         remember_fresh(c, i, now, now + (threshold - age));
@@ -426,10 +489,11 @@ judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd
 }
 
 static bool
-exists(const char *path)
+exists(struct claimer *c, const char *path)
 {
     struct stat st;
 
+    c->stats.ops++;
     return stat(path, &st) == 0;
 }
 
@@ -508,12 +572,26 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     cl.lock_path = manifest_state_path(m, "locks", id, ".lock");
     cl.lease_secs = c->lease_secs;
     buf_init(&line);
+    done = manifest_state_path(m, "done", id, ".json");
+    failed = manifest_state_path(m, "failed", id, ".json");
+    /* Done elsewhere since state/done was listed: one stat, no lock. */
+    if (exists(c, done)) {
+        c->known[i] = K_DONE;
+        c->ndone++;
+        c->stats.passed_done++;
+        r = T_SKIP;
+        goto out;
+    }
     /* Create; if a lock is in the way, judge it and, once it is gone
      * (released, or taken over as stale), create again. */
     for (tries = 0;; tries++) {
+        c->stats.ops++;
         fd = open(cl.lock_path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0644);
-        if (fd >= 0)
+        if (fd >= 0) {
+            c->stats.locks_created++;
+            c->locked[i] = 1;
             break;
+        }
         if (errno != EEXIST) {
             r = err_sys(err, -errno, "Cannot create lock %s", cl.lock_path);
             goto out;
@@ -552,11 +630,17 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     cl.lock_ino = st.st_ino;
     close(fd);
     fd = -1;
+    c->stats.ops += 3;
+    /* Cancelled everywhere while this pass ran: the check closest to the
+     * start of the attempt, with the lock held. */
+    if (exists(c, c->cancel_path)) {
+        c->cancelled = true;
+        r = T_SKIP;
+        goto unlock;
+    }
     /* A result published between our cache and our lock wins. */
-    done = manifest_state_path(m, "done", id, ".json");
-    failed = manifest_state_path(m, "failed", id, ".json");
-    if (exists(done) || exists(failed)) {
-        c->known[i] = exists(done) ? K_DONE : K_FAILED;
+    if (exists(c, done) || exists(c, failed)) {
+        c->known[i] = exists(c, done) ? K_DONE : K_FAILED;
         *(c->known[i] == K_DONE ? &c->ndone : &c->nfailed) += 1;
         r = T_SKIP;
         goto unlock;
@@ -588,6 +672,8 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
         memcpy(cl.taken_from, c->taken_from, sizeof(cl.taken_from));
     }
     c->taken_valid = false;
+    c->stats.claimed++;
+    c->stats.ops += 4;
     *ret = cl;
     memset(&cl, 0, sizeof(cl));
     r = T_CLAIMED;
@@ -598,6 +684,7 @@ unlock:
         close(fd);
     fd = -1;
     unlink(cl.lock_path);
+    c->locked[i] = 0;
 out:
     if (fd >= 0)
         close(fd);
@@ -609,163 +696,311 @@ out:
     return r;
 }
 
-/* Learns the terminal shards from two listings (once per claimer). */
+/*
+ * Looks at the mtime of state/<kind> on a fresh open and fstat (a cached
+ * stat may be a directory's attributes of a minute ago on NFS): *changed
+ * if it differs from the last listing's, or that listing was unsettled.
+ */
 static int
-prime(struct claimer *c, struct esd_err *err)
+dir_look(struct claimer *c, int k, struct timespec *mtime, bool *changed, struct esd_err *err)
 {
-    const struct manifest *m = c->m;
-    bool *done = xcalloc(m->nshards, sizeof(bool));
-    bool *failed = xcalloc(m->nshards, sizeof(bool));
-    int r;
+    struct claim_dir *d = &c->dirs[k];
+    char *path = xasprintf("%s/state/%s", c->m->job_dir, dir_kind[k]);
+    struct stat st;
+    int fd, r = 0;
 
-    if ((r = manifest_list_state(m, "done", ".json", done, err)) == 0 &&
-        (r = manifest_list_state(m, "failed", ".json", failed, err)) == 0) {
-        for (size_t i = 0; i < m->nshards; i++) {
-            if (c->known[i] == K_MINE)
-                continue;
-            if (done[i] && c->known[i] != K_DONE) {
-                /* (a failed shard requeued and completed since) */
-                if (c->known[i] == K_FAILED)
-                    c->nfailed--;
-                c->known[i] = K_DONE;
-                c->ndone++;
-            } else if (!done[i] && failed[i] && c->known[i] != K_FAILED) {
-                c->known[i] = K_FAILED;
-                c->nfailed++;
-            } else if (!done[i] && !failed[i] && c->known[i] == K_FAILED) {
-                /* requeued by a retry */
-                c->known[i] = K_UNKNOWN;
-                c->nfailed--;
-            }
-        }
-        c->primed = true;
+    c->stats.ops++;
+    d->checked = time_mono();
+    fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", path);
+        memset(&st, 0, sizeof(st));
     }
-    free(done);
-    free(failed);
+    if (fd >= 0)
+        close(fd);
+    free(path);
+    *mtime = st.st_mtim;
+    *changed = !d->listed || d->unsettled || st.st_mtim.tv_sec != d->mtime.tv_sec ||
+               st.st_mtim.tv_nsec != d->mtime.tv_nsec;
     return r;
 }
 
-/* One pass over the shards from the cursor: claims the first claimable
- * one (1), or counts the busy ones and when the first fresh lock could
- * turn stale (0); a negative errno on error. */
+/* Records a listing of state/<kind> made after its mtime read mtime. A
+ * change within the same timestamp granule (a second on some servers)
+ * would leave the mtime as it was: list once more after that. */
+static void
+dir_listed(struct claimer *c, int k, const struct timespec *mtime, double now)
+{
+    struct claim_dir *d = &c->dirs[k];
+
+    d->mtime = *mtime;
+    d->listed = true;
+    d->at = time_mono();
+    /* (a whole second where the timestamps have no fraction: ext3, some
+     * servers; else a few jiffies) */
+    d->unsettled = now - ts_secs(mtime) < (mtime->tv_nsec ? 0.1 : 1.0);
+}
+
+/*
+ * Lists state/locks: a lock gone since (released, or its shard ended) is
+ * forgotten; a shard listed is one whose lock must be judged. A lock that
+ * appeared since the last listing was made since: it is not looked at
+ * before one of our own leases (most shards end before that, and their
+ * locks are never read), so that judging locks costs a node nothing per
+ * shard that other nodes run.
+ */
 static int
-sweep(struct claimer *c, double now, struct claim *ret, size_t *busy, double *next,
-      struct esd_err *err)
+list_locks(struct claimer *c, double now, struct esd_err *err)
+{
+    size_t n = c->m->nshards;
+    bool *present = xcalloc(n, sizeof(bool));
+    bool first = !c->dirs[D_LOCKS].listed;
+    int r;
+
+    c->stats.ops++;
+    if ((r = manifest_list_state(c->m, "locks", ".lock", present, err)) == 0)
+        for (size_t i = 0; i < n; i++) {
+            if (!first && present[i] && !c->locked[i] && c->known[i] == K_UNKNOWN &&
+                c->fresh_until[i] <= now)
+                c->fresh_until[i] = now + (double)c->lease_secs;
+            if (c->locked[i] && !present[i] && c->known[i] == K_UNKNOWN) {
+                c->woken++;
+                c->fresh_until[i] = 0;
+                c->lock_ino[i] = 0;
+                c->lock_threshold[i] = 0;
+            }
+            c->locked[i] = present[i];
+        }
+    free(present);
+    return r;
+}
+
+/* Lists state/done or state/failed and updates what is known terminal. */
+static int
+list_terminal(struct claimer *c, int k, struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    bool *present = xcalloc(m->nshards, sizeof(bool));
+    int r;
+
+    c->stats.ops++;
+    if ((r = manifest_list_state(m, dir_kind[k], dir_suffix[k], present, err)) == 0)
+        for (size_t i = 0; i < m->nshards; i++) {
+            unsigned char *kn = &c->known[i];
+
+            if (*kn == K_MINE)
+                continue;
+            if (k == D_DONE && present[i] && *kn != K_DONE) {
+                /* (a failed shard requeued and completed since) */
+                if (*kn == K_FAILED)
+                    c->nfailed--;
+                *kn = K_DONE;
+                c->ndone++;
+                c->stats.passed_done++;
+            } else if (k == D_FAILED && present[i] && *kn == K_UNKNOWN) {
+                *kn = K_FAILED;
+                c->nfailed++;
+            } else if (k == D_FAILED && !present[i] && *kn == K_FAILED) {
+                /* requeued by a retry */
+                *kn = K_UNKNOWN;
+                c->fresh_until[i] = 0;
+                c->nfailed--;
+                c->woken++;
+            }
+        }
+    free(present);
+    return r;
+}
+
+/*
+ * Follows the job's directories: lists state/locks whenever it changed,
+ * and state/done and state/failed when they changed and either they were
+ * not listed for CLAIM_RELIST_SECS or eager (the pass is about to report
+ * idle: the end of the job must be seen at once). Failed shards are
+ * relisted first: a done listing then wins over them.
+ */
+static int
+follow_dirs(struct claimer *c, double now, bool eager, struct esd_err *err)
+{
+    static const int order[] = { D_LOCKS, D_FAILED, D_DONE };
+    struct timespec mt;
+    bool changed;
+    int r;
+
+    for (size_t o = 0; o < 3; o++) {
+        int k = order[o];
+        struct claim_dir *d = &c->dirs[k];
+
+        if ((r = dir_look(c, k, &mt, &changed, err)) < 0)
+            return r;
+        if (!changed)
+            continue;
+        if (k != D_LOCKS && d->listed && !eager && time_mono() - d->at < CLAIM_RELIST_SECS) {
+            d->unsettled = true; /* (listed at the next pass that may) */
+            continue;
+        }
+        r = k == D_LOCKS ? list_locks(c, now, err) : list_terminal(c, k, err);
+        if (r < 0)
+            return r;
+        dir_listed(c, k, &mt, now);
+    }
+    return 0;
+}
+
+/* Judgements of foreign locks allowed now (CLAIM_JUDGE_RATE). */
+static double
+tokens_now(struct claimer *c)
+{
+    double mono = time_mono();
+
+    c->tokens += (mono - c->tokens_at) * CLAIM_JUDGE_RATE;
+    c->tokens_at = mono;
+    if (c->tokens > CLAIM_JUDGE_BURST)
+        c->tokens = CLAIM_JUDGE_BURST;
+    return c->tokens;
+}
+
+struct pass {
+    double now;
+    double until;    /* monotonic end of the pass's time */
+    int budget;      /* shards that may still cost a syscall */
+    bool starved;    /* a lock to judge waits for a token */
+    bool stopped;    /* budget or time used up */
+};
+
+/* Spends one unit of the pass's budget; false when none is left. */
+static bool
+pass_spend(struct pass *p)
+{
+    if (p->budget <= 0 || (p->budget < CLAIM_PASS_BUDGET && time_mono() > p->until)) {
+        p->stopped = true;
+        return false;
+    }
+    p->budget--;
+    return true;
+}
+
+/*
+ * One phase of a pass from the cursor. Phase 0: the listed locks whose
+ * cached lease ran out, within the judging tokens (a dead node's lock lies
+ * ahead of the other nodes' cursors: it is taken over before the pending
+ * shards). Phase 1: the shards without a listed lock. Returns 1 claimed,
+ * 0 not, or a negative errno.
+ */
+static int
+sweep(struct claimer *c, int phase, struct pass *p, struct claim *ret, struct esd_err *err)
 {
     const struct manifest *m = c->m;
     size_t n = m->nshards;
     int r;
 
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n && !p->stopped && !c->cancelled; k++) {
         size_t i = (c->cursor + k) % n;
 
-        if (c->known[i] == K_DONE || c->known[i] == K_FAILED)
+        if (c->known[i] != K_UNKNOWN || c->fresh_until[i] > p->now ||
+            (bool)c->locked[i] != (phase == 0))
             continue;
-        if (c->known[i] == K_MINE || c->fresh_until[i] > now) {
-            (*busy)++;
-            if (c->known[i] != K_MINE && (*next < 0 || c->fresh_until[i] - now < *next))
-                *next = c->fresh_until[i] - now;
-            continue;
+        if (phase == 0 && tokens_now(c) < 1.0) {
+            p->starved = true;
+            break;
         }
-        r = try_shard(c, i, now, ret, err);
+        if (!pass_spend(p)) {
+            c->cursor = i; /* resume here */
+            break;
+        }
+        if (phase == 0) {
+            char *path = manifest_state_path(m, "locks", m->shards[i].id, ".lock");
+
+            c->tokens -= 1.0;
+            r = judge_lock(c, i, path, p->now, err);
+            free(path);
+            if (r < 0)
+                return r;
+            if (r == J_BUSY) /* another node is deciding: look again soon */
+                remember_fresh(c, i, p->now, p->now + 1.0);
+            if (r != J_GONE)
+                continue;
+        }
+        r = try_shard(c, i, p->now, ret, err);
         if (r < 0)
             return r;
         if (r == T_CLAIMED) {
             c->cursor = (i + 1) % n;
             return 1;
         }
-        if (c->known[i] == K_UNKNOWN) {
-            /* locked: fresh, or being decided by another node */
-            (*busy)++;
-            if (c->fresh_until[i] > now && (*next < 0 || c->fresh_until[i] - now < *next))
-                *next = c->fresh_until[i] - now;
-        }
     }
     return 0;
+}
+
+/* Fills *idle from what is known after a pass that claimed nothing. */
+static void
+idle_report(struct claimer *c, const struct pass *p, unsigned long long ops,
+            struct claim_idle *idle)
+{
+    size_t n = c->m->nshards, busy = 0;
+    double next = -1;
+
+    for (size_t i = 0; i < n; i++) {
+        if (c->known[i] == K_MINE) {
+            busy++;
+        } else if (c->known[i] == K_UNKNOWN && (c->fresh_until[i] > p->now || c->locked[i])) {
+            busy++;
+            if (c->fresh_until[i] > p->now && (next < 0 || c->fresh_until[i] - p->now < next))
+                next = c->fresh_until[i] - p->now;
+        }
+    }
+    if (p->starved) {
+        double wait = (1.0 - c->tokens) / CLAIM_JUDGE_RATE;
+
+        if (next < 0 || wait < next)
+            next = wait > 0 ? wait : 0;
+    }
+    idle->done = c->ndone;
+    idle->failed = c->nfailed;
+    idle->busy = busy;
+    idle->complete = c->ndone == n;
+    idle->terminal = c->ndone + c->nfailed == n;
+    idle->next_secs = next;
+    idle->min_secs = (double)ops / CLAIM_IDLE_RATE;
+    idle->more = p->stopped && !idle->terminal && !c->cancelled;
+    idle->cancelled = c->cancelled;
 }
 
 int
 claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
               struct esd_err *err)
 {
-    const struct manifest *m = c->m;
-    size_t n = m->nshards, busy = 0;
-    double now, next = -1;
+    unsigned long long ops0 = c->stats.ops;
+    struct claim_idle scratch;
+    struct pass p = { .budget = CLAIM_PASS_BUDGET };
     int r;
 
-    if ((r = clock_estimate(c, &now, err)) < 0)
+    if (!idle)
+        idle = &scratch;
+    memset(idle, 0, sizeof(*idle));
+    if ((r = clock_estimate(c, &p.now, err)) < 0)
         return r;
-    if (!c->primed && (r = prime(c, err)) < 0)
+    p.until = time_mono() + CLAIM_PASS_SECS;
+    /* Cancelled on every node: not one more claim (one stat a pass). */
+    c->cancelled = exists(c, c->cancel_path);
+    if (!c->cancelled && (r = follow_dirs(c, p.now, false, err)) < 0)
         return r;
-    /* Takeovers first: a dead node's lock lies ahead of the other nodes'
-     * cursors, and the sweep below reaches it only once every pending
-     * shard before it is gone. state/locks holds only running shards; it
-     * is listed at most every lease/4, and a lock is judged only when it is
-     * new to us or its cached lease has run out. */
-    if (c->locks_listed == 0 || time_mono() - c->locks_listed >= (double)c->lease_secs / 4.0) {
-        bool *locked = xcalloc(n, sizeof(bool));
-
-        r = manifest_list_state(m, "locks", ".lock", locked, err);
-        c->locks_listed = time_mono();
-        for (size_t k = 0; r == 0 && k < n; k++) {
-            size_t i = (c->cursor + k) % n;
-            char *path;
-
-            if (!locked[i] || c->known[i] != K_UNKNOWN || c->fresh_until[i] > now)
-                continue;
-            path = manifest_state_path(m, "locks", m->shards[i].id, ".lock");
-            r = judge_lock(c, i, path, now, err);
-            free(path);
-            /* out of the way (released or taken over): claim it */
-            r = r == J_GONE ? try_shard(c, i, now, ret, err) : r < 0 ? r : T_SKIP;
-        }
-        free(locked);
-        if (r < 0)
+    for (int phase = 0; phase < 2 && !c->cancelled; phase++)
+        if ((r = sweep(c, phase, &p, ret, err)) != 0)
             return r;
-        if (r == T_CLAIMED)
-            return 1;
-    }
-    for (int round = 0; round < 2; round++) {
-        size_t gone = 0;
+    /* Nothing claimable: a listing put off above is made now, so that the
+     * end of the job is seen at once, not at the next pass. */
+    if (!c->cancelled && !p.stopped &&
+        (c->dirs[D_DONE].unsettled || c->dirs[D_FAILED].unsettled)) {
+        size_t woken = c->woken;
 
-        if (round == 1) {
-            /* Nothing was claimable. A lock cached as fresh may be gone
-             * since (its shard published, or released): look at those
-             * locks, so that the end of a job is seen within a poll, not
-             * a lease. One lstat per shard running elsewhere. */
-            for (size_t i = 0; i < n; i++) {
-                char *path;
-                struct stat st;
-
-                if (c->known[i] != K_UNKNOWN || c->fresh_until[i] <= now)
-                    continue;
-                path = manifest_state_path(m, "locks", m->shards[i].id, ".lock");
-                if (lstat(path, &st) < 0 && errno == ENOENT) {
-                    c->fresh_until[i] = 0;
-                    gone++;
-                }
-                free(path);
-            }
-            if (!gone)
-                break;
-            busy = 0;
-            next = -1;
-        }
-        r = sweep(c, now, ret, &busy, &next, err);
-        if (r != 0)
+        if ((r = follow_dirs(c, p.now, true, err)) < 0)
             return r;
+        /* (a requeued shard, or a lock gone since: the next call, soon) */
+        if (c->woken != woken)
+            p.stopped = true;
     }
-    /* Nothing claimable: a failed shard may have been requeued since. */
-    if (c->nfailed && (r = prime(c, err)) < 0)
-        return r;
-    if (idle) {
-        idle->done = c->ndone;
-        idle->failed = c->nfailed;
-        idle->busy = busy;
-        idle->complete = c->ndone == n;
-        idle->terminal = c->ndone + c->nfailed == n;
-        idle->next_secs = next;
-    }
+    idle_report(c, &p, c->stats.ops - ops0, idle);
     return 0;
 }
 

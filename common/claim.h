@@ -15,11 +15,35 @@
  * touched, so a node's own clock never matters.
  *
  * Cost. A claimer remembers what never changes (done records; failed
- * records until a retry, rechecked when idle) and, for locks seen fresh,
- * the server time before which they cannot turn stale. A claim pass starts
- * at an offset derived from the node name and skips all of those without
- * touching the filesystem, so one claim costs a bounded number of syscalls
- * whatever the number of shards.
+ * records until a retry) and, for locks seen fresh, the server time before
+ * which they cannot turn stale. It follows the job through the mtimes of
+ * state/locks, state/done and state/failed (each read on a fresh open and
+ * fstat): a directory is listed again only when it changed, so the end of
+ * a shard elsewhere is learnt from one listing shared by all shards, and a
+ * shard done since is passed on one stat of its done record, never a lock.
+ * A claim pass starts at an offset derived from the node name, skips what
+ * it knows without touching the filesystem and stops after
+ * CLAIM_PASS_BUDGET shards that cost a syscall (claim_idle.more: call
+ * again soon, it resumes there), so one call is bounded work whatever the
+ * number of shards and nodes.
+ *
+ * Idle. A pass that claimed nothing reports in claim_idle.min_secs how
+ * long to wait so that its shared metadata operations keep to
+ * CLAIM_IDLE_RATE a second (callers wait no longer than a poll); foreign
+ * locks are looked at again only when their cached lease could
+ * have ended, at most CLAIM_JUDGE_RATE a second (burst CLAIM_JUDGE_BURST). A lock that appeared between two
+ * listings of state/locks is not looked at before one of our own leases:
+ * most shards end first, so their locks are never read by other nodes.
+ *
+ * Cancel. Every pass, and every claim again once its lock is held and
+ * before its attempt starts, stats state/esd/cancelled.json (esctl cancel
+ * --everywhere): a cancelled job claims nothing (claim_idle.cancelled).
+ *
+ * Suspect mtimes. A lock whose mtime is in the future by more than
+ * CLAIM_MTIME_FUTURE or before CLAIM_MTIME_FLOOR (an NFSv3 exclusive
+ * create keeps its verifier there until the creator's SETATTR) is never
+ * taken over on that mtime: it is judged on how long this claimer has
+ * seen that very mtime unchanged on that very inode.
  */
 #ifndef ESD_CLAIM_H
 #define ESD_CLAIM_H
@@ -27,6 +51,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "manifest.h"
 #include "util.h"
@@ -62,11 +87,35 @@ struct claimer {
     dev_t *lock_dev;
     double *lock_threshold; /* ... and the staleness threshold it holds */
     size_t ndone, nfailed;
-    bool primed;
-    double locks_listed;   /* monotonic time of the last listing of state/locks */
+    unsigned char *locked; /* per shard: a lock was listed in state/locks */
     bool taken_valid;      /* the pass took a stale lock of shard taken_index over ... */
     size_t taken_index;
     char taken_from[128];  /* ... from this node (or host) */
+    struct claim_dir {     /* state/locks, state/done, state/failed */
+        struct timespec mtime; /* as last listed */
+        bool listed;
+        bool unsettled;    /* listed within a timestamp granule of a change: list again */
+        double checked;    /* monotonic time of the last look at its mtime */
+        double at;         /* ... and of the last listing */
+    } dirs[3];
+    char *cancel_path;     /* state/esd/cancelled.json ... */
+    bool cancelled;        /* ... seen by the last pass */
+    size_t woken;          /* shards made claimable by listings (requeued, unlocked) */
+    double tokens;         /* judgements of foreign locks allowed now ... */
+    double tokens_at;      /* ... as of this monotonic time */
+    struct claim_suspect { /* locks with an absurd mtime, as first seen */
+        size_t index;
+        dev_t dev;
+        ino_t ino;
+        struct timespec mtime;
+        double since;      /* monotonic; 0: free entry */
+    } suspects[16];
+    struct claim_stats {   /* since claimer_init (esd(8) status "claims") */
+        unsigned long long locks_created; /* O_EXCL creations that succeeded */
+        unsigned long long claimed;       /* of which became claims */
+        unsigned long long passed_done;   /* shards learnt done elsewhere, no lock made */
+        unsigned long long ops;           /* shared metadata operations of passes */
+    } stats;
 };
 
 /* One claimed shard, owned by the caller until claim_free. */
@@ -92,6 +141,9 @@ struct claim_idle {
     bool complete;         /* every shard done */
     bool terminal;         /* every shard done or failed */
     double next_secs;      /* when a fresh lock could turn stale; -1: unknown */
+    double min_secs;       /* wait at least this long (CLAIM_IDLE_RATE), or a poll */
+    bool more;             /* the pass stopped at its budget: call again soon */
+    bool cancelled;        /* the job is cancelled on every node */
 };
 
 /*
@@ -117,10 +169,31 @@ int claimer_now(struct claimer *c, double *ret_now, struct esd_err *err);
 #define CLAIM_FENCE_WAIT 30.0
 #define CLAIM_CLOCK_MARGIN 2.0
 
+/* Shards that cost a syscall in one claim_acquire call, and its time. */
+#define CLAIM_PASS_BUDGET 16
+#define CLAIM_PASS_SECS 0.02
+/* Shared metadata operations a second of a claimer that claims nothing. */
+#define CLAIM_IDLE_RATE 1.0
+/* Judgements of foreign locks whose cached lease ran out: rate, burst. */
+#define CLAIM_JUDGE_RATE 0.4
+#define CLAIM_JUDGE_BURST 4.0
+/* A directory listed less than this ago is not listed again in a pass
+ * that may still claim (the shard's done record is stat'ed instead). */
+#define CLAIM_RELIST_SECS 2.0
+/* The mtimes of state/done and state/failed are looked at, even without
+ * a change of state/locks, at least this often (records written without
+ * a lock: the reference's "retry limit reached before claim", a retry). */
+#define CLAIM_RECHECK_SECS 30.0
+/* Lock mtimes beyond these are suspect (seconds; epoch seconds). */
+#define CLAIM_MTIME_FUTURE 60.0
+#define CLAIM_MTIME_FLOOR 946684800.0
+
 /*
  * One claim pass. Returns 1 with *ret filled (claim_free), 0 if nothing is
  * claimable now (*idle says why; may be NULL), or a negative errno. Shards
- * whose retry limits are used up get their failed record on the way.
+ * whose retry limits are used up get their failed record on the way. A 0
+ * with idle->more set means the pass stopped at its budget: call again
+ * after a turn of the event loop; otherwise wait at least idle->min_secs.
  */
 int claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
                   struct esd_err *err);

@@ -456,6 +456,12 @@ worker_run(struct call *c)
             claim_free(&claim);
             continue;
         }
+        if (idle.cancelled) {
+            fprintf(stderr, "Job cancelled on every node (esctl cancel --everywhere): no new "
+                    "claims\n");
+            rc = EXIT_ERROR;
+            break;
+        }
         if (idle.complete) {
             printf("All %zu shards completed\n", m.nshards);
             break;
@@ -466,13 +472,18 @@ worker_run(struct call *c)
             rc = EXIT_ERROR;
             break;
         }
+        if (idle.more)
+            continue; /* the pass stopped at its budget: go on at once */
         {
             /* Poll again when a lock could turn stale, at most every poll
-             * interval, jittered so a fleet does not poll in step. */
+             * interval, jittered so a fleet does not poll in step, and
+             * not before the claimer's idle rate allows. */
             double wait = poll_secs;
             if (idle.next_secs >= 0 && idle.next_secs + 0.05 < wait)
                 wait = idle.next_secs + 0.05;
             wait *= 0.8 + 0.4 * ((double)rand() / RAND_MAX);
+            if (wait < idle.min_secs)
+                wait = idle.min_secs < poll_secs ? idle.min_secs : poll_secs;
             printf("No shard claim available; done=%zu failed=%zu busy=%zu. Waiting %.1fs...\n",
                    idle.done, idle.failed, idle.busy, wait);
             fflush(stdout);

@@ -1451,8 +1451,13 @@ jobs_status_json(void)
         if (j->paused_until > time_mono())
             json_add_float(o, "paused_secs", j->paused_until - time_mono());
         if (j->loaded) {
+            cJSON *cl = cJSON_AddObjectToObject(o, "claims");
             double rate, eta;
 
+            /* (claim.h struct claim_stats; esd(8) STATUS) */
+            json_add_int(cl, "locks_created", (long long)j->claimer.stats.locks_created);
+            json_add_int(cl, "claimed", (long long)j->claimer.stats.claimed);
+            json_add_int(cl, "passed_done", (long long)j->claimer.stats.passed_done);
             jobs_rate(j, &rate, &eta);
             json_add_int(o, "total_rows", j->m.total_rows);
             if (rate >= 0) {

@@ -131,10 +131,20 @@ job_idle(struct job *j, double now)
         free(why);
         return;
     }
-    /* wake when a lock seen fresh could have run out, if that is sooner */
+    if (j->idle.more) {
+        /* The pass stopped at its budget: resume after one turn of the
+         * loop, so that the control socket is answered in between. */
+        j->next_claim = now + 0.001;
+        return;
+    }
+    /* wake when a lock seen fresh could have run out, if that is sooner,
+     * but not before the claimer's idle rate allows */
     if (j->idle.next_secs >= 0 && j->idle.next_secs + 0.05 < wait)
         wait = j->idle.next_secs + 0.05;
-    j->next_claim = now + jitter(wait);
+    wait = jitter(wait);
+    if (wait < j->idle.min_secs)
+        wait = fmin(j->idle.min_secs, (double)S.conf->poll_interval_secs);
+    j->next_claim = now + wait;
 }
 
 static void
@@ -161,6 +171,12 @@ fill(void)
         }
         if (r == 0) {
             j->idle_valid = true;
+            if (j->idle.cancelled) {
+                /* the marker of esctl cancel --everywhere: stop at once */
+                j->next_claim = now + jitter((double)S.conf->poll_interval_secs);
+                sched_check_cancelled();
+                continue;
+            }
             job_idle(j, now);
             continue;
         }

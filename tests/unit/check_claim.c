@@ -5,8 +5,10 @@
  * many claimers, stale takeover by lease or by the reference's lock
  * timeout and the fencing of the old owner, heartbeats, release, the
  * "retry limit reached before claim" record, the re-check of results
- * published under a primed cache, and a requeued shard seen by an idle
- * claimer. Every fixture is a real job made by prepare_run; locks are aged
+ * published under a primed cache, a requeued shard seen by an idle
+ * claimer, and what claims cost (issue 12): no lock made for a shard done
+ * elsewhere, a bounded pass, a cheap idle pass, no claim of a job cancelled
+ * everywhere, no takeover on an absurd lock mtime alone. Every fixture is a real job made by prepare_run; locks are aged
  * with utimensat, never by waiting.
  */
 #include <check.h>
@@ -24,6 +26,7 @@
 #include <unistd.h>
 
 #include "attempt.h"
+#include "prepare.h"
 #include "claim.h"
 #include "fsutil.h"
 #include "json.h"
@@ -779,21 +782,31 @@ START_TEST(test_stale_lock_reclaimed_before_pending_shards)
 }
 END_TEST
 
-/* A fresh reference lock (35 h) is looked at again after the claimer's
- * own lease: an idle node notices a release or a finish in time. */
-START_TEST(test_fresh_reference_lock_rechecked_after_own_lease)
+/* A fresh reference lock (35 h) is judged again only when its timeout
+ * could have run out, not after the claimer's own lease: its release or
+ * the end of its shard shows in the listings of state/locks and
+ * state/done, at once. */
+START_TEST(test_fresh_reference_lock_rechecked_at_its_timeout)
 {
     struct claimer c;
     struct claim cl;
     struct claim_idle idle;
+    char *path = lock_path(0);
 
     done_except(0);
     put_lock(0, 0, 10);
     claimer(&c, "judge", 30, 0);
     ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
     ck_assert_uint_eq(idle.busy, 1);
-    ck_assert_msg(idle.next_secs > 25 && idle.next_secs <= 30.5, "next_secs %f", idle.next_secs);
+    ck_assert_msg(idle.next_secs > (double)M.lock_timeout_secs - 15 &&
+                  idle.next_secs <= (double)M.lock_timeout_secs, "next_secs %f", idle.next_secs);
+    /* released: claimed at the next pass */
+    ck_assert_int_eq(unlink(path), 0);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 1);
+    ck_assert_uint_eq(cl.index, 0);
+    claim_free(&cl);
     claimer_free(&c);
+    free(path);
 }
 END_TEST
 
@@ -1305,6 +1318,331 @@ START_TEST(test_requeued_and_done_elsewhere_counted_once)
 }
 END_TEST
 
+
+/* ---- cost, cancel, suspect mtimes (issue 12) ---- */
+
+/* A job of n one-record shards in <tmp>/big/job (the caller frees m). */
+static void
+big_job(size_t n, struct manifest *m)
+{
+    struct prepare_opts o;
+    struct prepare_result res;
+    struct esd_err err;
+    struct buf b;
+    char *dir = fs_join(tmp, "big"), *recipe, *data, *job;
+
+    buf_init(&b);
+    for (size_t i = 0; i < n; i++)
+        buf_printf(&b, "{\"text\":\"r%zu\"}\n", i);
+    data = tu_write(dir, "data.jsonl", b.p, b.len);
+    recipe = tu_write(dir, "recipe.yaml", "process:\n  - whitespace_normalization_mapper:\n",
+                      (size_t)-1);
+    job = fs_join(dir, "job");
+    prepare_opts_init(&o);
+    o.config = recipe;
+    o.dataset_path = data;
+    o.job_dir = job;
+    o.num_shards = (long long)n;
+    ck_assert_msg(prepare_run(&o, &res, &err) == 0, "prepare: %s", err.msg);
+    ck_assert_msg(manifest_load(res.job_dir, m, &err) == 0, "manifest: %s", err.msg);
+    ck_assert_uint_eq(m->nshards, n);
+    prepare_result_free(&res);
+    buf_free(&b);
+    free(recipe);
+    free(data);
+    free(job);
+    free(dir);
+}
+
+static void
+claimer_of(struct claimer *c, const struct manifest *m, const char *node)
+{
+    struct claim_opts o = { .node = node, .hostname = node, .lease_secs = 60, .max_retries = -1 };
+    struct esd_err err;
+
+    ck_assert_msg(claimer_init(c, m, &o, &err) == 0, "%s", err.msg);
+}
+
+/* What a node does when its attempt of cl succeeds: the done record, then
+ * the lock goes. */
+static void
+finish_done(struct claimer *c, const struct manifest *m, struct claim *cl)
+{
+    tu_put_done(m, cl->index);
+    ck_assert_int_eq(unlink(cl->lock_path), 0);
+    claimer_forget(c, cl, true, false);
+    claim_free(cl);
+}
+
+/* Pretends that a moment passed since c's last listings: a change within
+ * their timestamps' granule is not to be feared any more. */
+static void
+settle(struct claimer *c)
+{
+    for (size_t k = 0; k < sizeof(c->dirs) / sizeof(c->dirs[0]); k++)
+        c->dirs[k].unsettled = false;
+}
+
+/* Three nodes finish a 40-shard job in turns: each shard is claimed once,
+ * and no node ever creates a lock it does not claim with (the shards the
+ * others finished are passed on their done records). Every node sees the
+ * job complete. */
+START_TEST(test_done_elsewhere_costs_no_lock)
+{
+    struct manifest m;
+    struct claimer c[3];
+    const char *nodes[3] = { "node-a", "node-b", "node-c" };
+    int claims[40] = { 0 }, complete = 0;
+    bool seen[3] = { false };
+    unsigned long long created = 0, claimed = 0;
+
+    big_job(40, &m);
+    for (int k = 0; k < 3; k++)
+        claimer_of(&c[k], &m, nodes[k]);
+    for (int turn = 0; complete < 3 && turn < 1000; turn++) {
+        struct claimer *x = &c[turn % 3];
+        bool *end = &seen[turn % 3];
+        struct claim cl;
+        struct claim_idle idle;
+        int r = acquire(x, &cl, &idle);
+
+        if (r == 1) {
+            claims[cl.index]++;
+            finish_done(x, &m, &cl);
+        } else if (idle.complete) {
+            complete += !*end;
+            *end = true;
+        } else {
+            ck_assert_msg(idle.more, "idle before the end: done %zu busy %zu", idle.done,
+                          idle.busy);
+        }
+    }
+    ck_assert_int_eq(complete, 3);
+    for (size_t i = 0; i < 40; i++)
+        ck_assert_msg(claims[i] == 1, "shard %zu claimed %d times", i, claims[i]);
+    for (int k = 0; k < 3; k++) {
+        ck_assert_uint_eq(c[k].stats.locks_created, c[k].stats.claimed);
+        ck_assert_uint_eq(c[k].stats.passed_done + c[k].stats.claimed, 40);
+        ck_assert_uint_eq(c[k].ndone, 40);
+        created += c[k].stats.locks_created;
+        claimed += c[k].stats.claimed;
+        claimer_free(&c[k]);
+    }
+    ck_assert_uint_eq(created, 40);
+    ck_assert_uint_eq(claimed, 40);
+    manifest_free(&m);
+}
+END_TEST
+
+/* A pass is bounded: 63 shards done elsewhere since the last listing are
+ * passed CLAIM_PASS_BUDGET at a time (idle.more: call again), each on one
+ * stat, without a lock. */
+START_TEST(test_pass_is_bounded)
+{
+    struct manifest m;
+    struct claimer c;
+    struct claim cl, none;
+    struct claim_idle idle;
+    unsigned long long ops;
+    int calls = 0;
+
+    big_job(64, &m);
+    claimer_of(&c, &m, "node-a");
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 1);
+    for (size_t i = 0; i < 64; i++)
+        if (i != cl.index)
+            tu_put_done(&m, i);
+    settle(&c);
+    ops = c.stats.ops;
+    ck_assert_int_eq(acquire(&c, &none, &idle), 0);
+    ck_assert(idle.more);
+    ck_assert_uint_eq(c.stats.passed_done, CLAIM_PASS_BUDGET);
+    /* the cancel marker, three directories, state/locks listed again
+     * (our lock), a stat a shard */
+    ck_assert_uint_le(c.stats.ops - ops, 5 + CLAIM_PASS_BUDGET);
+    for (calls = 1; idle.more && calls < 64; calls++)
+        ck_assert_int_eq(acquire(&c, &none, &idle), 0);
+    ck_assert(!idle.more);
+    ck_assert_uint_eq(idle.done, 63);
+    ck_assert_uint_eq(idle.busy, 1);
+    ck_assert_int_ge(calls, 63 / CLAIM_PASS_BUDGET);
+    ck_assert_uint_eq(c.stats.locks_created, 1);
+    finish_done(&c, &m, &cl);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert(idle.complete);
+    claimer_free(&c);
+    manifest_free(&m);
+}
+END_TEST
+
+/* Waiting while another node runs the last shards (as many as may be
+ * judged at once, CLAIM_JUDGE_BURST): a pass costs the cancel
+ * marker and three directory looks, the idle report asks for enough time
+ * to keep to CLAIM_IDLE_RATE, fresh locks are not looked at again before
+ * their lease could end, and the end of a shard elsewhere is seen at the
+ * next pass. */
+START_TEST(test_idle_pass_is_cheap)
+{
+    struct manifest m;
+    struct claimer x, y;
+    struct claim cl[4], none;
+    struct claim_idle idle;
+    unsigned long long ops;
+
+    big_job(40, &m);
+    claimer_of(&x, &m, "node-x");
+    for (int k = 0; k < 4; k++)
+        ck_assert_int_eq(acquire(&x, &cl[k], NULL), 1);
+    for (size_t i = 0; i < 40; i++) {
+        bool mine = false;
+
+        for (int k = 0; k < 4; k++)
+            mine |= cl[k].index == i;
+        if (!mine)
+            tu_put_done(&m, i);
+    }
+    claimer_of(&y, &m, "node-y");
+    ck_assert_int_eq(acquire(&y, &none, &idle), 0);
+    ck_assert_uint_eq(idle.busy, 4);
+    ck_assert_uint_eq(idle.done, 36);
+    ck_assert_msg(idle.next_secs > 55 && idle.next_secs <= 60, "next_secs %f", idle.next_secs);
+    settle(&y);
+    ops = y.stats.ops;
+    ck_assert_int_eq(acquire(&y, &none, &idle), 0);
+    ck_assert_uint_le(y.stats.ops - ops, 4);
+    ck_assert(idle.min_secs >= (double)(y.stats.ops - ops) / CLAIM_IDLE_RATE);
+    ck_assert_uint_eq(y.stats.locks_created, 0);
+    /* one of x's shards ends */
+    finish_done(&x, &m, &cl[3]);
+    ck_assert_int_eq(acquire(&y, &none, &idle), 0);
+    ck_assert_uint_eq(idle.done, 37);
+    ck_assert_uint_eq(idle.busy, 3);
+    ck_assert_uint_eq(y.stats.locks_created, 0);
+    for (int k = 0; k < 4; k++)
+        if (k != 3)
+            finish_done(&x, &m, &cl[k]);
+    ck_assert_int_eq(acquire(&y, &none, &idle), 0);
+    ck_assert(idle.complete);
+    ck_assert_uint_eq(y.stats.locks_created, 0);
+    ck_assert_uint_eq(y.stats.passed_done, 40);
+    claimer_free(&x);
+    claimer_free(&y);
+    manifest_free(&m);
+}
+END_TEST
+
+/* esctl cancel --everywhere's marker: no claim, no lock, no attempt, and
+ * claims again once it is gone (submitted again). */
+START_TEST(test_cancelled_job_claims_nothing)
+{
+    struct claimer c;
+    struct claim cl;
+    struct claim_idle idle;
+    char *marker = job_path("state/esd/cancelled.json"), *attempts = job_path("attempts");
+
+    free(tu_write(M.job_dir, "state/esd/cancelled.json", "{\"node\": \"x\"}\n", (size_t)-1));
+    claimer(&c, "node-a", 60, 0);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
+    ck_assert(idle.cancelled);
+    ck_assert(!idle.more && !idle.complete);
+    ck_assert_int_eq(count_in("state/locks"), 0);
+    ck_assert(!tu_exists(attempts) || count_in("attempts") == 0);
+    ck_assert_uint_eq(c.stats.locks_created, 0);
+    ck_assert_int_eq(unlink(marker), 0);
+    ck_assert_int_eq(acquire(&c, &cl, &idle), 1);
+    ck_assert(!idle.cancelled);
+    claim_free(&cl);
+    claimer_free(&c);
+    free(marker);
+    free(attempts);
+}
+END_TEST
+
+/* Ages shard 0's lock to an absolute mtime (epoch seconds). */
+static void
+set_mtime(size_t i, double epoch)
+{
+    char *path = lock_path(i);
+    struct timespec ts[2];
+
+    ts[0].tv_sec = (time_t)epoch;
+    ts[0].tv_nsec = 0;
+    ts[1] = ts[0];
+    ck_assert_int_eq(utimensat(AT_FDCWD, path, ts, 0), 0);
+    free(path);
+}
+
+/* Pretends that c first saw its suspect lock of shard i secs ago, and
+ * that its cached lease ran out. */
+static void
+suspect_seen_ago(struct claimer *c, size_t i, double secs)
+{
+    bool found = false;
+
+    for (size_t k = 0; k < sizeof(c->suspects) / sizeof(c->suspects[0]); k++)
+        if (c->suspects[k].since > 0 && c->suspects[k].index == i) {
+            c->suspects[k].since -= secs;
+            found = true;
+        }
+    ck_assert_msg(found, "no suspect recorded for shard %zu", i);
+    c->fresh_until[i] = 0;
+}
+
+/* A lock whose mtime is absurd (far in the future, or before 2000: an
+ * NFSv3 exclusive create's verifier) is not taken over on that mtime, by
+ * any number of claimers; the same mtime on the same lock a whole lease
+ * later is; a heartbeat that makes the mtime sane makes it an ordinary
+ * fresh lock. */
+START_TEST(test_absurd_mtime_not_taken_over)
+{
+    double absurd[2] = { (double)time(NULL) + 1e6, 1.0 };
+
+    done_except(0);
+    for (int k = 0; k < 2; k++) {
+        struct claimer a, b;
+        struct claim cl;
+        struct claim_idle idle;
+        char *path = lock_path(0);
+
+        put_lock(0, 30, 0);
+        set_mtime(0, absurd[k]);
+        claimer(&a, "judge-a", 30, 0);
+        claimer(&b, "judge-b", 30, 0);
+        ck_assert_int_eq(acquire(&a, &cl, &idle), 0);
+        ck_assert_uint_eq(idle.busy, 1);
+        ck_assert_int_eq(acquire(&b, &cl, &idle), 0);
+        ck_assert_int_eq(count_in("state/stale_locks"), k);
+        /* a few seconds later, still the same mtime: still not */
+        suspect_seen_ago(&a, 0, 5);
+        ck_assert_int_eq(acquire(&a, &cl, &idle), 0);
+        ck_assert_int_eq(count_in("state/stale_locks"), k);
+        if (k == 0) {
+            /* its owner's heartbeat: an ordinary fresh lock now */
+            tu_set_age(path, 1);
+            suspect_seen_ago(&b, 0, 100);
+            ck_assert_int_eq(acquire(&b, &cl, &idle), 0);
+            ck_assert_int_eq(count_in("state/stale_locks"), 0);
+            set_mtime(0, absurd[k]);
+            claimer_free(&b);
+            claimer(&b, "judge-b", 30, 0);
+            ck_assert_int_eq(acquire(&b, &cl, &idle), 0);
+        }
+        /* unchanged for more than the lock's lease: stale */
+        suspect_seen_ago(&b, 0, 31);
+        ck_assert_int_eq(acquire(&b, &cl, &idle), 1);
+        ck_assert_uint_eq(cl.index, 0);
+        ck_assert(cl.took_over);
+        ck_assert_int_eq(count_in("state/stale_locks"), k + 1);
+        ck_assert_int_eq(claim_release(&cl, NULL), 1);
+        claimer_forget(&b, &cl, false, false);
+        claim_free(&cl);
+        claimer_free(&a);
+        claimer_free(&b);
+        free(path);
+    }
+}
+END_TEST
+
 static Suite *
 claim_suite(void)
 {
@@ -1321,7 +1659,7 @@ claim_suite(void)
     tcase_add_test(tc, test_fresh_lock_not_taken_over);
     tcase_add_test(tc, test_lease_of_the_lock_decides);
     tcase_add_test(tc, test_reference_lock_uses_lock_timeout);
-    tcase_add_test(tc, test_fresh_reference_lock_rechecked_after_own_lease);
+    tcase_add_test(tc, test_fresh_reference_lock_rechecked_at_its_timeout);
     tcase_add_test(tc, test_stale_lock_reclaimed_before_pending_shards);
     tcase_add_test(tc, test_empty_lock_judged_by_own_lease);
     tcase_add_test(tc, test_garbage_lock_judged_by_own_lease);
@@ -1338,6 +1676,11 @@ claim_suite(void)
     tcase_add_test(tc, test_requeued_and_done_elsewhere_counted_once);
     tcase_add_test(tc, test_end_of_fresh_lock_seen_at_once);
     tcase_add_test(tc, test_recover_own_claim);
+    tcase_add_test(tc, test_done_elsewhere_costs_no_lock);
+    tcase_add_test(tc, test_pass_is_bounded);
+    tcase_add_test(tc, test_idle_pass_is_cheap);
+    tcase_add_test(tc, test_cancelled_job_claims_nothing);
+    tcase_add_test(tc, test_absurd_mtime_not_taken_over);
     suite_add_tcase(s, tc);
     return s;
 }
