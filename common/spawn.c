@@ -435,6 +435,24 @@ keeper_main(char *const *argv, char *const *envp, const char *cwd, const struct 
 
 /* ---- in the parent ---- */
 
+/* The output pipe and the report pipe of a child that runs what (both
+ * close-on-exec). 0, or a negative errno with neither open. */
+static int
+two_pipes(int a[2], int b[2], const char *what, struct esd_err *err)
+{
+    int r;
+
+    if (pipe2(a, O_CLOEXEC) < 0)
+        return err_sys(err, -errno, "Cannot create a pipe for %s", what);
+    if (pipe2(b, O_CLOEXEC) < 0) {
+        r = err_sys(err, -errno, "Cannot create a pipe for %s", what);
+        close(a[0]);
+        close(a[1]);
+        return r;
+    }
+    return 0;
+}
+
 /* spawn_start, with stderr on the pipe too (merge) or on /dev/null, as
  * cred unless it is NULL. */
 static int
@@ -448,14 +466,8 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
 
     if (!argv || !argv[0])
         return err_set(err, -EINVAL, "Nothing to run");
-    if (pipe2(out, O_CLOEXEC) < 0)
-        return err_sys(err, -errno, "Cannot create a pipe for %s", argv[0]);
-    if (pipe2(status, O_CLOEXEC) < 0) {
-        r = err_sys(err, -errno, "Cannot create a pipe for %s", argv[0]);
-        close(out[0]);
-        close(out[1]);
+    if ((r = two_pipes(out, status, argv[0], err)) < 0)
         return r;
-    }
     /* No handler of the parent's may run in the child before it has reset
      * them (libev's would write to the parent's wake-up pipe). */
     sigfillset(&all);
@@ -524,14 +536,8 @@ spawn_keep(char *const *argv, char *const *envp, const char *cwd, const struct s
         return err_set(err, -EINVAL, "Nothing to run");
     if (cred && cred->uid == 0)
         return err_set(err, -EPERM, "Refusing to run %s as root", argv[0]);
-    if (pipe2(out, O_CLOEXEC) < 0)
-        return err_sys(err, -errno, "Cannot create a pipe for %s", argv[0]);
-    if (pipe2(rep, O_CLOEXEC) < 0) {
-        r = err_sys(err, -errno, "Cannot create a pipe for %s", argv[0]);
-        close(out[0]);
-        close(out[1]);
+    if ((r = two_pipes(out, rep, argv[0], err)) < 0)
         return r;
-    }
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
     pid = fork();
