@@ -521,8 +521,9 @@ jobs_rescan(void)
     for (struct job *j = J.head; j; j = j->next) {
         if (j->state == JOB_ACTIVE || j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
             jobs_check_bound(j, &err);
-        /* (also while its claims are paused after failures in a row) */
-        if (j->loaded)
+        /* (also while its claims are paused after failures in a row; a
+         * job that is over has nothing left to refuse) */
+        if (j->loaded && j->state == JOB_ACTIVE)
             (void)badnode_check(j);
     }
 }
