@@ -113,7 +113,9 @@ ok "the old lock is in state/stale_locks, the old attempt stale, attempt 2 by b 
 check_merged "$W/job-a"
 ok "the merged output is byte-identical to a clean run"
 start_daemon a
-[ "$(job_field a "$W/job-a" 'x["state"]')" = complete ] || fail "a, restarted, knows job a complete"
+# (it loads the job in a helper first: one poll at most)
+a_knows_complete() { [ "$(job_field a "$W/job-a" 'x["state"]')" = complete ]; }
+wait_for "a, restarted, knows job a complete" 10 a_knows_complete
 ok "a, restarted, resumed from its registry: job a complete"
 stop_daemon a
 stop_daemon b
