@@ -262,8 +262,10 @@ out_cb(struct ev_loop *loop, ev_io *w, int revents)
         handle_line(o, o->in.p + pos, (size_t)(nl - (o->in.p + pos)));
         pos = (size_t)(nl - o->in.p) + 1;
     }
-    memmove(o->in.p, o->in.p + pos, o->in.len - pos);
-    o->in.len -= pos;
+    if (pos > 0) {
+        memmove(o->in.p, o->in.p + pos, o->in.len - pos);
+        o->in.len -= pos;
+    }
     if (o->in.len > MAX_LINE) {
         log_warning(NULL, "%s process %d: report line too long; stopping it",
                     cmd_table[o->id].name, (int)o->pid);

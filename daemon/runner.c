@@ -204,8 +204,11 @@ run_lines(struct run *r, bool flush)
         run_log_line(r, r->line.p + start, LOG_LINE_MAX);
         start += LOG_LINE_MAX;
     }
-    memmove(r->line.p, r->line.p + start, r->line.len - start);
-    r->line.len -= start;
+    /* (nothing logged: the buffer may be empty and unallocated) */
+    if (start > 0) {
+        memmove(r->line.p, r->line.p + start, r->line.len - start);
+        r->line.len -= start;
+    }
 }
 
 static void
