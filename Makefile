@@ -188,10 +188,11 @@ valgrind: deps $(UNIT_BINS)
 
 integration: all tools test-deps
 	$(Q)fail=0; for t in $(INTEGRATION); do \
-		echo "== $$t"; \
+		echo "== $$t"; s=$$(date +%s); \
 		ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOP=$(CURDIR) \
 			JSONL_CHECK=$(CURDIR)/$(BUILD)/tools/jsonl-check \
 			bash $$t || { echo "FAIL: $$t"; fail=1; }; \
+		echo "== $$t: $$(($$(date +%s) - s)) s"; \
 	done; exit $$fail
 
 # libFuzzer targets are built with clang against the library sources
