@@ -132,7 +132,7 @@ child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge, bo
         e = errno;
     } else if (cred && (e = child_become(cred)) != 0) {
         /* (reported below) */
-    } else if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0) {
+    } else if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) {
         /* after the uid change, which clears it: the child dies with its
          * parent, so that a crashed esd leaves no attempt behind to run on
          * under a lease that nobody renews */
@@ -350,7 +350,7 @@ keeper_main(char *const *argv, char *const *envp, const char *cwd, const struct 
     sigaddset(&want, SIGTERM);
     sigaddset(&want, SIGCHLD);
     if ((sfd = signalfd(-1, &want, SFD_CLOEXEC | SFD_NONBLOCK)) < 0 ||
-        prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         e = errno;
     else if (o->cgroup)
         e = keeper_enter_cgroup(o->cgroup);

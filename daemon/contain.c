@@ -194,7 +194,7 @@ contain_init(struct ev_loop *loop)
 
     C.loop = loop;
     ev_timer_init(&C.retry_w, contain_retry_cb, RMDIR_EVERY, RMDIR_EVERY);
-    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
         log_warning(NULL, "cannot become the child subreaper of the attempts: %s; what leaves "
                     "an attempt whose keeper is killed goes to init", strerror(errno));
     if (test && *test) {

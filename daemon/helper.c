@@ -83,7 +83,7 @@ child_setup(const struct helper_id *who, int fd, pid_t parent)
         umask(022);
     }
     /* after the identity change, which clears it */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != parent)
         return false;
     tick_fd = fd;
     sa.sa_handler = tick;

@@ -252,7 +252,7 @@ main(int argc, char **argv)
      * able to attach to it (ptrace, /proc/<pid>/mem) or read its memory. */
 #ifndef __SANITIZE_ADDRESS__ /* (LeakSanitizer attaches to the process at exit) */
     if (geteuid() != 0)
-        prctl(PR_SET_DUMPABLE, 0);
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 #endif
     log_init(M.conf->log_target, M.conf->log_level, foreground, M.conf->node_name);
     M.loop = ev_default_loop(EVFLAG_AUTO);

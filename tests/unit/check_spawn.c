@@ -205,7 +205,7 @@ START_TEST(test_spawn_child_dies_with_parent)
     pid_t mid, child = 0;
     char how[64];
 
-    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
     ck_assert_int_eq(pipe(p), 0);
     mid = fork();
     ck_assert_int_ge(mid, 0);
@@ -644,7 +644,7 @@ START_TEST(test_keep_parent_death)
     int p[2], st;
     pid_t mid, got[2] = { 0, 0 };
 
-    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
     ck_assert_int_eq(pipe(p), 0);
     mid = fork();
     ck_assert_int_ge(mid, 0);
@@ -683,7 +683,7 @@ START_TEST(test_keep_keeper_killed)
     struct esd_err err;
     int st, got;
 
-    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
     ck_assert_msg(spawn_keep(argv.v, environ, NULL, NULL, &o, &s, &err) == 0, "%s", err.msg);
     kill(s.pid, SIGKILL);
     st = wait_for(s.pid);
