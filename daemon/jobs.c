@@ -20,6 +20,7 @@
 #include "djversion.h"
 #include "fscheck.h"
 #include "fsutil.h"
+#include "jobview.h"
 #include "json.h"
 #include "log.h"
 #include "merge.h"
@@ -976,6 +977,7 @@ load_done(struct job *j)
         j->load_error = NULL;
         j->loaded = true;
         j->next_claim = 0;
+        jobview_kick();
         log_info(&(struct log_ctx){ .job = j->m.job_id }, "working job %s: %zu shards",
                  j->job_dir, j->m.nshards);
         prev = jobs_fs_owner(j);
@@ -1171,6 +1173,7 @@ jobs_set_state(struct job *j, enum job_state state, const char *error)
     free(j->error);
     j->error = error ? xstrdup(error) : NULL;
     persist(j);
+    jobview_kick();
     if (error)
         log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key }, "job %s: %s: %s",
                    j->job_dir, job_state_name[state], error);
@@ -1293,6 +1296,7 @@ jobs_reset(struct job *j)
         claimer_free(&j->claimer);
         manifest_free(&j->m);
         j->loaded = false;
+        jobview_kick(); /* (its view goes) */
     }
     load_abandon(j);
     j->nfailed_idx = 0; /* (shard indices of the manifest gone) */

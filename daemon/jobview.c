@@ -152,7 +152,7 @@ tick_cb(struct ev_loop *loop, ev_timer *tw, int revents)
 {
     struct view **pp = &V.head;
     double now = time_mono();
-    bool work = false;
+    bool work = false, live = false;
 
     while (*pp) {
         struct view *w = *pp;
@@ -183,9 +183,24 @@ tick_cb(struct ev_loop *loop, ev_timer *tw, int revents)
         }
         if (due(w, j, now))
             work = true;
+        if (!terminal(j) || j->state != w->read_state)
+            live = true;
     }
     if (work && !ev_is_active(&V.work_w))
         ev_idle_start(loop, &V.work_w);
+    /* Nothing can fall due by time (no job, or only jobs over and read at
+     * their end): sleep until jobview_kick; an idle esd never wakes here. */
+    if (!live)
+        ev_timer_stop(loop, tw);
+}
+
+void
+jobview_kick(void)
+{
+    if (V.loop && !ev_is_active(&V.tick_w)) {
+        ev_timer_set(&V.tick_w, 0.0, TICK_SECS);
+        ev_timer_start(V.loop, &V.tick_w);
+    }
 }
 
 void

@@ -28,6 +28,10 @@ void jobview_init(struct ev_loop *loop, const struct esd_conf *c);
 void jobview_reconfigure(const struct esd_conf *c);
 void jobview_fini(void);
 
+/* A job was loaded or changed state: look at the views again at once (the
+ * views' timer stops while no job can change). */
+void jobview_kick(void);
+
 /* The last complete reading of j (NULL: none yet); valid until the next
  * event loop turn. */
 const struct status_view *jobview_get(const struct job *j);
