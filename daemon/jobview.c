@@ -110,6 +110,11 @@ due(const struct view *w, const struct job *j, double now)
         return true; /* complete, failed, cancelled...: the counts now */
     if (terminal(j))
         return false; /* read once at its end: nothing changes any more */
+    /* A node that waits (nothing of the job runs here) reads it a third as
+     * often: its idle cost on the shared file system stays under one
+     * operation a second; a status request still reads it at once. */
+    if (!j->running)
+        every *= 3;
     return now - w->read_mono >= every;
 }
 
