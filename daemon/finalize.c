@@ -27,6 +27,7 @@
  * is held again after 5 s, doubling up to 10 minutes. */
 #define MERGE_RETRY_FIRST 5.0
 #define MERGE_RETRY_MAX 600.0
+#define LOSER_POLL_MAX 5.0 /* a node that lost the election looks for the result */
 
 struct fin {
     struct job *job;
@@ -78,6 +79,17 @@ size_t
 finalize_running(void)
 {
     return F.running;
+}
+
+/* How often a node that lost the election looks for its result: soon
+ * enough that every node knows the job complete within seconds of the
+ * merge (three cheap operations a look, only while a merge runs). */
+static double
+loser_poll(void)
+{
+    double p = (double)F.conf->poll_interval_secs;
+
+    return p < LOSER_POLL_MAX ? p : LOSER_POLL_MAX;
 }
 
 static void
@@ -326,8 +338,7 @@ fin_merged_as_owner(struct fin *f)
         cJSON_Delete(rec);
         f->winner = false;
         f->pid = 0;
-        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs,
-                     (double)F.conf->poll_interval_secs);
+        ev_timer_set(&f->poll_w, loser_poll(), loser_poll());
         ev_timer_start(F.loop, &f->poll_w);
         return;
     }
@@ -513,8 +524,7 @@ fin_elect(struct fin *f)
     buf_free(&b);
     if (r == -EEXIST) {
         f->winner = false;
-        ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs,
-                     (double)F.conf->poll_interval_secs);
+        ev_timer_set(&f->poll_w, loser_poll(), loser_poll());
         ev_timer_start(F.loop, &f->poll_w);
         log_info(&f->ctx, "every shard is done; another node merges");
         return;
