@@ -489,7 +489,9 @@ status_line(void)
         const struct status_view *v = jobview_get(j);
         char age[48] = "";
 
-        if (v) {
+        /* (what this node knows is never older: a job shorter than a
+         * reading shows its end, not the reading's start) */
+        if (v && v->counts[ST_DONE] >= done) {
             done = v->counts[ST_DONE];
             jobview_age_text(v, age);
         }
