@@ -15,6 +15,7 @@
 
 #define STEP_BUDGET 4096     /* units of status_view_step a loop turn */
 #define SYNC_SECS 0.05       /* spent on a status request's reading */
+#define SYNC_BEHIND_SECS 0.08 /* ... when this node knows more than the reading */
 #define TICK_SECS 1.0
 
 struct view {
@@ -276,14 +277,27 @@ jobview_status(struct job *j, bool all)
     struct view *w = j->loaded ? find_view(j) : NULL;
     double t0 = time_mono();
 
+    size_t known, total;
+    bool behind;
+
     if (!w)
         return NULL;
+    /* (this node knows of more done shards than the reading: it is older
+     * than what the request may show, whatever its age) */
+    jobs_progress(j, &known, &total);
+    behind = w->v.valid && known > w->v.counts[ST_DONE];
     /* a request wants the present: a short try at a new reading (one a
      * step at a time goes on in the background otherwise) */
     if (!w->v.valid || jobview_age(&w->v) >= JOBVIEW_FRESH_SECS || w->busy ||
-        j->state != w->read_state) {
-        while (time_mono() - t0 < SYNC_SECS && !step(w, j, STEP_BUDGET))
-            ;
+        j->state != w->read_state || behind) {
+        double limit = behind ? SYNC_BEHIND_SECS : SYNC_SECS;
+
+        /* (a reading begun before this node's last publication may end
+         * behind it still: then one more, within the limit) */
+        while (time_mono() - t0 < limit)
+            if (step(w, j, STEP_BUDGET) &&
+                (!behind || !w->v.valid || known <= w->v.counts[ST_DONE]))
+                break;
         if (w->busy && !ev_is_active(&V.work_w))
             ev_idle_start(V.loop, &V.work_w);
     }
