@@ -276,7 +276,6 @@ jobview_status(struct job *j, bool all)
 {
     struct view *w = j->loaded ? find_view(j) : NULL;
     double t0 = time_mono();
-
     size_t known, total;
     bool behind;
 
