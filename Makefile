@@ -7,7 +7,7 @@
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
 #   make bench               benchmarks in bench/ (print ratios)
 #   make valgrind            unit suites under valgrind
-#   make install             PREFIX, DESTDIR, BINDIR, SBINDIR, MANDIR, DATADIR, SYSCONFDIR,
+#   make install             PREFIX, DESTDIR, BINDIR, SBINDIR, LIBEXECDIR, MANDIR, DATADIR, SYSCONFDIR,
 #                            UNITDIR, SYSUSERSDIR, BASHCOMPDIR (make uninstall: the same)
 #
 # Knobs: V=1 (echo commands), WERROR=1, SANITIZE=address,undefined,
@@ -19,6 +19,9 @@ PREFIX      ?= /usr/local
 BINDIR      ?= $(PREFIX)/bin
 SBINDIR     ?= $(PREFIX)/sbin
 DATADIR     ?= $(PREFIX)/share
+# esd-dj (daemon/esd-dj.py), the attempts' runner of Data-Juicer, goes to
+# $(LIBEXECDIR)/esd.
+LIBEXECDIR  ?= $(PREFIX)/lib
 MANDIR      ?= $(DATADIR)/man
 SYSCONFDIR  ?= /etc
 # systemd's own directories (systemd.pc), whatever PREFIX is.
@@ -56,7 +59,7 @@ ifneq ($(SANITIZE),)
 BASE_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 BASE_LDFLAGS += -fsanitize=$(SANITIZE)
 endif
-ALL_CFLAGS  = $(BASE_CFLAGS) $(CFLAGS)
+ALL_CFLAGS  = $(BASE_CFLAGS) -DESD_LIBEXECDIR='"$(LIBEXECDIR)/esd"' $(CFLAGS)
 ALL_LDFLAGS = -pthread $(BASE_LDFLAGS) $(LDFLAGS)
 
 # Object files of different flavours live apart so a sanitizer build never
@@ -97,7 +100,8 @@ INTEGRATION := $(filter-out $(INTEGRATION_SKIP:%=tests/integration/%.sh),\
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
 .PHONY: all deps test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
-all: deps $(ESCTL) $(ESD)
+ESD_DJ := $(BUILD)/esd-dj
+all: deps $(ESCTL) $(ESD) $(ESD_DJ)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
 	$(Q)ln -sf $(CURDIR)/$(ESD) esd
 
@@ -122,6 +126,11 @@ $(LIBESDD): $(DAEMON_LIBOBJ)
 $(ESD): $(BUILD)/daemon/main.o $(LIBESDD) $(LIBESD)
 	$(if $(Q),@echo "  LD      $@")
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $< $(LIBESDD) $(LIBESD) $(PKG_LIBS) $(DAEMON_LIBS) -lm
+
+# (next to esd and esctl, where they look for it first)
+$(ESD_DJ): daemon/esd-dj.py
+	@mkdir -p $(dir $@)
+	$(Q)install -m 0755 $< $@
 
 $(ESCTL): $(CTL_OBJ) $(LIBESD)
 	$(if $(Q),@echo "  LD      $@")
@@ -243,6 +252,8 @@ install: all
 		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(BASHCOMPDIR)
 	install -m 0755 $(ESCTL) $(DESTDIR)$(BINDIR)/esctl
 	install -m 0755 $(ESD) $(DESTDIR)$(SBINDIR)/esd
+	install -d $(DESTDIR)$(LIBEXECDIR)/esd
+	install -m 0755 $(ESD_DJ) $(DESTDIR)$(LIBEXECDIR)/esd/esd-dj
 	install -m 0644 man/esctl.1 $(DESTDIR)$(MANDIR)/man1/esctl.1
 	install -m 0644 man/esd.yaml.5 $(DESTDIR)$(MANDIR)/man5/esd.yaml.5
 	install -m 0644 man/esd.8 $(DESTDIR)$(MANDIR)/man8/esd.8
@@ -260,7 +271,8 @@ uninstall:
 		$(DESTDIR)$(MANDIR)/man1/esctl.1 $(DESTDIR)$(MANDIR)/man5/esd.yaml.5 \
 		$(DESTDIR)$(MANDIR)/man8/esd.8 $(DESTDIR)$(UNITDIR)/esd.service \
 		$(DESTDIR)$(UNITDIR)/esd.socket $(DESTDIR)$(SYSUSERSDIR)/esd.conf \
-		$(DESTDIR)$(BASHCOMPDIR)/esctl
+		$(DESTDIR)$(BASHCOMPDIR)/esctl $(DESTDIR)$(LIBEXECDIR)/esd/esd-dj
+	rmdir $(DESTDIR)$(LIBEXECDIR)/esd 2>/dev/null || true
 	! cmp -s etc/esd.yaml $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml || \
 		rm -f $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml
 	rmdir $(DESTDIR)$(SYSCONFDIR)/esd 2>/dev/null || true

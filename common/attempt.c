@@ -499,7 +499,10 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
         free(config);
         return r;
     }
-    if (o->processor) {
+    if (o->dj_python && o->dj_runner) {
+        strv_push(&argv, o->dj_python);
+        strv_push(&argv, o->dj_runner);
+    } else if (o->processor) {
         for (const char *const *p = o->processor; *p; p++)
             strv_push(&argv, *p);
     } else if (o->dj_root) {
@@ -592,6 +595,33 @@ out:
     strv_free(&argv);
     strv_free(&env);
     return r;
+}
+
+#ifndef ESD_LIBEXECDIR
+#define ESD_LIBEXECDIR "/usr/local/lib/esd"
+#endif
+
+char *
+attempt_dj_runner(void)
+{
+    char self[4096], *p;
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+    if (n > 0) {
+        self[n] = '\0';
+        char *dir = fs_dirname(self);
+
+        p = fs_join(dir, "esd-dj");
+        free(dir);
+        if (access(p, R_OK) == 0)
+            return p;
+        free(p);
+    }
+    p = xstrdup(ESD_LIBEXECDIR "/esd-dj");
+    if (access(p, R_OK) == 0)
+        return p;
+    free(p);
+    return NULL;
 }
 
 static void

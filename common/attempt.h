@@ -47,7 +47,19 @@ struct attempt_opts {
     const char *python;      /* NULL: "python3" */
     const char *ray_address; /* --ray_address; NULL: the manifest's */
     char *const *env;        /* base environment; NULL: environ */
+    /* With both set, the command is {dj_python, dj_runner} instead of the
+     * processor: esd-dj, Data-Juicer's process_data with the input order
+     * kept (djversion's python: only for Data-Juicer's own processor). */
+    const char *dj_python;
+    const char *dj_runner;
 };
+
+/*
+ * The path of esd-dj: next to the running program (a build tree), else
+ * in ESD_LIBEXECDIR (an installation). NULL when neither is readable.
+ * Caller frees.
+ */
+char *attempt_dj_runner(void);
 
 /* What to spawn (all owned; attempt_cmd_free). */
 struct attempt_cmd {

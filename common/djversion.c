@@ -297,6 +297,7 @@ djversion_read(const struct attempt_opts *o, struct djversion *ret)
     const char *const *proc = o ? o->processor : NULL;
     char *version = NULL, *python = NULL, *source = NULL, *why = NULL, *pwhy = NULL;
     int dirty = -1;
+    bool own = !proc || (proc[0] && !proc[1] && !strcmp(fs_basename(proc[0]), "dj-process"));
 
     if (o && o->dj_root) {
         struct buf out;
@@ -362,7 +363,12 @@ djversion_read(const struct attempt_opts *o, struct djversion *ret)
         }
     }
     free(pwhy);
-    free(python);
+    /* (a checkout's interpreter is used even when it cannot say) */
+    if (o && o->dj_root && !python)
+        python = xstrdup(o->python ? o->python : "python3");
+    ret->python = own ? python : NULL;
+    if (!ret->python)
+        free(python);
     ret->version = version ? version : xstrdup("unknown");
     ret->dirty = dirty;
     ret->source = source;
@@ -375,6 +381,7 @@ djversion_free(struct djversion *v)
     free(v->version);
     free(v->source);
     free(v->why);
+    free(v->python);
     memset(v, 0, sizeof(*v));
 }
 

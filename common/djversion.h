@@ -29,6 +29,10 @@ struct djversion {
                       of /usr/bin/python3"); NULL when unknown */
     char *why;     /* why the version is unknown, or why a checkout gave no commit and
                       the package version was taken instead; NULL otherwise */
+    char *python;  /* the interpreter Data-Juicer's process_data runs on when the
+                      processor is Data-Juicer's own (the default dj-process, a
+                      configured command that is one dj-process, a checkout's
+                      data_juicer.python); NULL for any other processor */
 };
 
 /*

@@ -217,6 +217,7 @@ supervise(struct run *run, const struct claim *cl, double timeout, bool echo)
 struct worker_cfg {
     struct attempt_opts aopts;
     char *dj_version; /* recorded in done records */
+    char *dj_python, *dj_runner; /* esd-dj on Data-Juicer's interpreter, or NULL */
     struct jsonl_limits lim;
     double timeout;
     bool echo;
@@ -314,6 +315,13 @@ check_job(const struct call *c, const struct manifest *m, struct worker_cfg *w,
     /* (judged with how the version was read, or why it could not be) */
     djversion_read(&w->aopts, &v);
     w->dj_version = xstrdup(v.version);
+    /* Data-Juicer's own processor runs as esd-dj, which keeps the input
+     * order (attempt_opts) */
+    if (v.python && (w->dj_runner = attempt_dj_runner())) {
+        w->dj_python = xstrdup(v.python);
+        w->aopts.dj_python = w->dj_python;
+        w->aopts.dj_runner = w->dj_runner;
+    }
     r = djversion_judge(m->dj_commit, &v, err);
     djversion_free(&v);
     if (r < 0) {
@@ -497,6 +505,8 @@ out_manifest:
     manifest_free(&m);
     strv_free(&processor);
     free(w.dj_version);
+    free(w.dj_python);
+    free(w.dj_runner);
     free(node);
     return rc;
 }

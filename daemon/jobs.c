@@ -714,6 +714,12 @@ log_version(void)
                     "set", J.djv.why ? J.djv.why : "no way to read it");
 }
 
+const char *
+jobs_dj_python(void)
+{
+    return J.djv.python;
+}
+
 int
 jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
 {

@@ -177,6 +177,10 @@ struct fsid {
     bool set;
 };
 struct fsid jobs_fs_owner(const struct job *j);
+
+/* The interpreter of this node's Data-Juicer processor (djversion's
+ * python), or NULL when the processor is not Data-Juicer's own. */
+const char *jobs_dj_python(void);
 struct fsid jobs_fs_self(void);
 /* Any uid and gid: the control socket resolves a caller's paths as the caller. */
 struct fsid jobs_fs_as(uid_t uid, gid_t gid);

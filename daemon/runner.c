@@ -82,6 +82,7 @@ static struct {
     const struct esd_conf *conf;
     struct run *head;
     size_t n;
+    char *dj_runner; /* esd-dj, or NULL */
     void (*done)(struct job *j, const struct attempt_final *fin);
 } R;
 
@@ -92,6 +93,7 @@ runner_init(struct ev_loop *loop, const struct esd_conf *c)
 {
     R.loop = loop;
     R.conf = c;
+    R.dj_runner = attempt_dj_runner();
 }
 
 void
@@ -411,6 +413,10 @@ runner_start(struct job *j, struct claim *cl)
     ao.dj_root = c->dj_root;
     ao.python = c->dj_python;
     ao.ray_address = r->ray_addr;
+    /* Data-Juicer's own processor runs as esd-dj, which keeps the input
+     * order */
+    ao.dj_python = jobs_dj_python();
+    ao.dj_runner = R.dj_runner;
     /* the owner as the user database has it (not the job directory's
      * group); esd's own user when it does not run as root */
     if (spawn_cred_for_uid(as_owner ? j->uid : geteuid(), &cred, &err) < 0)
@@ -752,4 +758,6 @@ runner_fini(void)
     /* only called once every attempt has ended */
     while (R.head)
         run_free(R.head);
+    free(R.dj_runner);
+    R.dj_runner = NULL;
 }
