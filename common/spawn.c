@@ -117,7 +117,7 @@ child_become(const struct spawn_cred *cred)
  * (the keeper's, spawn_keep). */
 static void __attribute__((noreturn))
 child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge, bool own_group,
-           const struct spawn_cred *cred, pid_t parent, int out_w, int status_w)
+           const struct spawn_cred *cred, pid_t parent, int out_w, int status_w, int in_fd)
 {
     sigset_t none;
     int e, devnull;
@@ -128,7 +128,8 @@ child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge, bo
     devnull = child_above_stdio(open("/dev/null", O_RDWR | O_CLOEXEC));
     out_w = child_above_stdio(out_w);
     status_w = child_above_stdio(status_w);
-    if (devnull < 0 || out_w < 0 || status_w < 0) {
+    in_fd = in_fd < 0 ? devnull : child_above_stdio(in_fd);
+    if (devnull < 0 || out_w < 0 || status_w < 0 || in_fd < 0) {
         e = errno;
     } else if (cred && (e = child_become(cred)) != 0) {
         /* (reported below) */
@@ -141,7 +142,7 @@ child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge, bo
         _exit(127); /* the parent died before the line above */
     } else if (dup2(out_w, STDOUT_FILENO) < 0 ||
                dup2(merge ? out_w : devnull, STDERR_FILENO) < 0 ||
-               dup2(devnull, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {
+               dup2(in_fd, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {
         e = errno;
     } else {
         /* Nothing of the parent's but 0-2, CLOEXEC or not; the status
@@ -319,6 +320,74 @@ keeper_close_all_but(int a, int b)
 }
 
 /*
+ * The keeper's watch over its program prog, started: until prog exits or
+ * a stop's grace ends, then the tree is killed and reaped (see
+ * spawn_keep). parent is whose SIGTERM is a stop (and root's); its death
+ * shows as the report pipe rep_w's read end closing. sfd: a signalfd for
+ * SIGTERM and SIGCHLD, both blocked.
+ */
+static void __attribute__((noreturn))
+keeper_watch(pid_t prog, pid_t parent, int rep_w, int sfd, double grace)
+{
+    pid_t self = getpid();
+    bool reaped = false, told, stopping = false;
+    double kill_at = 0;
+    int status = 0, st0;
+
+    /* (an adopted program may have ended before the keeper looked) */
+    if (waitpid(prog, &st0, WNOHANG) == prog) {
+        status = st0;
+        reaped = true;
+    }
+    while (!reaped) {
+        /* the report pipe's read end is the parent's alone: POLLERR on
+         * the write end when it is closed, i.e. when the parent is dead */
+        struct pollfd p[2] = { { .fd = sfd, .events = POLLIN }, { .fd = rep_w, .events = 0 } };
+        struct signalfd_siginfo si;
+        int ms = -1, st;
+        pid_t w;
+
+        if (stopping) {
+            double left = kill_at - keeper_now();
+
+            if (left <= 0)
+                break;
+            ms = (int)(left * 1000) + 1;
+        }
+        if (poll(p, 2, ms) < 0 && errno != EINTR)
+            break;
+        if (p[1].revents & (POLLERR | POLLHUP))
+            break;
+        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
+            /* A stop comes from the parent (spawn_signal) or from root;
+             * the program signalling its own group (kill(0, SIGTERM)) is
+             * no stop: it ends the attempt by exiting, if at all. */
+            if (si.ssi_signo == SIGTERM && !stopping &&
+                (si.ssi_pid == (uint32_t)parent || si.ssi_uid == 0)) {
+                /* The group has it from the parent (spawn_signal): the
+                 * rest are the processes that left it, handed to the
+                 * keeper when their parents died. */
+                stopping = true;
+                kill_at = keeper_now() + grace;
+                keeper_signal_children(SIGTERM, self);
+            }
+        while ((w = waitpid(-1, &st, WNOHANG)) > 0)
+            if (w == prog) {
+                status = st;
+                reaped = true;
+            }
+    }
+    /* the status first: killing the rest may take a while */
+    if ((told = reaped))
+        keeper_report(rep_w, REP_EXITED, status);
+    keeper_kill_tree(prog, &status, &reaped);
+    if (reaped && !told)
+        keeper_report(rep_w, REP_EXITED, status);
+    _exit(0);
+}
+
+
+/*
  * The keeper, in the child of spawn_keep's fork (the caller is
  * single-threaded, so that ordinary library calls are safe here): a
  * process group of its own, every signal blocked (SIGTERM and SIGCHLD
@@ -331,9 +400,7 @@ keeper_main(char *const *argv, char *const *envp, const char *cwd, const struct 
             const struct spawn_keep_opts *o, pid_t parent, int out_w, int rep_w)
 {
     sigset_t all, want;
-    int ex[2], sfd, e = 0, status = 0;
-    bool reaped = false, told, stopping = false;
-    double kill_at = 0;
+    int ex[2], sfd, e = 0;
     pid_t self, prog;
     ssize_t n;
 
@@ -370,7 +437,7 @@ keeper_main(char *const *argv, char *const *envp, const char *cwd, const struct 
         _exit(0);
     }
     if (prog == 0)
-        child_exec(argv, envp, cwd, true, false, cred, self, out_w, ex[1]);
+        child_exec(argv, envp, cwd, true, false, cred, self, out_w, ex[1], -1);
     /* the program's output pipe is the program's: its end of file must
      * come when the last of the tree holding it is gone */
     close(out_w);
@@ -385,52 +452,52 @@ keeper_main(char *const *argv, char *const *envp, const char *cwd, const struct 
         _exit(0);
     }
     keeper_report(rep_w, REP_STARTED, (int)prog);
+    keeper_watch(prog, parent, rep_w, sfd, o->grace);
+}
 
-    while (!reaped) {
-        /* the report pipe's read end is the parent's alone: POLLERR on
-         * the write end when it is closed, i.e. when the parent is dead */
-        struct pollfd p[2] = { { .fd = sfd, .events = POLLIN }, { .fd = rep_w, .events = 0 } };
-        struct signalfd_siginfo si;
-        int ms = -1, st;
-        pid_t w;
+int
+spawn_keeper_adopted(int argc, char **argv)
+{
+    sigset_t all, want;
+    char *end;
+    long grace_ms, parent, prog, rep_w;
+    int sfd, devnull;
 
-        if (stopping) {
-            double left = kill_at - keeper_now();
-
-            if (left <= 0)
-                break;
-            ms = (int)(left * 1000) + 1;
-        }
-        if (poll(p, 2, ms) < 0 && errno != EINTR)
-            break;
-        if (p[1].revents & (POLLERR | POLLHUP))
-            break;
-        while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si))
-            /* A stop comes from the parent (spawn_signal) or from root;
-             * the program signalling its own group (kill(0, SIGTERM)) is
-             * no stop: it ends the attempt by exiting, if at all. */
-            if (si.ssi_signo == SIGTERM && !stopping &&
-                (si.ssi_pid == (uint32_t)parent || si.ssi_uid == 0)) {
-                /* The group has it from the parent (spawn_signal): the
-                 * rest are the processes that left it, handed to the
-                 * keeper when their parents died. */
-                stopping = true;
-                kill_at = keeper_now() + o->grace;
-                keeper_signal_children(SIGTERM, self);
-            }
-        while ((w = waitpid(-1, &st, WNOHANG)) > 0)
-            if (w == prog) {
-                status = st;
-                reaped = true;
-            }
+    if (argc != 6 || strcmp(argv[1], SPAWN_KEEPER_ARG))
+        return 2;
+    grace_ms = strtol(argv[2], &end, 10);
+    if (*end || grace_ms < 0)
+        return 2;
+    parent = strtol(argv[3], &end, 10);
+    if (*end || parent <= 0)
+        return 2;
+    prog = strtol(argv[4], &end, 10);
+    if (*end || prog <= 0)
+        return 2;
+    rep_w = strtol(argv[5], &end, 10);
+    if (*end || rep_w <= STDERR_FILENO || rep_w > 65535)
+        return 2;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL);
+    /* (its own group and the subreaper bit are the warm child's doing:
+     * they had to be there before the program was forked) */
+    if ((devnull = open("/dev/null", O_RDWR | O_CLOEXEC)) < 0 || dup2(devnull, 0) < 0 ||
+        dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
+        return 127;
+    close(devnull);
+    keeper_close_all_but((int)rep_w, (int)rep_w);
+    fcntl((int)rep_w, F_SETFD, FD_CLOEXEC);
+    sigemptyset(&want);
+    sigaddset(&want, SIGTERM);
+    sigaddset(&want, SIGCHLD);
+    if ((sfd = signalfd(-1, &want, SFD_CLOEXEC | SFD_NONBLOCK)) < 0 ||
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
+        keeper_report((int)rep_w, REP_SETUP_FAILED, errno);
+        kill((pid_t)prog, SIGKILL);
+        return 0;
     }
-    /* the status first: killing the rest may take a while */
-    if ((told = reaped))
-        keeper_report(rep_w, REP_EXITED, status);
-    keeper_kill_tree(prog, &status, &reaped);
-    if (reaped && !told)
-        keeper_report(rep_w, REP_EXITED, status);
-    _exit(0);
+    keeper_report((int)rep_w, REP_STARTED, (int)prog);
+    keeper_watch((pid_t)prog, (pid_t)parent, (int)rep_w, sfd, (double)grace_ms / 1000.0);
 }
 
 /* ---- in the parent ---- */
@@ -457,7 +524,7 @@ two_pipes(int a[2], int b[2], const char *what, struct esd_err *err)
  * cred unless it is NULL. */
 static int
 start(char *const *argv, char *const *envp, const char *cwd, bool merge,
-      const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err)
+      const struct spawn_cred *cred, int in_fd, struct spawned *ret, struct esd_err *err)
 {
     int out[2], status[2], e = 0, r;
     pid_t pid, parent = getpid();
@@ -474,7 +541,7 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
     sigprocmask(SIG_SETMASK, &all, &old);
     pid = fork();
     if (pid == 0)
-        child_exec(argv, envp, cwd, merge, true, cred, parent, out[1], status[1]);
+        child_exec(argv, envp, cwd, merge, true, cred, parent, out[1], status[1], in_fd);
     e = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
@@ -510,7 +577,7 @@ int
 spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawned *ret,
             struct esd_err *err)
 {
-    return start(argv, envp, cwd, true, NULL, ret, err);
+    return start(argv, envp, cwd, true, NULL, -1, ret, err);
 }
 
 int
@@ -519,7 +586,17 @@ spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
 {
     if (cred->uid == 0)
         return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
-    return start(argv, envp, cwd, true, cred, ret, err);
+    return start(argv, envp, cwd, true, cred, -1, ret, err);
+}
+
+int
+spawn_start_with_input(char *const *argv, char *const *envp, const char *cwd,
+                       const struct spawn_cred *cred, int in_fd, struct spawned *ret,
+                       struct esd_err *err)
+{
+    if (cred && cred->uid == 0)
+        return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
+    return start(argv, envp, cwd, true, cred, in_fd, ret, err);
 }
 
 int
@@ -597,6 +674,36 @@ spawn_keep_status(struct spawned *s, int keeper_status, int *ret_status)
     s->report_fd = -1;
     *ret_status = status;
     return got ? 0 : -ESRCH;
+}
+
+void
+spawn_keep_read(struct spawned *s, struct spawn_keep_state *st)
+{
+    struct rep rec;
+    ssize_t n;
+
+    while (s->report_fd >= 0) {
+        n = read(s->report_fd, &rec, sizeof(rec));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            return;
+        if (n != (ssize_t)sizeof(rec)) {
+            /* end of file (or a torn record: the keeper is not ours) */
+            close(s->report_fd);
+            s->report_fd = -1;
+            st->eof = true;
+            return;
+        }
+        if (rec.kind == REP_STARTED && !st->proc && rec.value > 0) {
+            st->proc = s->proc = (pid_t)rec.value;
+        } else if (rec.kind == REP_EXITED) {
+            st->exited = true;
+            st->status = rec.value;
+        } else if ((rec.kind == REP_SETUP_FAILED || rec.kind == REP_EXEC_FAILED) && !st->failed) {
+            st->failed = rec.value > 0 ? rec.value : EIO;
+        }
+    }
 }
 
 int
@@ -732,7 +839,7 @@ spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
     bool eof = false;
     int status = 0, r;
 
-    if ((r = start(argv, environ, cwd, false, NULL, &sp, err)) < 0)
+    if ((r = start(argv, environ, cwd, false, NULL, -1, &sp, err)) < 0)
         return r;
     while (!eof) {
         struct pollfd p = { .fd = sp.out_fd, .events = POLLIN };

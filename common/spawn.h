@@ -86,6 +86,12 @@ void spawn_env_base(const struct strv *allow, const struct spawn_cred *cred,
 int spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
                    const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err);
 
+/* spawn_start_as (cred NULL: as the caller) with in_fd, not /dev/null,
+ * as the child's standard input (the caller keeps its own descriptor). */
+int spawn_start_with_input(char *const *argv, char *const *envp, const char *cwd,
+                           const struct spawn_cred *cred, int in_fd, struct spawned *ret,
+                           struct esd_err *err);
+
 /*
  * A kept start, for what must leave nothing behind (an attempt's
  * processor). The caller (single-threaded) forks a keeper: a process of
@@ -132,6 +138,33 @@ int spawn_keep(char *const *argv, char *const *envp, const char *cwd,
  * run).
  */
 int spawn_keep_status(struct spawned *s, int keeper_status, int *ret_status);
+
+/*
+ * The keeper of a program that was forked elsewhere (esd's warm
+ * processor), as a program of its own: argv is {any, SPAWN_KEEPER_ARG,
+ * grace in ms, the pid whose SIGTERM is a stop, the program's pid, the
+ * report pipe's descriptor}. The caller has made itself the leader of a
+ * process group and a child subreaper, forked the program into that group,
+ * and exec'd this with every signal blocked. It then reports and watches
+ * as spawn_keep's keeper does (REP_STARTED first) and never returns;
+ * it returns 2 at once for arguments that are not such a call.
+ */
+#define SPAWN_KEEPER_ARG "--esd-keeper"
+int spawn_keeper_adopted(int argc, char **argv);
+
+/*
+ * What a keeper reported so far, read without blocking from s->report_fd
+ * (for a keeper that is not the caller's child: its end is the report
+ * pipe's end of file). st starts zeroed.
+ */
+struct spawn_keep_state {
+    pid_t proc;      /* the program, once started */
+    bool exited;     /* its wait status is in status */
+    int status;
+    int failed;      /* an errno: the keeper could not set up or start it */
+    bool eof;        /* the keeper is gone: nothing more will come */
+};
+void spawn_keep_read(struct spawned *s, struct spawn_keep_state *st);
 
 /*
  * Runs argv (PATH lookup as spawn_start) in cwd with the current

@@ -150,6 +150,9 @@ static const struct key keys[] = {
     { .name = "data_juicer.allow_version_mismatch", .type = KT_BOOL,
       .off = F(allow_version_mismatch), .def = "false",
       .help = "work jobs prepared with a different Data-Juicer version" },
+    { .name = "data_juicer.warm", .type = KT_BOOL, .off = F(dj_warm), .def = "true",
+      .help = "fork attempts of Data-Juicer's own processor from a warm processor that has "
+              "imported Data-Juicer and Ray (false: exec each)" },
     { .name = "ray.mode", .type = KT_ENUM, .off = F(ray_mode), .def = "persistent",
       .names = ray_modes,
       .help = "persistent: a node-local Ray head kept by esd; per-attempt: every attempt "

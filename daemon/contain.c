@@ -261,6 +261,15 @@ contain_begin(const char *name)
     return dir;
 }
 
+int
+contain_move(const char *dir, pid_t pid)
+{
+    char text[32];
+
+    snprintf(text, sizeof(text), "%ld", (long)pid);
+    return cg_write(dir, "cgroup.procs", text);
+}
+
 void
 contain_end(char *dir)
 {

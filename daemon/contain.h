@@ -14,6 +14,7 @@
 #define ESD_CONTAIN_H
 
 #include <stdbool.h>
+#include <sys/types.h>
 
 #include <ev.h>
 
@@ -35,6 +36,10 @@ bool contain_has_cgroups(void);
  * runs on with its keeper only).
  */
 char *contain_begin(const char *name);
+
+/* Moves process pid into the cgroup dir (from contain_begin): for an
+ * attempt that the warm processor forked. 0 or a negative errno. */
+int contain_move(const char *dir, pid_t pid);
 
 /* Kills what is left in the cgroup dir (from contain_begin; NULL: none)
  * and removes it (later, from a timer, while dying processes still hold

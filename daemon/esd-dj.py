@@ -15,6 +15,10 @@ carry the write task's index, zero-padded), hold the shard's rows in
 input order, and two runs of one job give the same bytes. Without it a
 shard's first rows are in whichever block finished first.
 
+
+With --warm it is the warm processor instead (serve() below): it imports
+Data-Juicer and Ray once and then forks one child per attempt, which runs
+exactly what an exec'd esd-dj runs (run()), in about no time.
 """
 import sys
 
@@ -47,5 +51,217 @@ def run(argv):
     return 1
 
 
+# ---- the warm processor ----
+#
+# esd starts `<python> esd-dj --warm` as the attempts' user, with the
+# attempts' environment and working directory (those of the job), its
+# standard input a SOCK_SEQPACKET socket to esd, its output esd's log.
+# Messages are JSON objects, one a packet:
+#   warm -> esd   {"ready": true, "pid": P, "secs": S, "threads": T}
+#                 or {"ready": false, "error": "..."} (and it exits)
+#   esd -> warm   {"id": N, "argv": [...], "env": ["K=V", ...], "cwd": "...",
+#                  "keeper": [esd, --esd-keeper, grace_ms, esd_pid]}
+#                 with three descriptors (SCM_RIGHTS): the attempt's output
+#                 pipe, the keeper's report pipe and a "go" pipe
+#   warm -> esd   {"id": N, "pid": C} or {"id": N, "error": "..."}
+# C, the fork, leads a process group of its own and is a child subreaper;
+# it waits for one byte on the go pipe (esd has put it in the attempt's
+# cgroup then; end of file: give up), forks the attempt A into its group
+# and execs esd's keeper (spawn_keeper_adopted), which reports A's end on
+# the report pipe and kills whatever A left, as for an exec'd attempt.
+# A has the attempt's environment, working directory, standard streams
+# and argv, nothing else of the warm processor's (descriptors closed,
+# signals unblocked), and dies with its keeper (PR_SET_PDEATHSIG).
+#
+# What must not happen before the fork, because a forked child cannot
+# inherit it: threads of Python's (threading), a Ray connection
+# (ray.init starts threads and sockets), CUDA (an initialised context
+# does not survive fork). Importing Data-Juicer and Ray does none of it;
+# the warm processor checks, and refuses to serve otherwise. (NumPy's
+# OpenBLAS pool and pyarrow's jemalloc thread are native threads that
+# both libraries rebuild in a forked child.)
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+MAX_PACKET = 1 << 20
+
+
+def _prctl(option, arg):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(%d)" % option)
+
+
+def _not_forkable():
+    """Why this process must not fork attempts, or None."""
+    import threading
+
+    if threading.active_count() != 1:
+        return "%d Python threads after the imports (%s)" % (
+            threading.active_count(), ", ".join(t.name for t in threading.enumerate()))
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return "Ray is initialised after the imports"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA is initialised after the imports"
+    return None
+
+
+def _send(sock, obj):
+    import json
+
+    sock.send(json.dumps(obj).encode())
+
+
+def _attempt(req, out_w, keeper_pid):
+    """In A: become the attempt and run it; never returns."""
+    import os
+    import signal
+
+    rc = 127
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != keeper_pid:
+            os._exit(127)
+        null = os.open("/dev/null", os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.closerange(3, 1 << 20)
+        os.environ.clear()
+        for e in req["env"]:
+            k, sep, v = e.partition("=")
+            if sep and k:
+                os.environ[k] = v
+        os.chdir(req["cwd"])
+        # the dispositions of a Python just started (the keeper's are
+        # the defaults)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        rc = run(req["argv"])
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        rc = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        # (not through Python's exit: the warm processor's atexit
+        # handlers and buffers are not the attempt's)
+        os._exit(rc)
+
+
+def _child(sock, req, fds):
+    """In C: wait for go, fork A, become its keeper; never returns."""
+    import os
+    import signal
+    import struct
+
+    out_w, rep_w, go_r = fds
+    try:
+        sock.close()
+        os.setpgid(0, 0)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        # (blocked until the keeper reads them from a signalfd)
+        signal.pthread_sigmask(signal.SIG_SETMASK, signal.valid_signals())
+        for s in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGINT):
+            signal.signal(s, signal.SIG_DFL)
+        if os.read(go_r, 1) != b"g":
+            os._exit(0)
+        os.close(go_r)
+        me = os.getpid()
+        a = os.fork()
+        if a == 0:
+            os.close(rep_w)
+            _attempt(req, out_w, me)
+        os.close(out_w)
+        os.set_inheritable(rep_w, True)
+        keeper = [str(x) for x in req["keeper"]] + [str(a), str(rep_w)]
+        try:
+            os.execv(keeper[0], keeper)
+        except OSError as e:
+            os.write(rep_w, struct.pack("=ii", 3, e.errno or 5))  # REP_SETUP_FAILED
+            os.kill(a, signal.SIGKILL)
+    except BaseException:
+        pass
+    os._exit(0)
+
+
+def serve():
+    """The warm processor's loop (see above)."""
+    import json
+    import os
+    import socket
+    import struct
+    import time
+
+    sock = socket.socket(fileno=0)
+    t0 = time.monotonic()
+    try:
+        keep_order()
+        import data_juicer.tools.process_data  # noqa: F401
+        import data_juicer.core.executor.ray_executor  # noqa: F401
+        why = _not_forkable()
+    except BaseException as e:
+        why = "cannot import Data-Juicer and Ray: %s: %s" % (type(e).__name__, e)
+    if why:
+        _send(sock, {"ready": False, "error": why})
+        return 1
+    threads = len(os.listdir("/proc/self/task"))
+    _send(sock, {"ready": True, "pid": os.getpid(), "secs": time.monotonic() - t0,
+                 "threads": threads})
+    print("esd-dj: warm after %.1f s (%d threads), pid %d" % (time.monotonic() - t0, threads,
+                                                             os.getpid()), flush=True)
+    fdsize = socket.CMSG_SPACE(3 * 4)
+    while True:
+        try:
+            msg, anc, _, _ = sock.recvmsg(MAX_PACKET, fdsize)
+        except InterruptedError:
+            continue
+        fds = []
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                n = len(data) // 4
+                fds += list(struct.unpack("=%di" % n, data[:n * 4]))
+        # reap the children that ended (keepers, once their attempt is over)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not msg:
+            return 0  # esd closed its end: stop
+        rid = None
+        try:
+            req = json.loads(msg)
+            rid = req.get("id")
+            if (len(fds) != 3 or not isinstance(req.get("argv"), list) or
+                    not isinstance(req.get("env"), list) or
+                    not isinstance(req.get("cwd"), str) or
+                    not isinstance(req.get("keeper"), list) or len(req["keeper"]) != 4):
+                raise ValueError("a request needs argv, env, cwd, keeper and 3 descriptors")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(sock, req, fds)
+            _send(sock, {"id": rid, "pid": pid})
+        except Exception as e:
+            _send(sock, {"id": rid, "error": "%s: %s" % (type(e).__name__, e)})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--warm"]:
+        sys.exit(serve())
     sys.exit(run(sys.argv[1:]))

@@ -34,6 +34,7 @@
 #include "ray.h"
 #include "runner.h"
 #include "sched.h"
+#include "spawn.h"
 
 static struct {
     struct ev_loop *loop;
@@ -192,6 +193,10 @@ main(int argc, char **argv)
     struct esd_err err;
     int opt;
 
+    /* the keeper of an attempt forked by the warm processor (runner.c):
+     * nothing of the daemon's runs in it */
+    if (argc > 1 && !strcmp(argv[1], SPAWN_KEEPER_ARG))
+        return spawn_keeper_adopted(argc, argv);
     json_init();
     M.path = ESD_CONFIG_DEFAULT;
     while ((opt = getopt_long(argc, argv, "fc:h", longopts, NULL)) != -1) {
