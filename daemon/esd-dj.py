@@ -151,6 +151,11 @@ def _attempt(req, out_w, keeper_pid):
         traceback.print_exc()
         rc = 1
     try:
+        # loguru's queued sinks (Data-Juicer's enqueue=True) write from
+        # threads of their own: their last lines first
+        loguru = sys.modules.get("loguru")
+        if loguru is not None:
+            loguru.logger.remove()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:

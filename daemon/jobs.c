@@ -26,6 +26,7 @@
 #include "merge.h"
 #include "recipe.h"
 #include "sha256.h"
+#include "warm.h"
 
 const char *const job_state_name[] = {
     [JOB_ACTIVE] = "active",       [JOB_DRAINING] = "draining", [JOB_FINALIZING] = "finalizing",
@@ -168,6 +169,7 @@ static void load_abandon(struct job *j);
 static void
 job_free(struct job *j)
 {
+    warm_forget_job(j);
     load_abandon(j);
     if (j->loaded) {
         claimer_free(&j->claimer);
@@ -1298,6 +1300,7 @@ jobs_reset(struct job *j)
 {
     if (j->running || j->finalize)
         return false;
+    warm_forget_job(j);
     if (j->loaded) {
         claimer_free(&j->claimer);
         manifest_free(&j->m);

@@ -35,6 +35,7 @@
 #include "runner.h"
 #include "sched.h"
 #include "spawn.h"
+#include "warm.h"
 
 static struct {
     struct ev_loop *loop;
@@ -150,6 +151,7 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
      * first where it must), then the old one goes */
     ray_reconfigure(next);
     runner_reconfigure(next);
+    warm_reconfigure(next);
     finalize_reconfigure(next);
     jobs_reconfigure(next);
     sched_reconfigure(next);
@@ -298,6 +300,7 @@ main(int argc, char **argv)
         return 1;
     }
     runner_init(M.loop, M.conf);
+    warm_init(M.loop, M.conf);
     finalize_init(M.loop, M.conf);
     opchild_init(M.loop, M.conf);
     metrics_init(M.loop, M.conf);
@@ -319,6 +322,7 @@ main(int argc, char **argv)
     sched_fini();
     finalize_fini();
     runner_fini();
+    warm_fini();
     jobs_fini();
     ray_fini();
     notify_fini();

@@ -25,6 +25,7 @@
 #include "notify.h"
 #include "ray.h"
 #include "spawn.h"
+#include "warm.h"
 
 /* attempt_kill_grace_secs after SIGTERM the keeper kills the tree itself;
  * esd's SIGKILL to the group KEEPER_SLACK later is a backstop for a keeper
@@ -66,6 +67,13 @@ struct run {
     bool running, exited, out_eof, killing;
     int status;
     bool lease_lost, timed_out, stopped, start_failed;
+    /* forked by the warm processor: its keeper is not esd's child, its
+     * reports (and their end) say all */
+    bool warm, warm_pending;
+    int go_w; /* while pending: the fork waits for a byte on it */
+    ev_io rep_w;
+    struct spawn_keep_state ks;
+    struct spawn_cred cred; /* whom it runs as (uid 0: esd's own identity) */
     char error[ESD_ERR_MAX];
     /* finishing */
     pid_t fin_pid;
@@ -129,6 +137,12 @@ run_free(struct run *r)
     ev_timer_stop(R.loop, &r->timeout_w);
     ev_timer_stop(R.loop, &r->grace_w);
     ev_timer_stop(R.loop, &r->drain_w);
+    if (r->warm_pending)
+        warm_cancel(r);
+    if (r->go_w >= 0)
+        close(r->go_w);
+    ev_io_stop(R.loop, &r->rep_w);
+    spawn_cred_free(&r->cred);
     if (r->log_fd >= 0)
         close(r->log_fd);
     if (r->child.out_fd >= 0)
@@ -269,23 +283,17 @@ run_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
-/* The keeper exited: the processor and everything it started are gone
- * (the keeper kills its tree before it exits). The lease is still
- * renewed: the attempt is over only once it is finished. */
+/* The keeper is gone: the processor and everything it started are gone
+ * (the keeper kills its tree before it exits). told: its report gave the
+ * processor's wait status (in r->status). The lease is still renewed: the
+ * attempt is over only once it is finished. */
 static void
-run_child_cb(struct ev_loop *loop, ev_child *w, int revents)
+run_keeper_gone(struct run *r, bool told, const char *how)
 {
-    struct run *r = w->data;
-    char how[64];
-    int code;
-
-    (void)revents;
-    ev_child_stop(loop, w);
     r->exited = true;
     /* (the timeout runs on: it also bounds the wait for the output) */
-    ev_timer_stop(loop, &r->grace_w);
-    if (spawn_keep_status(&r->child, w->rstatus, &r->status) < 0) {
-        spawn_describe(w->rstatus, how, &code);
+    ev_timer_stop(R.loop, &r->grace_w);
+    if (!told) {
         log_warning(&r->ctx, "the processor's keeper ended without its report (%s): %s", how,
                     r->cgroup ? "killing what is left in the attempt's cgroup"
                               : "what the processor started outside its process group may "
@@ -298,7 +306,46 @@ run_child_cb(struct ev_loop *loop, ev_child *w, int revents)
     if (r->out_eof)
         run_finish(r);
     else
-        ev_timer_start(loop, &r->drain_w);
+        ev_timer_start(R.loop, &r->drain_w);
+}
+
+static void
+run_child_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct run *r = w->data;
+    char how[64];
+    int code;
+    bool told;
+
+    (void)revents;
+    ev_child_stop(loop, w);
+    told = spawn_keep_status(&r->child, w->rstatus, &r->status) == 0;
+    spawn_describe(w->rstatus, how, &code);
+    run_keeper_gone(r, told, how);
+}
+
+/* A report of a warm attempt's keeper (not esd's child: the end of its
+ * report pipe is its end). */
+static void
+run_rep_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct run *r = w->data;
+
+    (void)revents;
+    spawn_keep_read(&r->child, &r->ks);
+    if (!r->ks.eof)
+        return;
+    ev_io_stop(loop, w);
+    if (r->ks.exited) {
+        r->status = r->ks.status;
+    } else if (!r->ks.proc && r->ks.failed) {
+        /* the fork could not start its keeper: nothing ran */
+        r->start_failed = true;
+        snprintf(r->error, sizeof(r->error), "the warm processor's fork could not start the "
+                 "attempt's keeper: %s", strerror(r->ks.failed));
+        r->running = false;
+    }
+    run_keeper_gone(r, r->ks.exited || r->start_failed, "its report pipe closed");
 }
 
 static void
@@ -366,6 +413,164 @@ attempt_env(const struct esd_conf *c, const struct spawn_cred *cred)
     return env;
 }
 
+/* The processor runs: its output, its end, its lease and its timeout are
+ * watched. */
+static void
+run_started(struct run *r)
+{
+    r->running = true;
+    fcntl(r->child.out_fd, F_SETFL, fcntl(r->child.out_fd, F_GETFL) | O_NONBLOCK);
+    ev_io_init(&r->out_w, run_out_cb, r->child.out_fd, EV_READ);
+    r->out_w.data = r;
+    ev_io_start(R.loop, &r->out_w);
+    if (r->warm) {
+        ev_io_init(&r->rep_w, run_rep_cb, r->child.report_fd, EV_READ);
+        r->rep_w.data = r;
+        ev_io_start(R.loop, &r->rep_w);
+    } else {
+        ev_child_init(&r->child_w, run_child_cb, r->child.pid, 0);
+        r->child_w.data = r;
+        ev_child_start(R.loop, &r->child_w);
+    }
+    if (!ev_is_active(&r->beat_w))
+        ev_timer_start(R.loop, &r->beat_w);
+    if (R.conf->attempt_timeout_secs > 0)
+        ev_timer_start(R.loop, &r->timeout_w);
+}
+
+/* The attempt could not start: it ends as an infrastructure failure. */
+static void
+run_start_failed(struct run *r, const char *why)
+{
+    r->start_failed = true;
+    snprintf(r->error, sizeof(r->error), "%s", why);
+    log_warning(&r->ctx, "cannot start the attempt: %s", why);
+    if (r->log_fd >= 0)
+        dprintf(r->log_fd, "\nUnable to start Data-Juicer: %s\n", why);
+    r->exited = r->out_eof = true;
+    run_finish(r);
+}
+
+/* Starts the processor under a keeper of esd's (spawn_keep). */
+static void
+run_exec(struct run *r)
+{
+    struct spawn_keep_opts keep = { .grace = r->grace, .cgroup = r->cgroup };
+    const struct spawn_cred *cred = r->cred.uid ? &r->cred : NULL;
+    struct esd_err err;
+
+    if (r->cgroup && spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, cred, &keep, &r->child,
+                                &err) < 0) {
+        /* (a cgroup the keeper could not enter, say: try once without) */
+        log_warning(&r->ctx, "%s; starting it again without a cgroup of its own", err.msg);
+        contain_end(r->cgroup);
+        keep.cgroup = r->cgroup = NULL;
+    }
+    if (!r->cgroup &&
+        spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, cred, &keep, &r->child, &err) < 0) {
+        run_start_failed(r, err.msg);
+        return;
+    }
+    run_started(r);
+    log_info(&r->ctx, "started %s (pid %d, its keeper %d) on Ray %s", r->cmd.argv[0],
+             (int)r->child.proc, (int)r->child.pid, r->ray_addr);
+}
+
+/* The warm processor's answer (warm_done_fn). */
+static void
+run_warm_cb(void *arg, pid_t pid, const char *why)
+{
+    struct run *r = arg;
+
+    r->warm_pending = false;
+    if (pid <= 0 || r->stopped || r->lease_lost) {
+        /* (a fork that waits for its go ends at this end of file) */
+        close(r->go_w);
+        r->go_w = -1;
+        close(r->child.out_fd);
+        close(r->child.report_fd);
+        r->child.out_fd = r->child.report_fd = -1;
+        r->child.pid = 0;
+        if (r->stopped || r->lease_lost) {
+            r->exited = r->out_eof = true;
+            run_finish(r);
+            return;
+        }
+        log_notice(&r->ctx, "%s: starting the attempt on its own", why);
+        run_exec(r);
+        return;
+    }
+    r->warm = true;
+    r->child.pid = pid;
+    r->child.proc = 0;
+    /* in its cgroup before it starts anything */
+    if (r->cgroup && contain_move(r->cgroup, pid) < 0) {
+        log_warning(&r->ctx, "cannot move the warm processor's fork %ld into the attempt's "
+                    "cgroup: %s; its keeper alone contains it", (long)pid, strerror(errno));
+        contain_end(r->cgroup);
+        r->cgroup = NULL;
+    }
+    if (write(r->go_w, "g", 1) != 1)
+        log_warning(&r->ctx, "cannot tell the warm processor's fork to go: %s",
+                    strerror(errno));
+    close(r->go_w);
+    r->go_w = -1;
+    run_started(r);
+    log_info(&r->ctx, "started %s (its keeper %ld, forked by the warm processor) on Ray %s",
+             r->cmd.argv[1], (long)pid, r->ray_addr);
+}
+
+/* Asks the job's warm processor for the attempt; false when it cannot
+ * (the caller execs it). */
+static bool
+run_warm_ask(struct run *r)
+{
+    int out[2], rep[2], go[2];
+    struct warm_req rq = { 0 };
+    bool ok;
+
+    if (pipe2(out, O_CLOEXEC) < 0)
+        return false;
+    if (pipe2(rep, O_CLOEXEC) < 0) {
+        close(out[0]);
+        close(out[1]);
+        return false;
+    }
+    if (pipe2(go, O_CLOEXEC) < 0) {
+        close(out[0]);
+        close(out[1]);
+        close(rep[0]);
+        close(rep[1]);
+        return false;
+    }
+    rq.argv = r->cmd.argv + 2;
+    rq.envp = r->cmd.envp;
+    rq.cwd = r->cmd.cwd;
+    rq.python = r->cmd.argv[0];
+    rq.runner = r->cmd.argv[1];
+    rq.cred = r->cred.uid ? &r->cred : NULL;
+    rq.grace = r->grace;
+    rq.out_w = out[1];
+    rq.rep_w = rep[1];
+    rq.go_r = go[0];
+    ok = warm_request(r->job, &rq, run_warm_cb, r) == 0;
+    close(out[1]);
+    close(rep[1]);
+    close(go[0]);
+    if (!ok) {
+        close(out[0]);
+        close(rep[0]);
+        close(go[1]);
+        return false;
+    }
+    fcntl(rep[0], F_SETFL, fcntl(rep[0], F_GETFL) | O_NONBLOCK);
+    r->child.out_fd = out[0];
+    r->child.report_fd = rep[0];
+    r->go_w = go[1];
+    r->warm_pending = true;
+    return true;
+}
+
 void
 runner_start(struct job *j, struct claim *cl)
 {
@@ -374,11 +579,9 @@ runner_start(struct job *j, struct claim *cl)
     struct attempt_opts ao = { 0 };
     struct esd_err err;
     struct strv env;
-    struct spawn_cred cred = { 0 };
     struct fsid prev;
     const char *addr = ray_address();
     bool as_owner = geteuid() == 0;
-    struct spawn_keep_opts keep = { .grace = (double)c->attempt_kill_grace_secs };
 
     r->job = j;
     r->cl = *cl;
@@ -386,10 +589,10 @@ runner_start(struct job *j, struct claim *cl)
     r->ctx.job = j->m.job_id;
     r->ctx.shard = r->cl.shard_id;
     r->ctx.attempt = r->cl.attempt_number;
-    r->log_fd = -1;
+    r->log_fd = r->go_w = -1;
     r->child.out_fd = r->child.report_fd = -1;
     r->started = time_mono();
-    r->grace = keep.grace;
+    r->grace = (double)c->attempt_kill_grace_secs;
     r->ray_gen = ray_generation();
     snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : j->m.ray_address);
     buf_init(&r->line);
@@ -419,61 +622,37 @@ runner_start(struct job *j, struct claim *cl)
     ao.dj_runner = R.dj_runner;
     /* the owner as the user database has it (not the job directory's
      * group); esd's own user when it does not run as root */
-    if (spawn_cred_for_uid(as_owner ? j->uid : geteuid(), &cred, &err) < 0)
-        goto start_failed;
-    env = attempt_env(c, &cred);
+    if (spawn_cred_for_uid(as_owner ? j->uid : geteuid(), &r->cred, &err) < 0) {
+        run_start_failed(r, err.msg);
+        return;
+    }
+    env = attempt_env(c, &r->cred);
+    if (!as_owner) /* (uid 0 in r->cred says: as esd itself) */
+        r->cred.uid = 0;
     ao.env = env.v;
     /* the attempt directory and process.log are the job owner's */
     prev = jobs_fs_owner(j);
     if (attempt_prepare(&j->m, &r->cl, &ao, &r->cmd, &err) < 0) {
         jobs_fs_restore(prev);
         strv_free(&env);
-        goto start_failed;
+        run_start_failed(r, err.msg);
+        return;
     }
+    strv_free(&env);
     r->log_fd = fs_open_job(r->cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644, 0, NULL, &err);
     jobs_fs_restore(prev);
     if (r->log_fd < 0) {
-        strv_free(&env);
-        goto start_failed;
+        run_start_failed(r, err.msg);
+        return;
     }
-    keep.cgroup = r->cgroup = contain_begin(r->cl.token);
-    if (r->cgroup && spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, as_owner ? &cred : NULL,
-                                &keep, &r->child, &err) < 0) {
-        /* (a cgroup the keeper could not enter, say: try once without) */
-        log_warning(&r->ctx, "%s; starting it again without a cgroup of its own", err.msg);
-        contain_end(r->cgroup);
-        keep.cgroup = r->cgroup = NULL;
-    }
-    if (!r->cgroup && spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, as_owner ? &cred : NULL,
-                                 &keep, &r->child, &err) < 0) {
-        dprintf(r->log_fd, "\nUnable to start Data-Juicer: %s\n", err.msg);
-        strv_free(&env);
-        goto start_failed;
-    }
-    strv_free(&env);
-    spawn_cred_free(&cred);
-    r->running = true;
-    fcntl(r->child.out_fd, F_SETFL, fcntl(r->child.out_fd, F_GETFL) | O_NONBLOCK);
-    ev_io_init(&r->out_w, run_out_cb, r->child.out_fd, EV_READ);
-    r->out_w.data = r;
-    ev_io_start(R.loop, &r->out_w);
-    ev_child_init(&r->child_w, run_child_cb, r->child.pid, 0);
-    r->child_w.data = r;
-    ev_child_start(R.loop, &r->child_w);
+    r->cgroup = contain_begin(r->cl.token);
+    /* the lease is renewed from the claim on, whoever starts it */
     ev_timer_start(R.loop, &r->beat_w);
-    if (c->attempt_timeout_secs > 0)
-        ev_timer_start(R.loop, &r->timeout_w);
-    log_info(&r->ctx, "started %s (pid %d, its keeper %d) on Ray %s", r->cmd.argv[0],
-             (int)r->child.proc, (int)r->child.pid, r->ray_addr);
-    return;
-
-start_failed:
-    spawn_cred_free(&cred);
-    r->start_failed = true;
-    snprintf(r->error, sizeof(r->error), "%s", err.msg);
-    log_warning(&r->ctx, "cannot start the attempt: %s", err.msg);
-    r->exited = r->out_eof = true;
-    run_finish(r);
+    if (c->dj_warm && ao.dj_python && ao.dj_runner && run_warm_ask(r)) {
+        log_debug(&r->ctx, "asked the warm processor for the attempt");
+        return;
+    }
+    run_exec(r);
 }
 
 /* ---- finishing: validation and publication in a child ---- */
@@ -725,7 +904,9 @@ void
 runner_stop_job(const struct job *j)
 {
     for (struct run *r = R.head; r; r = r->next)
-        if ((!j || r->job == j) && r->running && !r->exited) {
+        if ((!j || r->job == j) && r->warm_pending)
+            r->stopped = true; /* (run_warm_cb ends it) */
+        else if ((!j || r->job == j) && r->running && !r->exited) {
             r->stopped = true;
             run_kill(r);
         }
@@ -746,7 +927,10 @@ runner_status_json(void)
         if (r->running)
             json_add_int(o, "pid", (long long)r->child.proc);
         json_add_float(o, "running_secs", time_mono() - r->started);
-        json_add_str(o, "phase", r->exited ? "finishing" : r->killing ? "stopping" : "running");
+        json_add_str(o, "phase", r->exited    ? "finishing"
+                                 : r->killing ? "stopping"
+                                 : r->warm_pending ? "starting"
+                                                   : "running");
         cJSON_AddItemToArray(a, o);
     }
     return a;
