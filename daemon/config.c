@@ -140,6 +140,9 @@ static const struct key keys[] = {
     { .name = "poll_interval_secs", .type = KT_INT, .off = F(poll_interval_secs), .def = "20",
       .min = 1, .max = 3600,
       .help = "how often an idle node looks for claimable shards and new jobs (jittered)" },
+    { .name = "claim_ahead", .type = KT_BOOL, .off = F(claim_ahead), .def = "true",
+      .help = "claim a busy slot's next shard shortly before its attempt ends and let it "
+              "read its configuration and connect to Ray meanwhile (warm processor only)" },
     { .name = "processor", .type = KT_WORDS, .off = F(processor),
       .help = "command that processes a shard (string split on blanks, or list); empty: "
               "dj-process, or data_juicer.python <root>/tools/process_data.py" },

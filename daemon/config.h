@@ -44,6 +44,7 @@ struct esd_conf {
     char *dj_python;         /* data_juicer.python: default "python3" */
     bool allow_version_mismatch; /* data_juicer.allow_version_mismatch: default false */
     bool dj_warm;                /* data_juicer.warm: default true */
+    bool claim_ahead;            /* claim_ahead: default true */
     enum ray_mode ray_mode;  /* ray.mode: persistent (default), per-attempt, off */
     char *ray_command;       /* ray.command: default "ray" */
     long ray_port;           /* ray.port: default 6380 */

@@ -32,12 +32,36 @@ def keep_order():
     ctx.execution_options.preserve_order = True
 
 
-def run(argv):
+def _gate_before_running(fd):
+    """Claim-ahead: once Data-Juicer has read its configuration and made
+    its Ray executor (connected to the head), wait for one byte on fd
+    before it runs; end of file: exit. The wait falls in Data-Juicer's
+    "Initializing executor" time, not in its "Running executor" time."""
+    import os
+    from data_juicer.core.executor import ray_executor
+
+    made = ray_executor.RayExecutor.__init__
+
+    def init(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        go = os.read(fd, 1)
+        os.close(fd)
+        if go != b"r":
+            print("esd-dj: esd did not start the attempt: giving it up", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(75)
+
+    ray_executor.RayExecutor.__init__ = init
+
+
+def run(argv, gate_fd=None):
     """One attempt: Data-Juicer's process_data main with argv as its
     command line. Returns the exit status dj-process would have."""
     keep_order()
     from data_juicer.tools.process_data import main
 
+    if gate_fd is not None:
+        _gate_before_running(gate_fd)
     sys.argv = ["dj-process"] + list(argv)
     try:
         rc = main()
@@ -62,7 +86,10 @@ def run(argv):
 #   esd -> warm   {"id": N, "argv": [...], "env": ["K=V", ...], "cwd": "...",
 #                  "keeper": [esd, --esd-keeper, grace_ms, esd_pid]}
 #                 with three descriptors (SCM_RIGHTS): the attempt's output
-#                 pipe, the keeper's report pipe and a "go" pipe
+#                 pipe, the keeper's report pipe and a "go" pipe; with
+#                 "gate": true a fourth, the gate (claim-ahead: A waits for
+#                 one byte on it, as descriptor 3, once its Ray executor is
+#                 made, before it runs)
 #   warm -> esd   {"id": N, "pid": C} or {"id": N, "error": "..."}
 # C, the fork, leads a process group of its own and is a child subreaper;
 # it waits for one byte on the go pipe (esd has put it in the attempt's
@@ -116,7 +143,7 @@ def _send(sock, obj):
     sock.send(json.dumps(obj).encode())
 
 
-def _attempt(req, out_w, keeper_pid):
+def _attempt(req, out_w, keeper_pid, gate_r):
     """In A: become the attempt and run it; never returns."""
     import os
     import signal
@@ -130,7 +157,12 @@ def _attempt(req, out_w, keeper_pid):
         os.dup2(null, 0)
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
-        os.closerange(3, 1 << 20)
+        if gate_r is not None:
+            # (descriptor 3 until it opens: then 0, 1 and 2 alone)
+            os.dup2(gate_r, 3)
+            os.closerange(4, 1 << 20)
+        else:
+            os.closerange(3, 1 << 20)
         os.environ.clear()
         for e in req["env"]:
             k, sep, v = e.partition("=")
@@ -142,7 +174,7 @@ def _attempt(req, out_w, keeper_pid):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        rc = run(req["argv"])
+        rc = run(req["argv"], 3 if gate_r is not None else None)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1
     except BaseException:
@@ -170,7 +202,8 @@ def _child(sock, req, fds):
     import signal
     import struct
 
-    out_w, rep_w, go_r = fds
+    out_w, rep_w, go_r = fds[:3]
+    gate_r = fds[3] if len(fds) > 3 else None
     try:
         sock.close()
         os.setpgid(0, 0)
@@ -186,8 +219,10 @@ def _child(sock, req, fds):
         a = os.fork()
         if a == 0:
             os.close(rep_w)
-            _attempt(req, out_w, me)
+            _attempt(req, out_w, me, gate_r)
         os.close(out_w)
+        if gate_r is not None:
+            os.close(gate_r)
         os.set_inheritable(rep_w, True)
         keeper = [str(x) for x in req["keeper"]] + [str(a), str(rep_w)]
         try:
@@ -248,11 +283,12 @@ def serve():
         try:
             req = json.loads(msg)
             rid = req.get("id")
-            if (len(fds) != 3 or not isinstance(req.get("argv"), list) or
+            if (len(fds) != (4 if req.get("gate") else 3) or
+                    not isinstance(req.get("argv"), list) or
                     not isinstance(req.get("env"), list) or
                     not isinstance(req.get("cwd"), str) or
                     not isinstance(req.get("keeper"), list) or len(req["keeper"]) != 4):
-                raise ValueError("a request needs argv, env, cwd, keeper and 3 descriptors")
+                raise ValueError("a request needs argv, env, cwd, keeper and its descriptors")
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()

@@ -81,6 +81,7 @@ struct job {
     struct claim_idle idle; /* what the last empty pass saw */
     bool idle_valid;
     size_t running;  /* attempts of this job running here */
+    double proc_avg; /* this node's mean time of its processor (runner.c), 0: none yet */
     unsigned long done_here, failed_here; /* outcomes on this node */
     unsigned merge_failures; /* merges here that failed for a transient cause in a row */
     unsigned fail_streak;  /* its attempts failed in a row here ... */

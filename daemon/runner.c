@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,9 @@ struct run {
      * reports (and their end) say all */
     bool warm, warm_pending;
     int go_w; /* while pending: the fork waits for a byte on it */
+    bool gated;  /* claimed ahead: waits for a slot (gate_w) */
+    int gate_w;
+    double ran_at; /* when its processor was let run (monotonic) */
     ev_io rep_w;
     struct spawn_keep_state ks;
     struct spawn_cred cred; /* whom it runs as (uid 0: esd's own identity) */
@@ -91,6 +95,7 @@ static struct {
     struct run *head;
     size_t n;
     char *dj_runner; /* esd-dj, or NULL */
+    void (*freed)(void);
     void (*done)(struct job *j, const struct attempt_final *fin);
 } R;
 
@@ -117,6 +122,85 @@ runner_set_done(void (*done)(struct job *j, const struct attempt_final *fin))
     R.done = done;
 }
 
+void
+runner_set_freed(void (*freed)(void))
+{
+    R.freed = freed;
+}
+
+/* A run that takes a slot: its processor starts or runs, ungated. */
+static bool
+run_busy(const struct run *r)
+{
+    return !r->exited && !r->gated;
+}
+
+size_t
+runner_busy(void)
+{
+    size_t n = 0;
+
+    for (struct run *r = R.head; r; r = r->next)
+        n += run_busy(r);
+    return n;
+}
+
+size_t
+runner_gated(void)
+{
+    size_t n = 0;
+
+    for (struct run *r = R.head; r; r = r->next)
+        n += r->gated && !r->exited;
+    return n;
+}
+
+double
+runner_ahead_in(double lead)
+{
+    double now = time_mono(), best = INFINITY;
+
+    for (struct run *r = R.head; r; r = r->next) {
+        double at;
+
+        if (!run_busy(r) || !runner_can_start_ahead(r->job))
+            continue;
+        at = r->job->proc_avg > 0 ? r->ran_at + r->job->proc_avg - lead : now;
+        if (at - now < best)
+            best = at > now ? at - now : 0;
+    }
+    return best;
+}
+
+/* Lets the oldest attempts claimed ahead run while slots are free. */
+static void
+run_open_gates(void)
+{
+    size_t busy = runner_busy();
+
+    while (busy < (size_t)R.conf->slots) {
+        struct run *oldest = NULL;
+
+        for (struct run *r = R.head; r; r = r->next)
+            if (r->gated && !r->exited && (!oldest || r->started < oldest->started))
+                oldest = r;
+        if (!oldest)
+            return;
+        oldest->gated = false;
+        oldest->ran_at = time_mono();
+        if (oldest->gate_w >= 0) {
+            if (write(oldest->gate_w, "r", 1) != 1)
+                log_warning(&oldest->ctx, "cannot let the attempt run: %s", strerror(errno));
+            close(oldest->gate_w);
+            oldest->gate_w = -1;
+        }
+        if (oldest->running && R.conf->attempt_timeout_secs > 0)
+            ev_timer_start(R.loop, &oldest->timeout_w);
+        log_debug(&oldest->ctx, "a slot is free: the attempt claimed ahead runs");
+        busy++;
+    }
+}
+
 size_t
 runner_count(void)
 {
@@ -141,6 +225,8 @@ run_free(struct run *r)
         warm_cancel(r);
     if (r->go_w >= 0)
         close(r->go_w);
+    if (r->gate_w >= 0)
+        close(r->gate_w);
     ev_io_stop(R.loop, &r->rep_w);
     spawn_cred_free(&r->cred);
     if (r->log_fd >= 0)
@@ -290,7 +376,21 @@ run_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void
 run_keeper_gone(struct run *r, bool told, const char *how)
 {
+    bool was_busy = run_busy(r);
+
     r->exited = true;
+    if (was_busy && r->running && told) {
+        /* this node's mean time of the job's processor, for claim-ahead */
+        double d = time_mono() - r->ran_at;
+        struct job *j = r->job;
+
+        j->proc_avg = j->proc_avg > 0 ? 0.7 * j->proc_avg + 0.3 * d : d;
+    }
+    if (was_busy) {
+        run_open_gates();
+        if (R.freed)
+            R.freed();
+    }
     /* (the timeout runs on: it also bounds the wait for the output) */
     ev_timer_stop(R.loop, &r->grace_w);
     if (!told) {
@@ -434,7 +534,8 @@ run_started(struct run *r)
     }
     if (!ev_is_active(&r->beat_w))
         ev_timer_start(R.loop, &r->beat_w);
-    if (R.conf->attempt_timeout_secs > 0)
+    /* (a gated attempt's time counts once it is let run) */
+    if (R.conf->attempt_timeout_secs > 0 && !r->gated)
         ev_timer_start(R.loop, &r->timeout_w);
 }
 
@@ -487,6 +588,15 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
         /* (a fork that waits for its go ends at this end of file) */
         close(r->go_w);
         r->go_w = -1;
+        if (r->gate_w >= 0) {
+            close(r->gate_w);
+            r->gate_w = -1;
+        }
+        if (r->gated) {
+            /* (exec'd, it runs at once: no slot waits for it) */
+            r->gated = false;
+            r->ran_at = time_mono();
+        }
         close(r->child.out_fd);
         close(r->child.report_fd);
         r->child.out_fd = r->child.report_fd = -1;
@@ -516,8 +626,11 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
     close(r->go_w);
     r->go_w = -1;
     run_started(r);
-    log_info(&r->ctx, "started %s (its keeper %ld, forked by the warm processor) on Ray %s",
-             r->cmd.argv[1], (long)pid, r->ray_addr);
+    log_info(&r->ctx, "started %s (its keeper %ld, forked by the warm processor%s) on Ray %s",
+             r->cmd.argv[1], (long)pid, r->gated ? ", claimed ahead: it runs once a slot is "
+             "free" : "", r->ray_addr);
+    if (r->gated)
+        run_open_gates();
 }
 
 /* Asks the job's warm processor for the attempt; false when it cannot
@@ -525,23 +638,30 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
 static bool
 run_warm_ask(struct run *r)
 {
-    int out[2], rep[2], go[2];
+    int out[2], rep[2], go[2], gate[2] = { -1, -1 };
     struct warm_req rq = { 0 };
     bool ok;
 
-    if (pipe2(out, O_CLOEXEC) < 0)
+    if (r->gated && pipe2(gate, O_CLOEXEC) < 0)
         return false;
+    if (pipe2(out, O_CLOEXEC) < 0) {
+        if (gate[0] >= 0) {
+            close(gate[0]);
+            close(gate[1]);
+        }
+        return false;
+    }
     if (pipe2(rep, O_CLOEXEC) < 0) {
         close(out[0]);
         close(out[1]);
-        return false;
+        goto no_rep;
     }
     if (pipe2(go, O_CLOEXEC) < 0) {
         close(out[0]);
         close(out[1]);
         close(rep[0]);
         close(rep[1]);
-        return false;
+        goto no_rep;
     }
     rq.argv = r->cmd.argv + 2;
     rq.envp = r->cmd.envp;
@@ -553,26 +673,38 @@ run_warm_ask(struct run *r)
     rq.out_w = out[1];
     rq.rep_w = rep[1];
     rq.go_r = go[0];
+    rq.gate_r = gate[0];
     ok = warm_request(r->job, &rq, run_warm_cb, r) == 0;
     close(out[1]);
     close(rep[1]);
     close(go[0]);
+    if (gate[0] >= 0)
+        close(gate[0]);
     if (!ok) {
         close(out[0]);
         close(rep[0]);
         close(go[1]);
+        if (gate[1] >= 0)
+            close(gate[1]);
         return false;
     }
+    r->gate_w = gate[1];
     fcntl(rep[0], F_SETFL, fcntl(rep[0], F_GETFL) | O_NONBLOCK);
     r->child.out_fd = out[0];
     r->child.report_fd = rep[0];
     r->go_w = go[1];
     r->warm_pending = true;
     return true;
+no_rep:
+    if (gate[0] >= 0) {
+        close(gate[0]);
+        close(gate[1]);
+    }
+    return false;
 }
 
-void
-runner_start(struct job *j, struct claim *cl)
+static void
+run_begin(struct job *j, struct claim *cl, bool ahead)
 {
     const struct esd_conf *c = R.conf;
     struct run *r = xcalloc(1, sizeof(*r));
@@ -589,9 +721,10 @@ runner_start(struct job *j, struct claim *cl)
     r->ctx.job = j->m.job_id;
     r->ctx.shard = r->cl.shard_id;
     r->ctx.attempt = r->cl.attempt_number;
-    r->log_fd = r->go_w = -1;
+    r->log_fd = r->go_w = r->gate_w = -1;
     r->child.out_fd = r->child.report_fd = -1;
-    r->started = time_mono();
+    r->started = r->ran_at = time_mono();
+    r->gated = ahead;
     r->grace = (double)c->attempt_kill_grace_secs;
     r->ray_gen = ray_generation();
     snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : j->m.ray_address);
@@ -649,10 +782,33 @@ runner_start(struct job *j, struct claim *cl)
     /* the lease is renewed from the claim on, whoever starts it */
     ev_timer_start(R.loop, &r->beat_w);
     if (c->dj_warm && ao.dj_python && ao.dj_runner && run_warm_ask(r)) {
-        log_debug(&r->ctx, "asked the warm processor for the attempt");
+        log_debug(&r->ctx, "asked the warm processor for the attempt%s",
+                  ahead ? " (claimed ahead)" : "");
         return;
     }
+    if (r->gated) {
+        r->gated = false;
+        r->ran_at = time_mono();
+    }
     run_exec(r);
+}
+
+void
+runner_start(struct job *j, struct claim *cl)
+{
+    run_begin(j, cl, false);
+}
+
+bool
+runner_can_start_ahead(const struct job *j)
+{
+    return R.conf->dj_warm && jobs_dj_python() && R.dj_runner && warm_ready(j);
+}
+
+void
+runner_start_ahead(struct job *j, struct claim *cl)
+{
+    run_begin(j, cl, runner_can_start_ahead(j));
 }
 
 /* ---- finishing: validation and publication in a child ---- */
@@ -668,7 +824,7 @@ run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen
 
     memset(out, 0, sizeof(*out));
     *need_result = false;
-    out->duration = time_mono() - r->started;
+    out->duration = time_mono() - r->ran_at;
     out->ray_address = r->ray_addr;
     out->dj_commit = NULL;
     if (r->running)
@@ -754,7 +910,7 @@ run_report(struct run *r)
     cJSON *rep = NULL;
     const char *status = "", *error, *cls = NULL;
     bool ok = false, done = false, failed = false, left = false;
-    double duration = time_mono() - r->started, dv;
+    double duration = time_mono() - r->ran_at, dv;
     long long rows = 0, bytes = 0;
 
     if (WIFEXITED(r->fin_status) && WEXITSTATUS(r->fin_status) == 0 &&

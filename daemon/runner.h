@@ -36,13 +36,38 @@ void runner_set_done(void (*done)(struct job *j, const struct attempt_final *fin
  */
 void runner_start(struct job *j, struct claim *cl);
 
+/*
+ * Claim-ahead: starts the attempt of cl as runner_start does, but through
+ * j's warm processor with a gate: it reads its configuration, connects to
+ * Ray and makes its executor, then waits until a slot is free (a busy
+ * attempt's processor ended) before it runs. When the warm processor
+ * cannot take it after all, it runs at once.
+ */
+void runner_start_ahead(struct job *j, struct claim *cl);
+/* Whether j's attempts can be claimed ahead now (its warm processor is
+ * ready). */
+bool runner_can_start_ahead(const struct job *j);
+
+/* Attempts whose processor runs (ungated, not yet exited): the slots in
+ * use. Finishing attempts (validation, publication) take none. */
+size_t runner_busy(void);
+/* Attempts claimed ahead that wait for a slot. */
+size_t runner_gated(void);
+/* Seconds until a busy attempt may be about to end (its processor's time
+ * so far is within lead of this node's mean for its job, or there is no
+ * mean yet): 0 for now, INFINITY when no busy attempt's job can be
+ * claimed ahead (runner_can_start_ahead). */
+double runner_ahead_in(double lead);
+/* Called when a slot may have become free (a processor ended). */
+void runner_set_freed(void (*freed)(void));
+
 /* Stops every attempt (SIGTERM, then SIGKILL); they end "released",
  * their claims given back without counting a failure. */
 void runner_stop_all(void);
 /* The same for the attempts of job j only (cancel). */
 void runner_stop_job(const struct job *j);
 
-/* Attempts in flight (running or finishing). */
+/* Attempts in flight (running, claimed ahead or finishing). */
 size_t runner_count(void);
 
 /* The attempts in flight, for the control socket. */

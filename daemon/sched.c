@@ -25,6 +25,7 @@
 #include "proto.h"
 #include "ray.h"
 #include "runner.h"
+#include "warm.h"
 
 /* Attempts of one job failed in a row on this node before it pauses its
  * claims of that job, and the longest pause: a node where everything fails
@@ -32,6 +33,10 @@
  * budgets of the whole fleet's shards in seconds. Per job, so that one
  * owner's failing attempts pause nobody else's work. */
 #define FAIL_STREAK 3
+/* Claim-ahead: a busy slot's next shard is claimed this long before the
+ * slot's attempt is expected to end (this node's mean for its job), time
+ * enough for Data-Juicer to read its configuration and connect to Ray. */
+#define CLAIM_AHEAD_LEAD 5.0
 #define PAUSE_MAX 60.0
 
 static struct {
@@ -152,13 +157,24 @@ fill(void)
 {
     double now = time_mono(), next = INFINITY;
 
-    while (!S.draining && !S.held && ray_ready() && runner_count() < (size_t)S.conf->slots) {
-        struct job *j = next_job(now);
+    for (;;) {
+        struct job *j;
         struct claim cl;
         struct esd_err err;
+        bool ahead = false;
         int r;
 
-        if (!j)
+        if (S.draining || S.held || !ray_ready())
+            break;
+        /* a free slot, or (claim-ahead) a busy one about to end: its next
+         * shard is claimed, read and connected to Ray before it does */
+        if (runner_busy() + runner_gated() >= (size_t)S.conf->slots) {
+            if (!S.conf->claim_ahead || runner_gated() >= (size_t)S.conf->slots ||
+                runner_ahead_in(CLAIM_AHEAD_LEAD) > 0)
+                break;
+            ahead = true;
+        }
+        if (!(j = next_job(now)) || (ahead && !runner_can_start_ahead(j)))
             break;
         struct fsid prev = jobs_fs_owner(j);
         r = claim_acquire(&j->claimer, &cl, &j->idle, &err);
@@ -193,7 +209,10 @@ fill(void)
             log_info(&(struct log_ctx){ .job = j->m.job_id, .shard = cl.shard_id,
                                         .attempt = cl.attempt_number },
                      "claimed (attempt %lld)", cl.attempt_number);
-        runner_start(j, &cl);
+        if (ahead)
+            runner_start_ahead(j, &cl);
+        else
+            runner_start(j, &cl);
     }
     /* sleep until the earliest job may have something */
     for (struct job *j = jobs_first(); j; j = j->next)
@@ -203,6 +222,14 @@ fill(void)
             if (at < next)
                 next = at;
         }
+    /* claim-ahead: when a busy attempt may be about to end */
+    if (S.conf->claim_ahead && runner_gated() < (size_t)S.conf->slots &&
+        runner_busy() + runner_gated() >= (size_t)S.conf->slots) {
+        double in = runner_ahead_in(CLAIM_AHEAD_LEAD);
+
+        if (isfinite(in) && now + in < next)
+            next = now + in;
+    }
     ev_timer_stop(S.loop, &S.poll_w);
     if (!S.draining && !S.held && isfinite(next)) {
         ev_timer_set(&S.poll_w, next > now ? next - now : 0.05, 0);
@@ -428,6 +455,8 @@ sched_init(struct ev_loop *loop, const struct esd_conf *c)
     ev_timer_again(loop, &S.rescan_w);
     jobs_set_changed(sched_kick);
     runner_set_done(attempt_done);
+    runner_set_freed(sched_kick);
+    warm_set_ready_cb(sched_kick);
     finalize_set_done(job_finalized);
     ray_set_listener(ray_changed);
     sched_kick();

@@ -31,7 +31,7 @@ struct wreq {
     warm_done_fn done;
     void *arg;
     char *msg; /* the request, until sent */
-    int fds[3];
+    int fds[4]; /* the last is -1 without a gate */
     double asked;
 };
 
@@ -60,6 +60,7 @@ static struct {
     const struct esd_conf *conf;
     struct warm *head;
     char *self; /* esd's own program, the keeper */
+    void (*ready)(void);
 } W;
 
 static void warm_stop(struct warm *w, const char *why);
@@ -70,7 +71,7 @@ static void warm_arm(struct warm *w);
 static void
 req_free(struct wreq *q)
 {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (q->fds[i] >= 0)
             close(q->fds[i]);
     free(q->msg);
@@ -115,21 +116,22 @@ req_find(struct warm *w, unsigned id)
 static int
 req_send(struct warm *w, struct wreq *q)
 {
+    size_t nfds = q->fds[3] >= 0 ? 4 : 3;
     char cbuf[CMSG_SPACE(sizeof(q->fds))];
     struct iovec iov = { .iov_base = q->msg, .iov_len = strlen(q->msg) };
     struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                         .msg_controllen = sizeof(cbuf) };
+                         .msg_controllen = CMSG_SPACE(nfds * sizeof(int)) };
     struct cmsghdr *cm;
 
     memset(cbuf, 0, sizeof(cbuf));
     cm = CMSG_FIRSTHDR(&mh);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(q->fds));
-    memcpy(CMSG_DATA(cm), q->fds, sizeof(q->fds));
+    cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    memcpy(CMSG_DATA(cm), q->fds, nfds * sizeof(int));
     if (sendmsg(w->sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
         return -errno;
-    for (int i = 0; i < 3; i++) {
+    for (size_t i = 0; i < nfds; i++) {
         close(q->fds[i]);
         q->fds[i] = -1;
     }
@@ -326,6 +328,8 @@ on_message(struct warm *w, const char *text)
             log_info(&w->ctx, "the warm processor is ready after %.1f s (pid %ld)",
                      time_mono() - w->started, (long)w->sp.pid);
             reqs_send(w);
+            if (W.ready)
+                W.ready();
         } else {
             const char *e = json_get_str(j, "error");
 
@@ -596,7 +600,8 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
     q->fds[0] = fcntl(rq->out_w, F_DUPFD_CLOEXEC, 3);
     q->fds[1] = fcntl(rq->rep_w, F_DUPFD_CLOEXEC, 3);
     q->fds[2] = fcntl(rq->go_r, F_DUPFD_CLOEXEC, 3);
-    if (q->fds[0] < 0 || q->fds[1] < 0 || q->fds[2] < 0) {
+    q->fds[3] = rq->gate_r >= 0 ? fcntl(rq->gate_r, F_DUPFD_CLOEXEC, 3) : -1;
+    if (q->fds[0] < 0 || q->fds[1] < 0 || q->fds[2] < 0 || (rq->gate_r >= 0 && q->fds[3] < 0)) {
         req_free(q);
         return -EAGAIN;
     }
@@ -609,6 +614,8 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
     for (char *const *p = rq->envp; p && *p; p++)
         cJSON_AddItemToArray(a, cJSON_CreateString(*p));
     json_add_str(o, "cwd", rq->cwd);
+    if (rq->gate_r >= 0)
+        cJSON_AddBoolToObject(o, "gate", true);
     a = cJSON_AddArrayToObject(o, "keeper");
     cJSON_AddItemToArray(a, cJSON_CreateString(W.self));
     cJSON_AddItemToArray(a, cJSON_CreateString(SPAWN_KEEPER_ARG));
@@ -634,6 +641,21 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
     w->last_used = now;
     warm_arm(w);
     return 0;
+}
+
+void
+warm_set_ready_cb(void (*ready)(void))
+{
+    W.ready = ready;
+}
+
+bool
+warm_ready(const struct job *j)
+{
+    for (struct warm *w = W.head; w; w = w->next)
+        if (w->job == j)
+            return w->state == W_READY && time_mono() >= w->disabled_until;
+    return false;
 }
 
 void

@@ -12,6 +12,7 @@
 #ifndef ESD_WARM_H
 #define ESD_WARM_H
 
+#include <stdbool.h>
 #include <sys/types.h>
 
 #include <ev.h>
@@ -39,6 +40,11 @@ struct warm_req {
     const struct spawn_cred *cred; /* NULL: esd's own identity */
     double grace;
     int out_w, rep_w, go_r;
+    /* -1, or the read end of a pipe on which the attempt waits, once
+     * Data-Juicer's configuration is read and its Ray executor made, for
+     * one byte before it runs (claim-ahead: the next shard of a slot is
+     * ready when the current one ends); end of file: it exits */
+    int gate_r;
 };
 
 /* The answer: pid > 0 is the fork (the attempt's keeper, a process of
@@ -59,6 +65,12 @@ void warm_fini(void);
  * the caller execs the attempt itself.
  */
 int warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *arg);
+/* Called when a warm processor has become ready. */
+void warm_set_ready_cb(void (*ready)(void));
+
+/* Whether job j's warm processor is ready now. */
+bool warm_ready(const struct job *j);
+
 /* Forgets a request of arg's (its answer will not be delivered). */
 void warm_cancel(void *arg);
 /* Stops job j's warm processor (the job is going). */
