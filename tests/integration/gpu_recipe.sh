@@ -57,7 +57,8 @@ for item in recipe["process"]:
         gpu.add(Mapper if issubclass(cls, Mapper) else Filter if issubclass(cls, Filter) else None)
     for key in ("hf_model", "zh_to_en_hf_model"):
         if args.get(key) is not None:
-            assert os.path.isabs(args[key]), "%s: %s %r is not a local path" % (name, key, args[key])
+            assert os.path.isabs(args[key]), "%s: %s %r is not a local path" % (
+                name, key, args[key])
 assert gpu >= {Mapper, Filter}, "a GPU Mapper and a GPU Filter: %s" % gpu
 print("checked %d operators" % len(recipe["process"]))
 PYEOF
