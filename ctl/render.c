@@ -281,12 +281,17 @@ static int
 render_daemon_status(struct call *c, const cJSON *res)
 {
     const cJSON *ray = cJSON_GetObjectItemCaseSensitive(res, "ray"), *x;
+    const char *starting = json_get_str(ray, "starting"), *from = json_get_str(ray, "gpus_from");
+    char gpus[128] = "";
     struct table t;
 
-    printf("esd %s on node %s (pid %lld): %s, %lld/%lld slots busy, ray %s%s%s\n",
+    if (from)
+        snprintf(gpus, sizeof(gpus), ", %lld GPUs (%s)", num(ray, "num_gpus"), from);
+    printf("esd %s on node %s (pid %lld): %s, %lld/%lld slots busy, ray %s%s%s%s%s%s\n",
            str(res, "version"), str(res, "node"), num(res, "pid"), str(res, "state"),
            num(res, "busy"), num(res, "slots"), str(ray, "state"),
-           json_get_str(ray, "address") ? " at " : "", str(ray, "address"));
+           json_get_str(ray, "address") ? " at " : "", str(ray, "address"), gpus,
+           starting ? ": " : "", starting ? starting : "");
     table_init(&t, 5);
     table_add(&t, NULL, "JOB", "STATE", "DONE", "HERE", "DIRECTORY / ERROR");
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "jobs"))

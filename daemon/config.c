@@ -168,6 +168,12 @@ static const struct key keys[] = {
       .computed = "<state_dir>/ray", .help = "the Ray head's temporary directory" },
     { .name = "ray.args", .type = KT_LIST, .off = F(ray_args),
       .help = "extra arguments of ray start --head (list)" },
+    { .name = "ray.num_gpus", .type = KT_INT, .off = F(ray_num_gpus), .min = 0, .max = 4096,
+      .computed = "(auto: CUDA_VISIBLE_DEVICES, else /dev/nvidia<N>, else 0)",
+      .help = "GPUs the head offers Ray (--num-gpus); empty: counted on the node" },
+    { .name = "ray.start_timeout_secs", .type = KT_INT, .off = F(ray_start_timeout_secs),
+      .def = "120", .min = 5, .max = 3600,
+      .help = "a head whose raylet cannot take a task by then is killed and restarted" },
     { .name = "state_dir", .type = KT_PATH, .off = F(state_dir), .def = "/var/lib/esd",
       .help = "esd's own state: the job registry and the Ray head's files" },
     { .name = "socket", .type = KT_PATH, .off = F(socket_path), .def = "/run/esd/esd.sock",
@@ -433,6 +439,8 @@ defaults_from_table(struct esd_conf *c)
     struct buf why;
 
     memset(c, 0, sizeof(*c));
+    /* the one key whose "unset" is not its zero: no GPU count is 0 GPUs */
+    c->ray_num_gpus = -1;
     buf_init(&why);
     for (size_t i = 0; i < NKEYS; i++)
         if (keys[i].def && key_set(c, &keys[i], keys[i].def, strlen(keys[i].def), true, &why) < 0) {
@@ -990,6 +998,9 @@ key_json(const struct esd_conf *c, const struct key *k)
         s = *(char *const *)cfield(c, k);
         return s ? cJSON_CreateString(s) : cJSON_CreateNull();
     case KT_INT:
+        /* a computed default (ray.num_gpus's auto) is below the range */
+        if (k->computed && *(const long *)cfield(c, k) < k->min)
+            return cJSON_CreateNull();
         return cJSON_CreateNumber((double)*(const long *)cfield(c, k));
     case KT_BOOL:
         return cJSON_CreateBool(*(const bool *)cfield(c, k));

@@ -50,6 +50,10 @@ struct esd_conf {
     long ray_port;           /* ray.port: default 6380 */
     char *ray_temp_dir;      /* ray.temp_dir: default <state_dir>/ray */
     struct strv ray_args;    /* ray.args: extra arguments of `ray start` (list) */
+    long ray_num_gpus;       /* ray.num_gpus: GPUs the head offers; -1 (default): counted
+                                from CUDA_VISIBLE_DEVICES or /dev/nvidia<N> (ray.c) */
+    long ray_start_timeout_secs; /* ray.start_timeout_secs: a head not ready by then is
+                                    killed and restarted; default 120 */
     char *state_dir;         /* state_dir: default /var/lib/esd */
     char *socket_path;       /* socket: default /run/esd/esd.sock */
     char *socket_group;      /* socket_group: default "esd" */

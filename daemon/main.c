@@ -181,6 +181,16 @@ raise_fd_limit(void)
     }
 }
 
+/* The daemon's status: the scheduler's, with the Ray head's details. */
+static cJSON *
+daemon_status_json(void)
+{
+    cJSON *o = sched_status_json();
+
+    ray_status_json(cJSON_GetObjectItemCaseSensitive(o, "ray"));
+    return o;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -306,7 +316,7 @@ main(int argc, char **argv)
     metrics_init(M.loop, M.conf);
     jobview_init(M.loop, M.conf);
     sched_init(M.loop, M.conf);
-    ctl_set_status(sched_status_json);
+    ctl_set_status(daemon_status_json);
     log_notice(NULL, "esd %s started: node %s, %ld slot(s), ray %s, state in %s, socket %s",
                ESD_VERSION, M.conf->node_name, M.conf->slots, ray_state_name(), M.conf->state_dir,
                M.conf->socket_path);

@@ -2,7 +2,8 @@
  * ray: the Ray supervisor (see ray.h). One static object holds the settings
  * in effect, the head (its process group, output pipe, child watcher and
  * kill timer), the health probe (a non-blocking TCP connect to the GCS
- * port) and the restart timer. A head's life ends when its whole process
+ * port), the readiness check of a starting head (a short-lived Python
+ * child, see READY_SCRIPT) and the restart timer. A head's life ends when its whole process
  * group is gone, not when the `ray` process exits: `ray start --block`
  * leaves raylet and GCS behind otherwise, and a new head could not bind the
  * port. Only then does the supervisor restart it, apply a reloaded
@@ -16,6 +17,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,13 +27,14 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "json.h"
 #include "log.h"
 #include "notify.h"
 #include "spawn.h"
 
 #define RAY_HOST "127.0.0.1"
 #define START_POLL_SECS 0.5     /* health probes while starting */
-#define START_TIMEOUT_SECS 120. /* a head that never answers is killed */
+#define READY_RETRY_SECS 2.     /* a failed readiness check runs again after */
 #define UP_POLL_SECS 30.        /* health probes while up */
 #define PROBE_TIMEOUT_SECS 2.
 #define PROBE_MAX_FAILURES 3    /* consecutive failed probes while up: dead */
@@ -41,6 +45,51 @@
 #define GONE_POLL_SECS 0.1      /* leftovers of a group that has lost its head */
 #define GIVE_UP_AFTER_KILL_SECS 5. /* members unkillable (D state): stop waiting */
 #define OUTPUT_LINE_MAX 4096
+#define READY_TAG "esd-ray-probe: "
+
+/*
+ * The readiness check, run once per head by the interpreter of ray.command
+ * as `python -c READY_SCRIPT <address> <secs>` with the head's environment
+ * (its token) in the head's temp dir (not esd's working directory: -c puts
+ * it first on sys.path). The GCS port accepting proves little: under load a
+ * raylet was seen to die 40-60 s later, before it ever registered. So it
+ * waits, within <secs>, until the GCS lists a live node, then connects as a
+ * driver and runs one zero-CPU task there (zero CPUs: attempts may hold them
+ * all). Each step is reported as a READY_TAG line; exit 0 means the node took
+ * a task. It costs about 1.5 s of CPU (importing ray), which is why it runs
+ * when a head starts and not with every health probe.
+ */
+static const char READY_SCRIPT[] =
+    "import sys, time\n"
+    "address, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])\n"
+    "def say(what):\n"
+    "    print('" READY_TAG "' + what, flush=True)\n"
+    "try:\n"
+    "    import ray\n"
+    "    from ray._private import services, state\n"
+    "except Exception as e:\n"
+    "    say('fail cannot import ray: %s' % e)\n"
+    "    sys.exit(2)\n"
+    "say('gcs')\n"
+    "gs, why = state.GlobalState(), 'no live node'\n"
+    "while True:\n"
+    "    try:\n"
+    "        gs._initialize_global_state(services._get_gcs_client_options(address))\n"
+    "        if any(n.get('Alive') for n in gs.node_table()):\n"
+    "            break\n"
+    "    except Exception as e:\n"
+    "        why = str(e).splitlines()[0] if str(e) else type(e).__name__\n"
+    "    if time.monotonic() >= deadline:\n"
+    "        say('fail raylet not registered: %s' % why)\n"
+    "        sys.exit(1)\n"
+    "    time.sleep(0.5)\n"
+    "say('registered')\n"
+    "ray.init(address=address, log_to_driver=False, logging_level='ERROR')\n"
+    "@ray.remote(num_cpus=0)\n"
+    "def one():\n"
+    "    return 1\n"
+    "ray.get(one.remote(), timeout=max(1.0, deadline - time.monotonic()))\n"
+    "say('ready')\n";
 
 enum ray_state { ST_OFF, ST_LOCAL, ST_STARTING, ST_UP, ST_DOWN, ST_STOPPING };
 
@@ -57,6 +106,18 @@ struct ray_settings {
     char *temp_dir;
     struct strv args;
     struct strv env_allow; /* attempt_env: what of esd's environment the head gets */
+    long num_gpus;         /* ray.num_gpus; -1: counted */
+    double start_timeout;  /* ray.start_timeout_secs */
+};
+
+struct ray;
+
+/* A child's output pipe, read line by line into fn. */
+struct ray_pipe {
+    int fd; /* -1: closed */
+    ev_io w;
+    struct buf line;
+    void (*fn)(struct ray *r, const char *s, size_t n);
 };
 
 /* One head, from spawn until its process group is empty. */
@@ -67,11 +128,24 @@ struct ray_head {
     double killed_at;  /* when SIGKILL was sent (0: not yet) */
     double started_at;
     double up_since;
+    long num_gpus;        /* what it was started with (--num-gpus) */
+    const char *gpus_from; /* where that came from (status) */
     ev_child exit_w;
-    ev_io out_w; /* sp.out_fd until EOF; -1 after */
-    struct buf line;
+    struct ray_pipe out;  /* the head's output (sp.out_fd moved here) */
     ev_timer kill_w;
     ev_timer gone_w;
+};
+
+/* The readiness check of a starting head: one child at a time. */
+struct ray_ready {
+    struct spawned sp;    /* sp.pid 0: none (reaped) */
+    unsigned long generation; /* of the head it checks */
+    char *python;         /* the interpreter next to ray.command; NULL: none found */
+    double next_at;       /* a failed check runs again from then on */
+    bool said_fail;       /* it said why it failed */
+    char why[256];        /* why the head is still starting (status) */
+    ev_child exit_w;
+    struct ray_pipe out;
 };
 
 /* The health check: one connect at a time. */
@@ -99,6 +173,7 @@ struct ray {
     bool stopping; /* ray_stop was called: no restarts, no reconfiguration */
     void (*stop_done)(void);
     struct ray_head head;
+    struct ray_ready ready;
     struct ray_probe probe;
     ev_timer restart_w;
 };
@@ -124,6 +199,8 @@ settings_copy(struct ray_settings *s, const struct esd_conf *c)
     strv_init(&s->env_allow);
     for (size_t i = 0; i < c->attempt_env.n; i++)
         strv_push(&s->env_allow, c->attempt_env.v[i]);
+    s->num_gpus = c->ray_num_gpus;
+    s->start_timeout = c->ray_start_timeout_secs > 0 ? (double)c->ray_start_timeout_secs : 120.;
 }
 
 static void
@@ -147,7 +224,10 @@ settings_equal(const struct ray_settings *s, const struct esd_conf *c)
 {
     if (s->mode != c->ray_mode || s->port != c->ray_port ||
         !str_eq(s->command, c->ray_command && *c->ray_command ? c->ray_command : "ray") ||
-        !str_eq(s->temp_dir, c->ray_temp_dir) || s->args.n != c->ray_args.n)
+        !str_eq(s->temp_dir, c->ray_temp_dir) || s->args.n != c->ray_args.n ||
+        s->num_gpus != c->ray_num_gpus ||
+        s->start_timeout != (c->ray_start_timeout_secs > 0 ? (double)c->ray_start_timeout_secs
+                                                           : 120.))
         return false;
     for (size_t i = 0; i < s->args.n; i++)
         if (strcmp(s->args.v[i], c->ray_args.v[i]))
@@ -259,6 +339,104 @@ ray_restart_cb(struct ev_loop *loop, ev_timer *w, int revents)
     head_spawn(r);
 }
 
+/* --- children's output --- */
+
+/* Hands the complete lines of p->line to p->fn (and the rest if last, or if
+ * it grew too long to be a line) and keeps the incomplete one. */
+static void
+pipe_lines(struct ray *r, struct ray_pipe *p, bool last)
+{
+    size_t start = 0;
+    char *nl;
+
+    if (!p->line.len)
+        return;
+    while ((nl = memchr(p->line.p + start, '\n', p->line.len - start))) {
+        size_t n = (size_t)(nl - (p->line.p + start));
+
+        p->fn(r, p->line.p + start, n);
+        start += n + 1;
+    }
+    if (p->line.len - start && (last || p->line.len - start >= OUTPUT_LINE_MAX)) {
+        p->fn(r, p->line.p + start, p->line.len - start);
+        start = p->line.len;
+    }
+    if (start) {
+        memmove(p->line.p, p->line.p + start, p->line.len - start);
+        p->line.len -= start;
+        p->line.p[p->line.len] = '\0';
+    }
+}
+
+/* Takes over fd (a child's stdout+stderr), made non-blocking. */
+static void
+pipe_open(struct ray *r, struct ray_pipe *p, int fd)
+{
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0)
+        log_warning(NULL, "cannot make a ray child's output non-blocking: %s, ignoring",
+                    strerror(errno));
+    p->fd = fd;
+    buf_init(&p->line);
+    ev_io_set(&p->w, fd, EV_READ);
+    ev_io_start(r->loop, &p->w);
+}
+
+static void
+pipe_close(struct ray *r, struct ray_pipe *p)
+{
+    ev_io_stop(r->loop, &p->w);
+    if (p->fd >= 0) {
+        close(p->fd);
+        pipe_lines(r, p, true);
+    }
+    p->fd = -1;
+    buf_free(&p->line);
+}
+
+/* Reads one chunk; false at EOF (or an error), when the pipe is closed. */
+static bool
+pipe_read(struct ray *r, struct ray_pipe *p)
+{
+    char chunk[4096];
+    ssize_t n = read(p->fd, chunk, sizeof(chunk));
+
+    if (n > 0) {
+        buf_append(&p->line, chunk, (size_t)n);
+        pipe_lines(r, p, false);
+        return true;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return errno == EINTR;
+    if (n < 0)
+        log_warning(NULL, "cannot read a ray child's output: %s, ignoring the rest",
+                    strerror(errno));
+    pipe_close(r, p);
+    return false;
+}
+
+/* Reads what is left, then closes. */
+static void
+pipe_drain(struct ray *r, struct ray_pipe *p)
+{
+    while (p->fd >= 0 && pipe_read(r, p))
+        ;
+    pipe_close(r, p);
+}
+
+static void
+pipe_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct ray *r = w->data;
+
+    pipe_read(r, (struct ray_pipe *)((char *)w - offsetof(struct ray_pipe, w)));
+}
+
+static void
+head_line(struct ray *r, const char *s, size_t n)
+{
+    log_debug(NULL, "ray: %.*s", (int)n, s);
+}
+
 /* --- health probe --- */
 
 static void
@@ -271,11 +449,14 @@ probe_cancel(struct ray_probe *p, struct ev_loop *loop)
     p->fd = -1;
 }
 
+static void ready_kill(struct ray *r);
+
 static void
 health_stop(struct ray *r)
 {
     ev_timer_stop(r->loop, &r->probe.tick_w);
     probe_cancel(&r->probe, r->loop);
+    ready_kill(r);
 }
 
 static void
@@ -299,6 +480,239 @@ head_lost(struct ray *r, const char *why)
 }
 
 static void head_terminate(struct ray *r);
+static void head_environment(struct ray *r, struct strv *env);
+
+/* --- readiness --- */
+
+static void
+ready_why(struct ray *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Says why the head is still starting (esctl status). */
+static void
+ready_why(struct ray *r, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(r->ready.why, sizeof(r->ready.why), fmt, ap);
+    va_end(ap);
+}
+
+static bool
+is_exec(const char *path)
+{
+    struct stat st;
+
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/* The interpreter a "#!" line of file names, if it is an absolute path to
+ * a python; NULL otherwise. Caller frees. */
+static char *
+shebang_python(const char *file)
+{
+    char line[256], *word, *base;
+    ssize_t n;
+    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+
+    if (fd < 0)
+        return NULL;
+    n = read(fd, line, sizeof(line) - 1);
+    close(fd);
+    if (n < 3 || line[0] != '#' || line[1] != '!')
+        return NULL;
+    line[n] = '\0';
+    word = line + 2 + strspn(line + 2, " \t");
+    word[strcspn(word, " \t\r\n")] = '\0';
+    base = strrchr(word, '/');
+    if (word[0] != '/' || strncmp(base + 1, "python", 6) || !is_exec(word))
+        return NULL;
+    return xstrdup(word);
+}
+
+/*
+ * The interpreter of ray.command, for the readiness check: the python3 (or
+ * python) in the directory of the program it names (looked up in PATH, links
+ * resolved: a virtual environment keeps both there), else the python its
+ * "#!" line names. NULL if neither (a wrapper script, a stand-in): the head
+ * is then up once its GCS port accepts. Caller frees.
+ */
+static char *
+python_for(const char *command)
+{
+    static const char *const names[] = { "python3", "python" };
+    char *found = NULL, *real, *py = NULL;
+    const char *path = getenv("PATH"), *slash;
+
+    if (strchr(command, '/')) {
+        if (is_exec(command))
+            found = xstrdup(command);
+    } else {
+        if (!path || !*path)
+            path = SPAWN_DEFAULT_PATH;
+        for (const char *p = path; !found;) {
+            size_t n = strcspn(p, ":");
+            char *c = xasprintf("%.*s/%s", (int)(n ? n : 1), n ? p : ".", command);
+
+            if (is_exec(c))
+                found = c;
+            else
+                free(c);
+            if (!p[n])
+                break;
+            p += n + 1;
+        }
+    }
+    if (!found)
+        return NULL;
+    if ((real = realpath(found, NULL)))
+        free(found);
+    else
+        real = found;
+    slash = strrchr(real, '/');
+    for (size_t i = 0; !py && slash && i < sizeof(names) / sizeof(names[0]); i++) {
+        char *c = xasprintf("%.*s/%s", (int)(slash - real), real, names[i]);
+
+        if (is_exec(c))
+            py = c;
+        else
+            free(c);
+    }
+    if (!py)
+        py = shebang_python(real);
+    free(real);
+    return py;
+}
+
+/* The starting head took a task: up. */
+static void
+ready_up(struct ray *r, const char *how)
+{
+    r->head.up_since = ev_now(r->loop);
+    r->probe.failures = 0;
+    r->ready.why[0] = '\0';
+    health_every(r, UP_POLL_SECS);
+    log_notice(NULL, "ray head up on %s (%s, %.1f s after its start)", r->address, how,
+               ev_now(r->loop) - r->head.started_at);
+    set_state(r, ST_UP, false);
+}
+
+/* A line of the readiness check's output: its steps say why the head is
+ * still starting. */
+static void
+ready_line(struct ray *r, const char *s, size_t n)
+{
+    size_t t = strlen(READY_TAG);
+
+    log_debug(NULL, "ray readiness check: %.*s", (int)n, s);
+    if (n < t || memcmp(s, READY_TAG, t) || r->ready.generation != r->generation ||
+        r->state != ST_STARTING)
+        return;
+    s += t;
+    n -= t;
+    if (n == 3 && !memcmp(s, "gcs", 3)) {
+        ready_why(r, "GCS answers, raylet not registered yet");
+    } else if (n == 10 && !memcmp(s, "registered", 10)) {
+        ready_why(r, "raylet registered, a test task has not run yet");
+    } else if (n > 5 && !memcmp(s, "fail ", 5)) {
+        ready_why(r, "GCS answers, %.*s", (int)(n - 5), s + 5);
+        r->ready.said_fail = true;
+    }
+}
+
+static void
+ready_exit_cb(struct ev_loop *loop, ev_child *w, int revents)
+{
+    struct ray *r = w->data;
+    struct ray_ready *rd = &r->ready;
+    bool current = rd->generation == r->generation && r->state == ST_STARTING;
+    char how[64], why[sizeof(rd->why)];
+    int code;
+
+    ev_child_stop(loop, w);
+    /* what it left in the pipe, and whatever of its group still runs */
+    spawn_signal(&rd->sp, SIGKILL);
+    pipe_drain(r, &rd->out);
+    rd->sp.pid = 0;
+    if (!current)
+        return;
+    spawn_describe(w->rstatus, how, &code);
+    if (code == 0) {
+        ready_up(r, "its raylet took a task");
+        return;
+    }
+    rd->next_at = ev_now(loop) + READY_RETRY_SECS;
+    if (!rd->said_fail) {
+        snprintf(why, sizeof(why), "%s", rd->why);
+        ready_why(r, "%s (the readiness check ended: %s)", why, how);
+    }
+    log_info(NULL, "ray head on %s not ready yet: %s", r->address, rd->why);
+}
+
+/* Starts the readiness check of the head, unless one runs or a failed one
+ * is too recent. */
+static void
+ready_start(struct ray *r)
+{
+    struct ray_ready *rd = &r->ready;
+    double left = r->set.start_timeout - (ev_now(r->loop) - r->head.started_at);
+    struct strv argv, env;
+    struct esd_err err;
+    int rc;
+
+    if (rd->sp.pid || ev_now(r->loop) < rd->next_at)
+        return;
+    strv_init(&argv);
+    strv_push(&argv, rd->python);
+    strv_push(&argv, "-c");
+    strv_push(&argv, READY_SCRIPT);
+    strv_push(&argv, r->address);
+    strv_push_owned(&argv, xasprintf("%.0f", left > 1 ? left : 1));
+    strv_init(&env);
+    head_environment(r, &env);
+    rc = spawn_start(argv.v, env.v, r->set.temp_dir, &rd->sp, &err);
+    strv_free(&argv);
+    strv_free(&env);
+    if (rc < 0) {
+        rd->sp.pid = 0;
+        rd->next_at = ev_now(r->loop) + READY_RETRY_SECS;
+        ready_why(r, "GCS answers; the readiness check cannot start: %s", err.msg);
+        log_warning(NULL, "cannot check the ray head on %s: %s; retrying in %.0f s", r->address,
+                    err.msg, READY_RETRY_SECS);
+        return;
+    }
+    rd->generation = r->generation;
+    rd->said_fail = false;
+    pipe_open(r, &rd->out, rd->sp.out_fd);
+    rd->sp.out_fd = -1;
+    ev_child_set(&rd->exit_w, rd->sp.pid, 0);
+    ev_child_start(r->loop, &rd->exit_w);
+    ready_why(r, "GCS answers, checking the raylet");
+}
+
+/* Ends a running check (its exit is still reaped by ready_exit_cb). */
+static void
+ready_kill(struct ray *r)
+{
+    if (r->ready.sp.pid)
+        spawn_signal(&r->ready.sp, SIGKILL);
+}
+
+static void
+ready_fini(struct ray *r)
+{
+    struct ray_ready *rd = &r->ready;
+
+    if (rd->sp.pid)
+        spawn_signal(&rd->sp, SIGKILL);
+    ev_child_stop(r->loop, &rd->exit_w);
+    pipe_close(r, &rd->out);
+    free(rd->python);
+    rd->python = NULL;
+    rd->sp.pid = 0;
+}
+
+/* --- health probe results --- */
 
 /* 0: something accepted a connection on the port; a negative errno if not. */
 static void
@@ -306,16 +720,10 @@ probe_done(struct ray *r, int result)
 {
     probe_cancel(&r->probe, r->loop);
     if (r->state == ST_STARTING) {
-        if (result == 0) {
-            r->head.up_since = ev_now(r->loop);
-            r->probe.failures = 0;
-            health_every(r, UP_POLL_SECS);
-            log_notice(NULL, "ray head up on %s", r->address);
-            set_state(r, ST_UP, false);
-        } else if (ev_now(r->loop) - r->head.started_at >= START_TIMEOUT_SECS) {
-            head_lost(r, "did not accept connections within 120 s");
-            head_terminate(r);
-        }
+        if (result == 0 && !r->ready.python)
+            ready_up(r, "its GCS port accepts; no python next to ray.command to check more");
+        else if (result == 0)
+            ready_start(r);
     } else if (r->state == ST_UP) {
         if (result == 0) {
             r->probe.failures = 0;
@@ -385,77 +793,17 @@ probe_tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct ray *r = w->data;
 
+    if (r->state == ST_STARTING && ev_now(loop) - r->head.started_at >= r->set.start_timeout) {
+        char why[sizeof(r->ready.why) + 64];
+
+        snprintf(why, sizeof(why), "was not ready within %.0f s (%s)", r->set.start_timeout,
+                 r->ready.why);
+        head_lost(r, why);
+        head_terminate(r);
+        return;
+    }
     if (r->probe.fd < 0)
         probe_start(r);
-}
-
-/* --- the head's output --- */
-
-/* Logs the complete lines of h->line (and the rest if last, or if it grew
- * too long to be a line) and keeps the incomplete one. */
-static void
-output_lines(struct ray_head *h, bool last)
-{
-    size_t start = 0;
-    char *nl;
-
-    if (!h->line.len)
-        return;
-    while ((nl = memchr(h->line.p + start, '\n', h->line.len - start))) {
-        size_t n = (size_t)(nl - (h->line.p + start));
-
-        log_debug(NULL, "ray: %.*s", (int)n, h->line.p + start);
-        start += n + 1;
-    }
-    if (h->line.len - start && (last || h->line.len - start >= OUTPUT_LINE_MAX)) {
-        log_debug(NULL, "ray: %s", h->line.p + start);
-        start = h->line.len;
-    }
-    if (start) {
-        memmove(h->line.p, h->line.p + start, h->line.len - start);
-        h->line.len -= start;
-        h->line.p[h->line.len] = '\0';
-    }
-}
-
-static void
-output_close(struct ray_head *h, struct ev_loop *loop)
-{
-    ev_io_stop(loop, &h->out_w);
-    if (h->sp.out_fd >= 0)
-        close(h->sp.out_fd);
-    h->sp.out_fd = -1;
-    output_lines(h, true);
-    buf_free(&h->line);
-}
-
-/* Reads one chunk; false at EOF (or an error), when the pipe is closed. */
-static bool
-output_read(struct ray_head *h, struct ev_loop *loop)
-{
-    char chunk[4096];
-    ssize_t n = read(h->sp.out_fd, chunk, sizeof(chunk));
-
-    if (n > 0) {
-        buf_append(&h->line, chunk, (size_t)n);
-        output_lines(h, false);
-        return true;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return errno == EINTR;
-    if (n < 0)
-        log_warning(NULL, "cannot read the ray head's output: %s, ignoring the rest",
-                    strerror(errno));
-    output_close(h, loop);
-    return false;
-}
-
-static void
-head_output_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    struct ray *r = w->data;
-
-    output_read(&r->head, loop);
 }
 
 /* --- the head's process group --- */
@@ -579,11 +927,7 @@ head_finish(struct ray *r)
     ev_child_stop(r->loop, &h->exit_w);
     ev_timer_stop(r->loop, &h->kill_w);
     ev_timer_stop(r->loop, &h->gone_w);
-    while (h->sp.out_fd >= 0 && output_read(h, r->loop))
-        ;
-    if (h->sp.out_fd >= 0)
-        output_close(h, r->loop);
-    buf_free(&h->line);
+    pipe_drain(r, &h->out);
     h->sp.pid = 0;
     h->exited = h->terminating = false;
     h->killed_at = 0;
@@ -657,6 +1001,7 @@ head_environment(struct ray *r, struct strv *env)
 {
     struct spawn_cred self = { 0 };
     struct esd_err err;
+    const char *cvd;
 
     /* The head's workers run recipes: they get what attempts get of esd's
      * environment (attempt_env), and the login variables of esd's user. */
@@ -667,6 +1012,17 @@ head_environment(struct ray *r, struct strv *env)
     }
     spawn_env_base(&r->set.env_allow, &self, head_env_skip, env);
     spawn_cred_free(&self);
+    /* The GPUs the head offers are counted from esd's CUDA_VISIBLE_DEVICES:
+     * the head hands out exactly those to its workers, whatever attempt_env
+     * lets through. */
+    if ((cvd = getenv("CUDA_VISIBLE_DEVICES"))) {
+        char *e = xasprintf("CUDA_VISIBLE_DEVICES=%s", cvd);
+
+        if (spawn_env_allowed(&r->set.env_allow, e))
+            free(e);
+        else
+            strv_push_owned(env, e);
+    }
     strv_push(env, "RAY_AUTH_MODE=token");
     strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN_PATH=%s", r->token_path));
     strv_push(env, "RAY_USAGE_STATS_ENABLED=0");
@@ -683,7 +1039,8 @@ head_spawn(struct ray *r)
     struct ray_head *h = &r->head;
     struct strv argv, env;
     struct esd_err err;
-    char port[24];
+    char port[24], gpus[24];
+    bool own_gpus = true;
     int rc;
     const char *fixed[] = { r->set.command, "start", "--head", "--block", "--port", port,
                             "--temp-dir", r->set.temp_dir, "--node-ip-address", RAY_HOST,
@@ -694,8 +1051,33 @@ head_spawn(struct ray *r)
     strv_init(&env);
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         strv_push(&argv, fixed[i]);
-    for (size_t i = 0; i < r->set.args.n; i++)
-        strv_push(&argv, r->set.args.v[i]);
+    for (size_t i = 0; i < r->set.args.n; i++) {
+        const char *a = r->set.args.v[i], *v = NULL;
+        long long n;
+
+        strv_push(&argv, a);
+        if (!strcmp(a, "--num-gpus"))
+            v = i + 1 < r->set.args.n ? r->set.args.v[i + 1] : "";
+        else if (!strncmp(a, "--num-gpus=", 11))
+            v = a + 11;
+        if (v) {
+            /* ray.args has the last word */
+            own_gpus = false;
+            h->num_gpus = parse_int(v, 0, 1 << 20, &n) == 0 ? (long)n : -1;
+            h->gpus_from = "ray.args";
+        }
+    }
+    if (own_gpus) {
+        h->num_gpus = ray_gpus_count(r->set.num_gpus, getenv("CUDA_VISIBLE_DEVICES"), "/dev",
+                                     &h->gpus_from);
+        snprintf(gpus, sizeof(gpus), "%ld", h->num_gpus);
+        strv_push(&argv, "--num-gpus");
+        strv_push(&argv, gpus);
+    }
+    free(r->ready.python);
+    r->ready.python = python_for(r->set.command);
+    r->ready.next_at = 0;
+    ready_why(r, "waiting for the GCS port");
     if ((rc = prepare_temp_dir(r, &err)) == 0) {
         head_environment(r, &env);
         rc = spawn_start(argv.v, env.v, NULL, &h->sp, &err);
@@ -709,22 +1091,18 @@ head_spawn(struct ray *r)
         restart_schedule(r, r->delay);
         return;
     }
-    if (fcntl(h->sp.out_fd, F_SETFL, fcntl(h->sp.out_fd, F_GETFL) | O_NONBLOCK) < 0)
-        log_warning(NULL, "cannot make the ray head's output non-blocking: %s, ignoring",
-                    strerror(errno));
     h->exited = h->terminating = false;
     h->killed_at = 0;
     h->started_at = ev_now(r->loop);
-    buf_init(&h->line);
     ev_child_set(&h->exit_w, h->sp.pid, 0);
     ev_child_start(r->loop, &h->exit_w);
-    ev_io_set(&h->out_w, h->sp.out_fd, EV_READ);
-    ev_io_start(r->loop, &h->out_w);
+    pipe_open(r, &h->out, h->sp.out_fd);
+    h->sp.out_fd = -1;
     r->generation++;
     r->probe.failures = 0;
     health_every(r, START_POLL_SECS);
-    log_info(NULL, "starting the ray head on %s (pid %d, temp dir %s)", r->address,
-             (int)h->sp.pid, r->set.temp_dir);
+    log_info(NULL, "starting the ray head on %s (pid %d, temp dir %s, %ld GPUs from %s)",
+             r->address, (int)h->sp.pid, r->set.temp_dir, h->num_gpus, h->gpus_from);
     set_state(r, ST_STARTING, false);
 }
 
@@ -766,6 +1144,63 @@ ray_leave(struct ray *r)
 
 /* --- public --- */
 
+long
+ray_gpus_count(long configured, const char *cuda_visible, const char *dev_dir,
+               const char **ret_from)
+{
+    const char *p;
+    struct dirent *de;
+    long n = 0;
+    DIR *d;
+
+    if (configured >= 0) {
+        *ret_from = "ray.num_gpus";
+        return configured;
+    }
+    if (cuda_visible) {
+        /* CUDA's own words for none; else a comma-separated list of
+         * indices or UUIDs (GPU-…, MIG-…) */
+        *ret_from = "CUDA_VISIBLE_DEVICES";
+        p = cuda_visible + strspn(cuda_visible, " \t");
+        if (!*p || !strcmp(p, "-1") || !strcmp(p, "NoDevFiles"))
+            return 0;
+        while (*p) {
+            size_t len = strcspn(p, ",");
+
+            if (len > strspn(p, " \t"))
+                n++;
+            p += len + (p[len] == ',');
+        }
+        return n;
+    }
+    *ret_from = "/dev/nvidia*";
+    if (!(d = opendir(dev_dir)))
+        return 0;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "nvidia", 6) && de->d_name[6] &&
+            strspn(de->d_name + 6, "0123456789") == strlen(de->d_name + 6))
+            n++;
+    closedir(d);
+    return n;
+}
+
+void
+ray_status_json(cJSON *o)
+{
+    struct ray *r = &ray;
+
+    if (!o || !r->loop || r->set.mode != RAY_PERSISTENT)
+        return;
+    if (r->state == ST_STARTING && r->ready.why[0])
+        json_add_str(o, "starting", r->ready.why);
+    json_add_str(o, "ready_check", r->ready.python ? "task" : "port");
+    if (r->head.gpus_from) {
+        if (r->head.num_gpus >= 0)
+            json_add_int(o, "num_gpus", r->head.num_gpus);
+        json_add_str(o, "gpus_from", r->head.gpus_from);
+    }
+}
+
 int
 ray_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
 {
@@ -778,16 +1213,22 @@ ray_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
     r->backoff = BACKOFF_MIN_SECS;
     r->head.sp.pid = 0;
     r->head.sp.out_fd = -1;
+    r->head.out.fd = r->ready.out.fd = -1;
+    r->head.out.fn = head_line;
+    r->ready.out.fn = ready_line;
     r->probe.fd = -1;
     ev_child_init(&r->head.exit_w, head_exit_cb, 0, 0);
-    ev_io_init(&r->head.out_w, head_output_cb, -1, EV_READ);
+    ev_io_init(&r->head.out.w, pipe_cb, -1, EV_READ);
+    ev_io_init(&r->ready.out.w, pipe_cb, -1, EV_READ);
+    ev_child_init(&r->ready.exit_w, ready_exit_cb, 0, 0);
+    r->ready.out.w.data = r->ready.exit_w.data = r;
     ev_timer_init(&r->head.kill_w, head_kill_cb, KILL_AFTER_SECS, 0.);
     ev_timer_init(&r->head.gone_w, head_gone_cb, GONE_POLL_SECS, GONE_POLL_SECS);
     ev_timer_init(&r->probe.tick_w, probe_tick_cb, 0., START_POLL_SECS);
     ev_io_init(&r->probe.conn_w, probe_conn_cb, -1, EV_WRITE);
     ev_timer_init(&r->probe.timeout_w, probe_timeout_cb, PROBE_TIMEOUT_SECS, 0.);
     ev_timer_init(&r->restart_w, ray_restart_cb, 0., 0.);
-    r->head.exit_w.data = r->head.out_w.data = r;
+    r->head.exit_w.data = r->head.out.w.data = r;
     r->head.kill_w.data = r->head.gone_w.data = r;
     r->probe.tick_w.data = r->probe.conn_w.data = r->probe.timeout_w.data = r;
     r->restart_w.data = r;
@@ -937,10 +1378,11 @@ ray_fini(void)
     ev_child_stop(r->loop, &r->head.exit_w);
     ev_timer_stop(r->loop, &r->head.kill_w);
     ev_timer_stop(r->loop, &r->head.gone_w);
-    ev_io_stop(r->loop, &r->head.out_w);
-    if (r->head.sp.out_fd >= 0)
-        close(r->head.sp.out_fd);
-    buf_free(&r->head.line);
+    ev_io_stop(r->loop, &r->head.out.w);
+    if (r->head.out.fd >= 0)
+        close(r->head.out.fd);
+    buf_free(&r->head.out.line);
+    ready_fini(r);
     health_stop(r);
     ev_timer_stop(r->loop, &r->restart_w);
     settings_free(&r->set);

@@ -3,8 +3,11 @@
  * running as a child of esd (`<ray.command> start --head --block --port P
  * --temp-dir D --node-ip-address 127.0.0.1 --include-dashboard=false
  * --disable-usage-stats <ray.args>`, in a process group of its own, with
- * RAY_AUTH_MODE=token and a token file of its own under D), waits until it
- * is healthy (its GCS port accepts connections), hands its address and the
+ * --num-gpus N, RAY_AUTH_MODE=token and a token file of its own under D),
+ * waits until it is ready (its GCS port accepts connections, then a
+ * short-lived Python child of ray.command's interpreter sees its raylet
+ * registered and runs one task on it; only the port where no such python
+ * is found), checks it every 30 s (the port), hands its address and the
  * token environment to attempts, restarts it with capped exponential
  * backoff (1 s doubling to 60 s) when it dies or stops answering, and stops
  * its whole process group on shutdown. In "per-attempt" mode attempts get
@@ -21,6 +24,8 @@
 #include <stdbool.h>
 
 #include <ev.h>
+
+#include <cjson/cJSON.h>
 
 #include "config.h"
 #include "util.h"
@@ -50,6 +55,22 @@ void ray_env(struct strv *env);
 const char *ray_state_name(void);
 /* Restarts after a loss, since esd started. */
 unsigned ray_restarts(void);
+
+/*
+ * The GPUs a head offers Ray: configured when >= 0 (ray.num_gpus), else the
+ * devices cuda_visible lists when it is set (NULL: unset; "", "-1" and
+ * "NoDevFiles" mean none; a comma-separated list of indices or UUIDs), else
+ * the /dev/nvidia<N> entries of dev_dir. *ret_from gets where the count
+ * came from ("ray.num_gpus", "CUDA_VISIBLE_DEVICES", "/dev/nvidia*"; static).
+ */
+long ray_gpus_count(long configured, const char *cuda_visible, const char *dev_dir,
+                    const char **ret_from);
+
+/* Adds the head's details to the "ray" object of the daemon's status (o;
+ * NULL: nothing): why it is still starting ("starting"), how readiness is
+ * checked ("ready_check": "task" or "port"), its GPUs ("num_gpus",
+ * "gpus_from"). Persistent mode only. */
+void ray_status_json(cJSON *o);
 
 /* Stops the head (SIGTERM to its process group, SIGKILL after 10 s) and
  * calls done once it is gone (at once if there is none). */

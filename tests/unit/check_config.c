@@ -150,6 +150,8 @@ START_TEST(test_defaults)
     ck_assert_int_eq(c.ray_port, 6380);
     ck_assert_str_eq(c.ray_temp_dir, "/var/lib/esd/ray");
     ck_assert_uint_eq(c.ray_args.n, 0);
+    ck_assert_int_eq(c.ray_num_gpus, -1); /* counted on the node */
+    ck_assert_int_eq(c.ray_start_timeout_secs, 120);
     ck_assert_str_eq(c.state_dir, "/var/lib/esd");
     ck_assert_str_eq(c.socket_path, "/run/esd/esd.sock");
     ck_assert_str_eq(c.socket_group, "esd");
@@ -301,6 +303,8 @@ START_TEST(test_nulls_mean_default)
            "  port:\n"
            "  temp_dir:\n"
            "  args:\n"
+           "  num_gpus: ~\n"
+           "  start_timeout_secs:\n"
            "state_dir:\n"
            "socket:\n"
            "socket_group:\n"
@@ -313,6 +317,17 @@ START_TEST(test_nulls_mean_default)
            "  target:\n"
            "  level:\n");
     defaults_eq(&conf);
+    ck_assert_int_eq(conf.ray_num_gpus, -1);
+    /* ray.num_gpus's auto shows as null; 0 is a count */
+    {
+        cJSON *j = config_json(&conf);
+
+        ck_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(j, "ray"), "num_gpus")));
+        cJSON_Delete(j);
+    }
+    accept("ray:\n  num_gpus: 0\n");
+    ck_assert_int_eq(conf.ray_num_gpus, 0);
     /* a section may be null as a whole */
     accept("data_juicer:\nray: ~\nlog:\n");
     defaults_eq(&conf);
@@ -449,6 +464,8 @@ START_TEST(test_integer_ranges)
         { NULL, "lease_secs", 2, 86400 },
         { NULL, "poll_interval_secs", 1, 3600 },
         { "ray", "port", 1, 65535 },
+        { "ray", "num_gpus", 0, 4096 },
+        { "ray", "start_timeout_secs", 5, 3600 },
         { NULL, "attempt_timeout_secs", 0, 30 * 86400 },
         { NULL, "drain_timeout_secs", 0, 86400 },
         { NULL, "max_infra_failures", 1, 1000 },

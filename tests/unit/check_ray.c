@@ -6,7 +6,11 @@
  * that refuses to start is never ready, a stop takes the whole process
  * group down (SIGKILL for one that ignores SIGTERM), per-attempt and off
  * modes need no head, and a reload restarts the head only when a ray.* key
- * changed. Every wait is bounded by a timer that stops the loop.
+ * changed. With a python next to ray.command (the stand-in's `python`) a head
+ * is up only once the readiness check saw it take a task, and one that never
+ * gets there is killed and restarted after ray.start_timeout_secs; the GPU
+ * count (--num-gpus) follows ray.num_gpus, CUDA_VISIBLE_DEVICES or
+ * /dev/nvidia<N>. Every wait is bounded by a timer that stops the loop.
  */
 #include <check.h>
 #include <errno.h>
@@ -24,6 +28,7 @@
 
 #include "config.h"
 #include "fsutil.h"
+#include "json.h"
 #include "log.h"
 #include "ray.h"
 #include "testutil.h"
@@ -85,6 +90,9 @@ setup(void)
     unsetenv("FAKE_RAY_DIE_AFTER");
     unsetenv("FAKE_RAY_REFUSE");
     unsetenv("FAKE_RAY_SLOW_START");
+    unsetenv("FAKE_RAY_READY_AFTER");
+    unsetenv("FAKE_RAY_NEVER_READY");
+    unsetenv("CUDA_VISIBLE_DEVICES");
     log_init(LOG_TARGET_STDERR, getenv("ESD_TEST_DEBUG") ? LOG_LVL_DEBUG : LOG_LVL_WARNING, true,
              "test");
     loop = ev_default_loop(0);
@@ -335,7 +343,8 @@ START_TEST(test_ray_head_up_and_stop)
     free(text);
     text = proc_text(pid, "cmdline");
     want = xasprintf("\nstart\n--head\n--block\n--port\n%ld\n--temp-dir\n%s\n--node-ip-address\n"
-                     "127.0.0.1\n--include-dashboard=false\n--disable-usage-stats\n",
+                     "127.0.0.1\n--include-dashboard=false\n--disable-usage-stats\n"
+                     "--num-gpus\n0\n",
                      conf.ray_port, conf.ray_temp_dir);
     ck_assert_msg(strstr(text, want), "unexpected command line:\n%s", text);
     free(want);
@@ -415,6 +424,153 @@ START_TEST(test_ray_loss_restarts_after_backoff)
     stop_ok(15);
     free(body);
     free(sleeper_file);
+}
+END_TEST
+
+/* ray.command as bin/ray and the stand-in's python as bin/python3 beside
+ * it, as a virtual environment has them. */
+static void
+use_venv_like(void)
+{
+    char *bin = fs_join(tmp, "bin"), *body;
+    struct esd_err err;
+
+    ck_assert_int_eq(fs_mkdir_p(bin, 0755, &err), 0);
+    body = xasprintf("exec '%s' \"$@\"", fake_ray);
+    free(wrapper("bin/ray", body));
+    free(body);
+    body = xasprintf("exec '%s' python \"$@\"", fake_ray);
+    free(wrapper("bin/python3", body));
+    free(body);
+    use_command(fs_join(bin, "ray"));
+    free(bin);
+}
+
+/* The "ray" object of a status, with the head's details. */
+static cJSON *
+ray_status(void)
+{
+    cJSON *o = cJSON_CreateObject();
+
+    ray_status_json(o);
+    return o;
+}
+
+static bool
+check_running(void)
+{
+    cJSON *o = ray_status();
+    const char *why = json_get_str(o, "starting");
+    bool yes = why && strstr(why, "raylet not registered yet");
+
+    cJSON_Delete(o);
+    return yes;
+}
+
+START_TEST(test_ray_up_only_when_ready)
+{
+    cJSON *o;
+    double t0;
+
+    use_venv_like();
+    setenv("FAKE_RAY_READY_AFTER", "2", 1);
+    init_ok();
+    t0 = ev_time();
+    o = ray_status();
+    ck_assert_str_eq(json_get_str(o, "ready_check"), "task");
+    ck_assert_str_eq(json_get_str(o, "starting"), "waiting for the GCS port");
+    cJSON_Delete(o);
+    /* the port accepts at once, the check runs and waits */
+    ck_assert_msg(run_until(check_running, 10), "no readiness check seen");
+    ck_assert_str_eq(ray_state_name(), "starting");
+    ck_assert(!ray_ready());
+    ck_assert_msg(run_until(is_ready, 20), "not up (state %s)", ray_state_name());
+    ck_assert_msg(ev_time() - t0 >= 1.9, "up after %.2f s, before the raylet was ready",
+                  ev_time() - t0);
+    ck_assert_int_eq(ready_calls, 1);
+    o = ray_status();
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(o, "starting"));
+    cJSON_Delete(o);
+    stop_ok(15);
+}
+END_TEST
+
+START_TEST(test_ray_never_ready_restarted)
+{
+    use_venv_like();
+    setenv("FAKE_RAY_NEVER_READY", "1", 1);
+    conf.ray_start_timeout_secs = 5;
+    init_ok();
+    ck_assert_msg(run_until(check_running, 10), "no readiness check seen");
+    /* killed at 5 s, restarted 1 s after its group is gone */
+    ck_assert_msg(run_until(restarted_once, 20), "not restarted (state %s)", ray_state_name());
+    ck_assert_int_eq(ready_calls, 0);
+    ck_assert_int_ge(down_calls, 1);
+    unsetenv("FAKE_RAY_NEVER_READY"); /* the next head gets ready */
+    ray_stop(on_stopped);
+    ck_assert(run_until(is_stopped, 15));
+}
+END_TEST
+
+START_TEST(test_ray_gpus_count)
+{
+    char *dev = fs_join(tmp, "dev");
+    const char *from = NULL;
+    const char *names[] = { "nvidia0", "nvidia1", "nvidia12", "nvidiactl", "nvidia-uvm",
+                            "nvidia", "null" };
+    struct esd_err err;
+
+    ck_assert_int_eq(fs_mkdir_p(dev, 0755, &err), 0);
+    ck_assert_int_eq(ray_gpus_count(-1, NULL, dev, &from), 0);
+    ck_assert_str_eq(from, "/dev/nvidia*");
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        free(tu_write(dev, names[i], "", 0));
+    ck_assert_int_eq(ray_gpus_count(-1, NULL, dev, &from), 3);
+    ck_assert_int_eq(ray_gpus_count(-1, NULL, "/nonexistent", &from), 0);
+    /* CUDA_VISIBLE_DEVICES wins over the devices */
+    ck_assert_int_eq(ray_gpus_count(-1, "0,1", dev, &from), 2);
+    ck_assert_str_eq(from, "CUDA_VISIBLE_DEVICES");
+    ck_assert_int_eq(ray_gpus_count(-1, "3", dev, &from), 1);
+    ck_assert_int_eq(ray_gpus_count(-1, "GPU-8f2c1d9e-aaaa-bbbb,MIG-1234", dev, &from), 2);
+    ck_assert_int_eq(ray_gpus_count(-1, "", dev, &from), 0);
+    ck_assert_int_eq(ray_gpus_count(-1, "-1", dev, &from), 0);
+    ck_assert_int_eq(ray_gpus_count(-1, "NoDevFiles", dev, &from), 0);
+    ck_assert_int_eq(ray_gpus_count(-1, "0,,2,", dev, &from), 2);
+    /* ray.num_gpus wins over both */
+    ck_assert_int_eq(ray_gpus_count(0, "0,1", dev, &from), 0);
+    ck_assert_str_eq(from, "ray.num_gpus");
+    ck_assert_int_eq(ray_gpus_count(4, NULL, dev, &from), 4);
+    free(dev);
+}
+END_TEST
+
+START_TEST(test_ray_head_gets_gpus)
+{
+    char *text;
+    cJSON *o;
+    long long n = -1;
+    pid_t pid;
+
+    /* attempt_env (FAKE_RAY_* here) does not name CUDA_VISIBLE_DEVICES */
+    setenv("CUDA_VISIBLE_DEVICES", "1,3", 1);
+    conf.ray_num_gpus = -1;
+    init_ok();
+    ck_assert(run_until(is_ready, 30));
+    pid = head_pid();
+    text = proc_text(pid, "cmdline");
+    ck_assert_msg(strstr(text, "\n--num-gpus\n2\n"), "command line:\n%s", text);
+    free(text);
+    text = proc_text(pid, "environ");
+    ck_assert_ptr_nonnull(strstr(text, "\nCUDA_VISIBLE_DEVICES=1,3\n"));
+    free(text);
+    o = ray_status();
+    ck_assert_int_eq(json_get_int(o, "num_gpus", &n), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_str_eq(json_get_str(o, "gpus_from"), "CUDA_VISIBLE_DEVICES");
+    /* no python beside fake-ray: the port is all that is checked */
+    ck_assert_str_eq(json_get_str(o, "ready_check"), "port");
+    cJSON_Delete(o);
+    stop_ok(15);
 }
 END_TEST
 
@@ -632,6 +788,10 @@ ray_suite(void)
     tcase_add_test(tc, test_ray_keeps_existing_token);
     tcase_add_test(tc, test_ray_loss_restarts_after_backoff);
     tcase_add_test(tc, test_ray_refused_never_ready);
+    tcase_add_test(tc, test_ray_up_only_when_ready);
+    tcase_add_test(tc, test_ray_never_ready_restarted);
+    tcase_add_test(tc, test_ray_gpus_count);
+    tcase_add_test(tc, test_ray_head_gets_gpus);
     tcase_add_test(tc, test_ray_stop_kills_whole_group);
     tcase_add_test(tc, test_ray_stop_sigkill_after_10s);
     tcase_add_test(tc, test_ray_stop_while_starting);
