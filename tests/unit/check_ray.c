@@ -174,6 +174,12 @@ restarted_once(void)
 }
 
 static bool
+lost_thrice(void)
+{
+    return down_calls >= 3;
+}
+
+static bool
 pid_file_written(void)
 {
     char *p = fs_join(conf.ray_temp_dir, "fake-ray.pid");
@@ -578,12 +584,11 @@ START_TEST(test_ray_refused_never_ready)
 {
     setenv("FAKE_RAY_REFUSE", "1", 1);
     init_ok();
-    run_until(NULL, 4.5);
+    /* (a deadline, not a fixed window: a loaded machine is slower) */
+    ck_assert(run_until(lost_thrice, 60));
     ck_assert_int_eq(ready_calls, 0);
     ck_assert(!ray_ready());
     /* lost at about 0, 1 and 3 s: the delay doubles */
-    ck_assert_int_ge(down_calls, 3);
-    ck_assert_int_le(down_calls, 4);
     ck_assert_msg(down_at[1] - down_at[0] >= 0.9, "first delay %.2f s", down_at[1] - down_at[0]);
     ck_assert_msg(down_at[2] - down_at[1] >= 1.9, "second delay %.2f s",
                   down_at[2] - down_at[1]);
