@@ -182,7 +182,8 @@ run_open_gates(void)
         struct run *oldest = NULL;
 
         for (struct run *r = R.head; r; r = r->next)
-            if (r->gated && !r->exited && (!oldest || r->started < oldest->started))
+            if (r->gated && !r->exited && !r->stopped &&
+                (!oldest || r->started < oldest->started))
                 oldest = r;
         if (!oldest)
             return;
@@ -1068,6 +1069,17 @@ runner_stop_job(const struct job *j)
         }
 }
 
+void
+runner_stop_gated(void)
+{
+    for (struct run *r = R.head; r; r = r->next)
+        if (r->gated && !r->exited && !r->stopped) {
+            r->stopped = true;
+            if (!r->warm_pending)
+                run_kill(r);
+        }
+}
+
 cJSON *
 runner_status_json(void)
 {
@@ -1086,6 +1098,7 @@ runner_status_json(void)
         json_add_str(o, "phase", r->exited    ? "finishing"
                                  : r->killing ? "stopping"
                                  : r->warm_pending ? "starting"
+                                 : r->gated        ? "ahead"
                                                    : "running");
         cJSON_AddItemToArray(a, o);
     }

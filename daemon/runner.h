@@ -67,6 +67,10 @@ void runner_stop_all(void);
 /* The same for the attempts of job j only (cancel). */
 void runner_stop_job(const struct job *j);
 
+/* Stops and releases the attempts claimed ahead that have not run yet
+ * (a drain: what runs may finish, what waits does not start). */
+void runner_stop_gated(void);
+
 /* Attempts in flight (running, claimed ahead or finishing). */
 size_t runner_count(void);
 

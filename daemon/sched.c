@@ -327,6 +327,8 @@ sched_hold(bool release)
     ev_timer_stop(S.loop, &S.poll_w);
     if (release)
         runner_stop_all();
+    else
+        runner_stop_gated(); /* (claimed ahead: not started yet) */
     status_line();
 }
 
@@ -418,6 +420,7 @@ sched_drain(void (*drained)(void))
     S.draining = true;
     S.drained = drained;
     ev_timer_stop(S.loop, &S.poll_w);
+    runner_stop_gated(); /* (claimed ahead: not started yet) */
     log_notice(NULL, "draining: no new claims; %zu attempt(s) and %zu merge(s) running",
                runner_count(), finalize_running());
     if (runner_count() || finalize_running()) {
