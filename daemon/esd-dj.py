@@ -90,7 +90,9 @@ def run(argv, gate_fd=None):
 #                 "gate": true a fourth, the gate (claim-ahead: A waits for
 #                 one byte on it, as descriptor 3, once its Ray executor is
 #                 made, before it runs)
-#   warm -> esd   {"id": N, "pid": C} or {"id": N, "error": "..."}
+#   C -> esd      {"id": N, "pid": C}, sent by the fork itself: esd reads the
+#                 sender's pid and uid that the kernel attaches (SO_PASSCRED)
+#   warm -> esd   {"id": N, "error": "..."} when it could not fork
 # C, the fork, leads a process group of its own and is a child subreaper;
 # it waits for one byte on the go pipe (esd has put it in the attempt's
 # cgroup then; end of file: give up), forks the attempt A into its group
@@ -197,7 +199,8 @@ def _attempt(req, out_w, keeper_pid, gate_r):
 
 
 def _child(sock, req, fds):
-    """In C: wait for go, fork A, become its keeper; never returns."""
+    """In C: say who it is, wait for go, fork A, become its keeper; never
+    returns."""
     import os
     import signal
     import struct
@@ -205,8 +208,9 @@ def _child(sock, req, fds):
     out_w, rep_w, go_r = fds[:3]
     gate_r = fds[3] if len(fds) > 3 else None
     try:
-        sock.close()
         os.setpgid(0, 0)
+        _send(sock, {"id": req.get("id"), "pid": os.getpid()})
+        sock.close()
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         # (blocked until the keeper reads them from a signalfd)
         signal.pthread_sigmask(signal.SIG_SETMASK, signal.valid_signals())
@@ -291,10 +295,8 @@ def serve():
                 raise ValueError("a request needs argv, env, cwd, keeper and its descriptors")
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
+            if os.fork() == 0:
                 _child(sock, req, fds)
-            _send(sock, {"id": rid, "pid": pid})
         except Exception as e:
             _send(sock, {"id": rid, "error": "%s: %s" % (type(e).__name__, e)})
         finally:

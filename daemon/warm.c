@@ -280,49 +280,21 @@ child_cb(struct ev_loop *loop, ev_child *ev, int revents)
     }
 }
 
-/* Whether pid is a child of w's process, run by w's user. */
-static bool
-fork_is_ours(const struct warm *w, pid_t pid)
-{
-    char path[64], text[4096], *p;
-    long ppid = -1;
-    unsigned long u[4];
-    int fd;
-    ssize_t n;
-
-    snprintf(path, sizeof(path), "/proc/%ld/status", (long)pid);
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return false;
-    n = read(fd, text, sizeof(text) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    text[n] = '\0';
-    if (!(p = strstr(text, "\nPPid:")) || sscanf(p + 6, "%ld", &ppid) != 1 ||
-        ppid != (long)w->sp.pid)
-        return false;
-    if (!(p = strstr(text, "\nUid:")) || sscanf(p + 5, "%lu %lu %lu %lu", &u[0], &u[1], &u[2],
-                                                &u[3]) != 4)
-        return false;
-    for (int i = 0; i < 4; i++)
-        if (u[i] != (unsigned long)w->uid)
-            return false;
-    return true;
-}
-
-/* One message of the warm processor's. */
+/* One message of the warm processor's or of one of its forks; the
+ * kernel says who sent it (SO_PASSCRED): from, of uid from_uid. */
 static void
-on_message(struct warm *w, const char *text)
+on_message(struct warm *w, const char *text, pid_t from, uid_t from_uid)
 {
     cJSON *j = cJSON_Parse(text);
     const cJSON *ready = cJSON_GetObjectItemCaseSensitive(j, "ready");
     char why[ESD_ERR_MAX];
 
-    if (!cJSON_IsObject(j)) {
-        warm_failed(w, "it sent something that is not a JSON object");
+    if (!cJSON_IsObject(j) || from_uid != w->uid) {
+        warm_failed(w, from_uid != w->uid ? "a message came from another user"
+                                          : "it sent something that is not a JSON object");
         warm_stop(w, "a protocol error");
     } else if (w->state == W_STARTING) {
-        if (cJSON_IsTrue(ready)) {
+        if (cJSON_IsTrue(ready) && from == w->sp.pid) {
             w->state = W_READY;
             w->failures = 0;
             log_info(&w->ctx, "the warm processor is ready after %.1f s (pid %ld)",
@@ -350,12 +322,13 @@ on_message(struct warm *w, const char *text)
         } else {
             q = *p;
             *p = q->next;
-            if (cJSON_IsNumber(pid) && pid->valuedouble > 1 && pid->valuedouble < 1e9 &&
-                fork_is_ours(w, (pid_t)pid->valuedouble)) {
-                req_answer(q, (pid_t)pid->valuedouble, NULL);
+            /* the fork speaks for itself: the pid is the sender's */
+            if (cJSON_IsNumber(pid) && from > 1 && pid->valuedouble == (double)from &&
+                from != w->sp.pid) {
+                req_answer(q, from, NULL);
             } else {
                 snprintf(why, sizeof(why), "the warm processor did not fork the attempt: %s",
-                         e ? e : "its answer names no child of its own");
+                         e ? e : "the answer did not come from the fork it names");
                 req_answer(q, 0, why);
             }
         }
@@ -368,10 +341,27 @@ sock_cb(struct ev_loop *loop, ev_io *ev, int revents)
 {
     struct warm *w = ev->data;
     char *msg = xmalloc(MSG_MAX + 1);
-    ssize_t n = recv(w->sock, msg, MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
+    char cbuf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(16 * sizeof(int))];
+    struct iovec iov = { .iov_base = msg, .iov_len = MSG_MAX };
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                         .msg_controllen = sizeof(cbuf) };
+    struct ucred cred = { .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    ssize_t n = recvmsg(w->sock, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
 
     (void)loop;
     (void)revents;
+    for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm; cm = CMSG_NXTHDR(&mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS &&
+            cm->cmsg_len >= CMSG_LEN(sizeof(cred)))
+            memcpy(&cred, CMSG_DATA(cm), sizeof(cred));
+        else if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            /* (descriptors nobody asked for) */
+            for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                int fd;
+
+                memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
+                close(fd);
+            }
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) {
         free(msg);
         return;
@@ -388,7 +378,7 @@ sock_cb(struct ev_loop *loop, ev_io *ev, int revents)
         return;
     }
     msg[n] = '\0';
-    on_message(w, msg);
+    on_message(w, msg, cred.pid, cred.uid);
     free(msg);
     if (w->state != W_DEAD)
         warm_arm(w);
@@ -476,6 +466,14 @@ warm_spawn(struct warm *w, const struct warm_req *rq)
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
         r = -errno;
         log_warning(&w->ctx, "cannot start a warm processor: socketpair: %s", strerror(errno));
+        return r;
+    }
+    /* every message says who sent it */
+    if (setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &(int){ 1 }, sizeof(int)) < 0) {
+        r = -errno;
+        log_warning(&w->ctx, "cannot start a warm processor: SO_PASSCRED: %s", strerror(errno));
+        close(sv[0]);
+        close(sv[1]);
         return r;
     }
     strv_init(&argv);

@@ -9,9 +9,9 @@
 #     merged output is valid JSONL (libesd's validator) whose rows are the
 #     recipe applied to the input, computed independently in plain Python
 #     (same ids in input order, same texts, other fields kept);
-#   - both daemons report their head up on 127.0.0.1:<its port>, started
-#     once (ray.restarts 0, one "starting the ray head" in the log) and the
-#     job complete;
+#   - both daemons report their head up on 127.0.0.1:<its port>, up once
+#     (a head that died while it started, as the real Ray may under load,
+#     is restarted before any attempt) and the job complete;
 #   - after SIGTERM both exit 0, their heads stopped without a SIGKILL,
 #     and nothing of the heads is left (their process groups, their
 #     descendants, anything naming their temp dirs).
@@ -217,23 +217,29 @@ for g, w in zip(got, want):
 EOF
 ok "the merged rows are the recipe applied to the input: the same 256 ids in input order, the same texts"
 
-# ---- both daemons: the head up on their own port, started once ----
+# ---- both daemons: the head up on their own port ----
+# (A head may die while it starts on a loaded machine, the real Ray's
+# doing: esd restarts it then, before its first attempt. What is checked
+# is esd's part: every restart was one before the head was ever up, so no
+# attempt ran on a head that died under it; the attempts above are all
+# attempt 1.)
 job_complete_on() {
     dstatus "$1"
     [ "$(py '[x["state"] for x in j["jobs"]]' "$W/$1/status.json")" = "['complete']" ]
 }
 for n in "${NODES[@]}"; do
     dstatus "$n"
-    got=$(py '"%s %s %s" % (j["ray"]["state"], j["ray"].get("address"), j["ray"]["restarts"])' \
-        "$W/$n/status.json")
-    [ "$got" = "up 127.0.0.1:${PORT[$n]} 0" ] ||
-        fail "esd $n reports its head up on 127.0.0.1:${PORT[$n]}, never restarted" "$got"
-    [ "$(grep -c 'starting the ray head on' "$W/$n/log")" -eq 1 ] ||
-        fail "esd $n started its head once" "$(grep 'ray head' "$W/$n/log")"
+    got=$(py '"%s %s" % (j["ray"]["state"], j["ray"].get("address"))' "$W/$n/status.json")
+    [ "$got" = "up 127.0.0.1:${PORT[$n]}" ] ||
+        fail "esd $n reports its head up on 127.0.0.1:${PORT[$n]}" "$got"
+    ups=$(grep -c 'ray head up on' "$W/$n/log" || true)
+    [ "$ups" -eq 1 ] ||
+        fail "esd $n had its head up once (restarts only before it was ever up)" \
+            "$(grep 'ray head' "$W/$n/log")"
     # (the node that did not merge sees finalize.json at its next poll)
     wait_for "esd $n sees the job complete" 20 job_complete_on "$n"
 done
-ok "esd a and b: ray up on 127.0.0.1:${PORT[a]} and :${PORT[b]}, restarts 0, one start each, job complete"
+ok "esd a and b: ray up on 127.0.0.1:${PORT[a]} and :${PORT[b]}, up once each, job complete"
 
 # ---- stop: both exit 0, nothing of their heads is left ----
 # ray_procs PGID TEMP_DIR: the live processes of a head: its process group,
