@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# warm: the warm processor (data_juicer.warm, daemon/warm.c, esd-dj --warm;
+# issue 13, items 1 and 7). esd runs as root; the jobs belong to a throwaway
+# user with a supplementary group. The processor is Data-Juicer's own, here
+# the stand-in tests/tools/pydj (copied into W: data_juicer.root, python3;
+# NOT Data-Juicer), which writes a probe of itself into each attempt
+# directory and takes its faults from control files (its header says how).
+#   (a) one job worked with the warm processor and a fresh copy of it with
+#       data_juicer.warm false: every attempt of the first was forked by the
+#       warm processor (esd's log, and the probe: its command line is
+#       esd-dj --warm), none of the second; the probes of both agree on the
+#       environment (attempt paths aside), argv (the same up to attempt
+#       paths), cwd, identity (the owner's uid, gid and groups, not root),
+#       umask, rlimits, signal mask (empty) and dispositions, descriptors
+#       (0 on /dev/null, 1 and 2 on one pipe, nothing else), process group
+#       (their own, led by their keeper, their parent) and session; the
+#       merged outputs are byte-identical (and the input, copied).
+#   (b) the processor of a warm attempt killed with SIGKILL while it hangs:
+#       the attempt fails (processor class), is retried, and the job
+#       completes; nothing of the killed attempt is left (no process of the
+#       owner's but the warm processor).
+#   (c) the warm processor killed with SIGKILL while an attempt runs: the
+#       attempt still finishes (done, attempt 1), esd logs the warm
+#       processor's end, a new one forks a later attempt, the job completes.
+#   (d) a warm processor that cannot serve (a Python thread after its
+#       imports): esd logs why and execs the attempts, the job completes;
+#       after three failures in a row it says the job's attempts are exec'd
+#       for the next 600 s.
+#   (e) SIGTERM to esd while two warm attempts hang: esd exits 0 within
+#       seconds, the claims are released without a failure, and nothing of
+#       the warm processor, its forks or their attempts is left.
+# Needs root (the job owner is another user than esd); skips otherwise.
+#
+# Environment: TOP, ESCTL, ESD, TOOLS (see lib.bash).
+set -euo pipefail
+export LC_ALL=C
+
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "# skip: warm.sh runs esd as root for jobs of a throwaway user: it needs root"
+    exit 0
+fi
+command -v python3 >/dev/null || { echo "# skip: warm.sh needs python3"; exit 0; }
+new_workdir
+unset_knobs
+need_daemon_tools
+[ -r "$(dirname "$ESD")/esd-dj" ] || fail "esd-dj is next to esd" "run make"
+T0=$(date +%s)
+
+OWNER=esdwarm$$
+groupadd "${OWNER}x"
+useradd -M -d "$W/home-of-$OWNER" -s /bin/false -G "${OWNER}x" "$OWNER"
+drop_user() {
+    # (anything of the owner's left is killed first: userdel refuses otherwise)
+    pkill -KILL -U "$OWNER" 2>/dev/null || true
+    userdel "$OWNER" 2>/dev/null || true
+    groupdel "${OWNER}x" 2>/dev/null || true
+    groupdel "$OWNER" 2>/dev/null || true
+}
+trap 'cleanup; drop_user' EXIT
+chmod 755 "$W"
+OWNER_UID=$(id -u "$OWNER")
+
+# the stand-in, as a checkout of the owner's to read (not to write)
+ROOT=$W/pydj
+cp -r "$TOP/tests/tools/pydj" "$ROOT"
+mkdir -p "$ROOT/control"
+chmod -R a+rX "$ROOT"
+mode() { echo "$1" >"$ROOT/control/mode.tmp" && mv "$ROOT/control/mode.tmp" "$ROOT/control/mode"; }
+mode ok
+
+text_dataset 40
+# new_job NAME SHARDS [prepare options]: a prepared job of the owner's
+new_job() {
+    local job=$W/$1 shards=$2
+    shift 2
+    "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+        --job-dir "$job" --num-shards "$shards" "$@" >"$W/prepare.out" 2>&1 ||
+        fail "prepare $job" "$(cat "$W/prepare.out")"
+    chown -R "$OWNER:" "$job"
+}
+# conf NAME [KEY=VALUE...]: a daemon of pydj, with a spool of its own
+conf() {
+    local name=$1
+    shift
+    daemon_conf "$name" "processor=[]" "data_juicer.root=$ROOT" data_juicer.python=python3 \
+        "spool_dir=$W/spool-$name" "$@"
+    mkdir -p "$W/spool-$name"
+}
+# spool NAME JOB: registers JOB with daemon NAME
+spool() {
+    printf '{"job_dir": "%s"}\n' "$2" >"$W/spool-$1/.$(basename "$2").tmp"
+    mv "$W/spool-$1/.$(basename "$2").tmp" "$W/spool-$1/$(basename "$2").json"
+}
+complete() {
+    [ -f "$1/state/esd/finalize.json" ] && [ "$(py 'j["status"]' "$1/state/esd/finalize.json")" = complete ]
+}
+# probes JOB: the probe files of JOB's attempts
+probes() { find "$1/attempts" -name 'probe-*.json' 2>/dev/null | sort; }
+nprobes() { [ "$(probes "$1" | wc -l)" -ge "$2" ]; }
+# warm_pids NAME: the pids of the warm processors esd NAME started
+warm_pids() { sed -n 's/.*started a warm processor (pid \([0-9]*\)).*/\1/p' "$W/$1/log"; }
+# owner_procs: the live processes of the owner's
+owner_procs() {
+    local p
+    for p in $(pgrep -U "$OWNER_UID" 2>/dev/null || true); do
+        ! alive "$p" || echo "$p"
+    done
+}
+
+# ---- (a) warm and exec'd attempts of the same job ----
+new_job job-warm 4
+cp -a "$W/job-warm" "$W/job-exec"
+conf a slots=2
+conf b slots=2 data_juicer.warm=false
+spool a "$W/job-warm"
+spool b "$W/job-exec"
+start_daemon a -u LC_ALL -u LANG -u LC_CTYPE
+start_daemon b -u LC_ALL -u LANG -u LC_CTYPE
+wait_for "(a) the warm job completes" 30 complete "$W/job-warm"
+wait_for "(a) the exec'd job completes" 30 complete "$W/job-exec"
+for p in $(warm_pids a); do STRAYS+=("$p"); done
+[ "$(warm_pids b | wc -l)" -eq 0 ] || fail "(a) no warm processor with data_juicer.warm false"
+nf=$(grep -c 'forked by the warm processor' "$W/a/log" || true)
+[ "$nf" -eq 4 ] || fail "(a) esd a says each of the 4 attempts was forked by the warm processor" \
+    "$nf times" "$(grep -E 'warm|started' "$W/a/log")"
+! grep -q 'forked by the warm processor' "$W/b/log" ||
+    fail "(a) esd b forked nothing" "$(grep 'forked' "$W/b/log")"
+cmp -s "$W/job-warm/merged.jsonl" "$W/job-exec/merged.jsonl" ||
+    fail "(a) the merged outputs are byte-identical"
+cmp -s "$W/job-warm/merged.jsonl" "$W/data.jsonl" || fail "(a) the merged output is the input"
+ok "(a) both jobs complete, 4 attempts forked by the warm processor and 4 exec'd; merged outputs byte-identical"
+
+mapfile -t PW < <(probes "$W/job-warm")
+mapfile -t PE < <(probes "$W/job-exec")
+[ "${#PW[@]}" -eq 4 ] && [ "${#PE[@]}" -eq 4 ] ||
+    fail "(a) one probe an attempt" "warm: ${PW[*]}" "exec'd: ${PE[*]}"
+python3 - "$W/job-warm" "$W/job-exec" "${DPID[a]}" "${DPID[b]}" "$OWNER" \
+    "$W/a/log" "$W/b/log" <<'EOF' ||
+import glob, json, os, pwd, re, sys
+jw, je, esd_a, esd_b, owner = sys.argv[1:6]
+logs = sys.argv[6:8]
+pw = pwd.getpwnam(owner)
+groups = sorted(set(os.getgrouplist(owner, pw.pw_gid)))
+esd_sid = {jw: os.getsid(int(esd_a)), je: os.getsid(int(esd_b))}
+esd_pgid = {jw: os.getpgid(int(esd_a)), je: os.getpgid(int(esd_b))}
+
+def norm(job, path, v):
+    """v with the attempt's own paths and names replaced (its directory,
+    the job's, the shard id)."""
+    adir = os.path.dirname(path)
+    shard = os.path.basename(os.path.dirname(adir))
+    if isinstance(v, str):
+        return v.replace(adir, "<attempt>").replace(job, "<job>").replace(shard, "<shard>")
+    if isinstance(v, list):
+        return [norm(job, path, x) for x in v]
+    if isinstance(v, dict):
+        return {k: norm(job, path, x) for k, x in v.items()}
+    return v
+
+def view(job, path):
+    p = json.load(open(path))
+    where = "%s: " % path
+    assert p["uid"] == p["euid"] == pw.pw_uid and p["gid"] == p["egid"] == pw.pw_gid, \
+        where + "runs as %d/%d, not the owner's %d/%d" % (p["uid"], p["gid"], pw.pw_uid, pw.pw_gid)
+    assert p["groups"] == groups and len(groups) == 2, where + "groups %s, want %s" % (p["groups"], groups)
+    assert p["pgid"] == p["ppid"] != p["pid"], where + "pgid %d, parent %d" % (p["pgid"], p["ppid"])
+    assert p["pgid"] != esd_pgid[job], where + "in esd's process group"
+    fds = p["fds"]
+    assert sorted(fds) == ["0", "1", "2"], where + "descriptors %s" % fds
+    assert fds["0"] == "/dev/null" and fds["1"] == fds["2"] and fds["1"].startswith("pipe:"), \
+        where + "descriptors %s" % fds
+    assert p["sigmask"] == [] and int(p["SigBlk"], 16) == 0, where + "blocked %s" % p["SigBlk"]
+    assert p["preserve_order"] is True, where + "preserve_order %r" % p["preserve_order"]
+    argv = p["argv"]
+    i = argv.index("--job_id")
+    argv = argv[:i + 1] + ["<job_id>"] + argv[i + 2:]
+    sid = "esd's" if p["sid"] == esd_sid[job] else "its own" if p["sid"] == p["pid"] else "another"
+    return {
+        "environ": norm(job, path, p["environ"]),
+        "argv": norm(job, path, argv),
+        "cwd": p["cwd"],
+        "identity": [p["uid"], p["euid"], p["gid"], p["egid"], p["groups"]],
+        "umask": p["umask"],
+        "rlimits": p["rlimits"],
+        "signals": [p["SigIgn"], p["SigCgt"], p["dispositions"]],
+        "session": sid,
+        "threads": p["threads"],
+    }
+
+keepers = {}
+for job, log in ((jw, logs[0]), (je, logs[1])):
+    keepers[job] = set()
+    for line in open(log, errors="replace"):
+        m = re.search(r"started \S+ \(pid (\d+), its keeper (\d+)\)", line)
+        if m:
+            keepers[job].add((int(m.group(2)), False))
+        m = re.search(r"started \S+ \(its keeper (\d+), forked by the warm processor\)", line)
+        if m:
+            keepers[job].add((int(m.group(1)), True))
+views = {}
+for job, forked in ((jw, True), (je, False)):
+    for path in sorted(glob.glob(job + "/attempts/*/*/probe-*.json")):
+        p = json.load(open(path))
+        assert p["forked"] is forked, "%s: forked %s" % (path, p["forked"])
+        # esd's log names the attempt's keeper (and, exec'd, the processor)
+        assert (p["ppid"], forked) in keepers[job], "%s: parent %d, esd's log: %s" % (
+            path, p["ppid"], keepers[job])
+        views.setdefault(forked, []).append((path, view(job, path)))
+ref_path, ref = views[False][0]
+for forked in (False, True):
+    for path, v in views[forked]:
+        for k in ref:
+            assert v[k] == ref[k], "%s and %s differ in %s:\n %s\n %s" % (
+                path, ref_path, k, json.dumps(v[k], sort_keys=True), json.dumps(ref[k], sort_keys=True))
+print("# the attempts' session: %s; environment: %d variables" % (ref["session"], len(ref["environ"])))
+EOF
+    fail "(a) the probes of the warm and the exec'd attempts agree"
+ok "(a) warm attempts are forks (of esd-dj --warm, under esd's keeper), exec'd ones are not"
+ok "(a) warm and exec'd attempts agree on environment, argv, cwd, identity ($OWNER, 2 groups), umask, rlimits, signals, session"
+ok "(a) both: descriptors 0-2 only (/dev/null, one pipe), no blocked signal, a process group of their own led by their keeper"
+stop_daemon a
+stop_daemon b
+
+echo "# warm: $(($(date +%s) - T0)) s in all"
+summary
