@@ -52,16 +52,18 @@ T0=$(date +%s)
 OWNER=esdwarm$$
 groupadd "${OWNER}x"
 useradd -M -d "$W/home-of-$OWNER" -s /bin/false -G "${OWNER}x" "$OWNER"
+OWNER_UID=$(id -u "$OWNER")
 drop_user() {
-    # (anything of the owner's left is killed first: userdel refuses otherwise)
-    pkill -KILL -U "$OWNER" 2>/dev/null || true
+    # (anything of the owner's left, i.e. of this script's, is killed
+    # first: userdel refuses otherwise)
+    local p
+    for p in $(pgrep -U "$OWNER_UID" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
     userdel "$OWNER" 2>/dev/null || true
     groupdel "${OWNER}x" 2>/dev/null || true
     groupdel "$OWNER" 2>/dev/null || true
 }
 trap 'cleanup; drop_user' EXIT
 chmod 755 "$W"
-OWNER_UID=$(id -u "$OWNER")
 
 # the stand-in, as a checkout of the owner's to read (not to write)
 ROOT=$W/pydj
@@ -223,6 +225,151 @@ ok "(a) warm and exec'd attempts agree on environment, argv, cwd, identity ($OWN
 ok "(a) both: descriptors 0-2 only (/dev/null, one pipe), no blocked signal, a process group of their own led by their keeper"
 stop_daemon a
 stop_daemon b
+wait_for "(a) nothing of the owner's is left once both have stopped" 5 test -z "$(owner_procs)"
+ok "(a) nothing of the owner's is left once both have stopped"
+
+# attempt_json JOB SHARD_INDEX N: attempt N's attempt.json of JOB's shard
+attempt_json() {
+    local d
+    d=$(find "$1/attempts" -mindepth 1 -maxdepth 1 -type d | sort | sed -n "$(($2 + 1))p")
+    find "$d" -mindepth 2 -maxdepth 2 -path "*/$(printf %04d "$3")-*/attempt.json"
+}
+# probe_field JOB EXPR: EXPR on JOB's first probe (p)
+probe_field() { python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$(probes "$1" | head -n 1)" "$2"; }
+running_pid() {
+    dstatus "$1"
+    py '[a.get("pid") for a in j["attempts"]]' "$W/$1/status.json"
+}
+
+# ---- (b) the processor of a warm attempt killed with SIGKILL ----
+new_job job-b 1 --max-retries 1
+conf c
+mode "hang 1"
+spool c "$W/job-b"
+start_daemon c
+wait_for "(b) the attempt runs (its probe)" 20 nprobes "$W/job-b" 1
+proc=$(probe_field "$W/job-b" 'p["pid"]')
+STRAYS+=("$proc")
+[ "$(probe_field "$W/job-b" 'p["forked"]')" = True ] || fail "(b) the attempt was forked"
+[ "$(running_pid c)" = "[$proc]" ] ||
+    fail "(b) esctl status names the forked processor" "$(running_pid c), probe: $proc"
+kill -KILL "$proc"
+wait_for "(b) the job completes after a retry" 30 complete "$W/job-b"
+a1=$(attempt_json "$W/job-b" 0 1)
+a2=$(attempt_json "$W/job-b" 0 2)
+[ -n "$a1" ] && [ -n "$a2" ] || fail "(b) two attempts" "$(find "$W/job-b/attempts")"
+got=$(py '"%s|%s|%s" % (j.get("status"), j.get("failure_class"), j.get("error"))' "$a1")
+[[ $got == "failed|processor|"* ]] || fail "(b) the killed attempt failed, class processor" "$got"
+[ "$(py 'j["status"]' "$a2")" = done ] || fail "(b) its retry is done" "$(cat "$a2")"
+[ "$(py 'j["attempt_number"]' "$W"/job-b/state/done/*.json)" = 2 ] || fail "(b) done at attempt 2"
+[ "$(grep -c 'forked by the warm processor' "$W/c/log")" -eq 2 ] ||
+    fail "(b) both attempts were forked" "$(grep -E 'warm|started' "$W/c/log")"
+mapfile -t wp < <(warm_pids c)
+STRAYS+=("${wp[@]}")
+[ "${#wp[@]}" -eq 1 ] || fail "(b) one warm processor all along" "${wp[*]}"
+dead "$proc" || fail "(b) the killed processor is gone"
+left=$(owner_procs)
+[ "$left" = "${wp[0]}" ] || fail "(b) no process of the owner's but the warm processor ${wp[0]}" \
+    "$(ps -o pid,ppid,pgid,stat,args -u "$OWNER_UID")"
+ok "(b) SIGKILL of a warm attempt's processor: failed ($got), retried, done at attempt 2; only the warm processor is left"
+mode ok
+stop_daemon c
+
+# ---- (c) the warm processor killed while an attempt runs ----
+new_job job-c 3
+conf d
+mode hang
+spool d "$W/job-c"
+start_daemon d
+wait_for "(c) the first attempt runs (its probe)" 20 nprobes "$W/job-c" 1
+mapfile -t wp < <(warm_pids d)
+STRAYS+=("${wp[@]}")
+[ "${#wp[@]}" -eq 1 ] || fail "(c) one warm processor" "${wp[*]}"
+proc=$(probe_field "$W/job-c" 'p["pid"]')
+STRAYS+=("$proc")
+kill -KILL "${wp[0]}"
+# (its socket's end or its exit, whichever esd sees first)
+ended() { grep -q 'warm processor: it \(was killed\|closed its socket\)' "$W/d/log"; }
+wait_for "(c) esd logs the warm processor's end" 10 ended
+alive "$proc" || fail "(c) the attempt's processor runs on without the warm processor"
+# (the attempt goes on for longer than warm.c's backoff of 1 s after a
+# failure, so the next attempt may have a new warm processor)
+mode "sleep 1.5"
+first_done() { [ "$(count "$W/job-c/state/done")" -ge 1 ]; }
+wait_for "(c) the attempt whose warm processor died is done" 20 first_done
+mode ok
+wait_for "(c) the job completes" 30 complete "$W/job-c"
+got=$(python3 -c 'import glob, json, sys
+print(sorted((json.load(open(f))["attempt_number"]) for f in glob.glob(sys.argv[1] + "/state/done/*.json")))' \
+    "$W/job-c")
+[ "$got" = "[1, 1, 1]" ] || fail "(c) every shard done at its first attempt" "$got"
+mapfile -t wp < <(warm_pids d)
+STRAYS+=("${wp[@]}")
+[ "${#wp[@]}" -ge 2 ] || fail "(c) a new warm processor was started" "$(grep warm "$W/d/log")"
+[ "$(grep -c 'forked by the warm processor' "$W/d/log")" -ge 2 ] ||
+    fail "(c) a later attempt was forked by the new warm processor" "$(grep -E 'warm|started' "$W/d/log")"
+left=$(owner_procs)
+[ "$left" = "${wp[-1]}" ] || fail "(c) no process of the owner's but the new warm processor ${wp[-1]}" \
+    "$(ps -o pid,ppid,pgid,stat,args -u "$OWNER_UID")"
+ok "(c) the warm processor killed mid-attempt: its end logged, the attempt done, a new warm processor (${wp[1]}) forked a later attempt"
+stop_daemon d
+
+# ---- (d) a warm processor that cannot serve ----
+new_job job-d 5
+conf e
+touch "$ROOT/control/warm-thread"
+# (each attempt outlasts warm.c's backoff, 1 s then 2 s: the first, the
+# second and the fourth attempt each start a warm processor that fails)
+mode "sleep 1"
+spool e "$W/job-d"
+start_daemon e
+wait_for "(d) the job completes with exec'd attempts" 40 complete "$W/job-d"
+rm "$ROOT/control/warm-thread"
+mode ok
+grep -q "warm processor: it cannot serve: 2 Python threads after the imports (MainThread, pydj-marker)" \
+    "$W/e/log" || fail "(d) esd logs why the warm processor cannot serve" "$(grep warm "$W/e/log")"
+grep -q "starting the attempt on its own" "$W/e/log" ||
+    fail "(d) esd says it execs the attempt" "$(grep -E 'warm|started' "$W/e/log")"
+grep -q "the warm processor failed 3 times in a row (last: it cannot serve: .*): this job's attempts are exec'd for the next 600 s" \
+    "$W/e/log" || fail "(d) after three failures esd execs the job's attempts for 600 s" \
+    "$(grep warm "$W/e/log")"
+! grep -q 'forked by the warm processor' "$W/e/log" || fail "(d) no attempt was forked"
+[ "$(grep -c 'started python3 (pid' "$W/e/log")" -eq 5 ] ||
+    fail "(d) the 5 attempts were exec'd" "$(grep -E 'warm|started' "$W/e/log")"
+[ "$(warm_pids e | wc -l)" -eq 3 ] ||
+    fail "(d) no warm processor is started once disabled" "$(grep warm "$W/e/log")"
+got=$(python3 -c 'import glob, json, sys
+print(sorted(json.load(open(f))["forked"] for f in glob.glob(sys.argv[1] + "/attempts/*/*/probe-*.json")))' \
+    "$W/job-d")
+[ "$got" = "[False, False, False, False, False]" ] || fail "(d) the probes say exec'd" "$got"
+cmp -s "$W/job-d/merged.jsonl" "$W/data.jsonl" || fail "(d) the merged output is the input"
+ok "(d) a warm processor with a thread after its imports: refused (logged), 5 attempts exec'd, 3 failures then exec'd for 600 s; the job complete"
+stop_daemon e
+
+# ---- (e) SIGTERM to esd while warm attempts run ----
+new_job job-e 2
+conf f slots=2 drain_timeout_secs=1 attempt_kill_grace_secs=1
+mode hang
+spool f "$W/job-e"
+start_daemon f
+wait_for "(e) both attempts run (their probes)" 20 nprobes "$W/job-e" 2
+mapfile -t wp < <(warm_pids f)
+mapfile -t procs < <(for f in $(probes "$W/job-e"); do py 'j["pid"]' "$f"; py 'j["ppid"]' "$f"; done)
+STRAYS+=("${wp[@]}" "${procs[@]}")
+[ "$(grep -c 'forked by the warm processor' "$W/f/log")" -eq 2 ] || fail "(e) both attempts were forked"
+t0=$(date +%s%N)
+stop_daemon f
+stopped=$((($(date +%s%N) - t0) / 1000000))
+[ "$DRC" -eq 0 ] || fail "(e) esd exits 0 after its drain" "exit $DRC" "$(tail -n 20 "$W/f/log")"
+[ "$stopped" -lt 8000 ] || fail "(e) esd exits within seconds of SIGTERM" "$stopped ms"
+all_exited "${wp[@]}" "${procs[@]}" ||
+    fail "(e) the warm processor ${wp[*]}, the attempts and their keepers (${procs[*]}) are gone"
+left=$(owner_procs)
+[ -z "$left" ] || fail "(e) nothing of the owner's is left" "$(ps -o pid,ppid,pgid,stat,args -u "$OWNER_UID")"
+[ "$(count "$W/job-e/state/locks")" -eq 0 ] || fail "(e) the claims were released" "$(ls "$W/job-e/state/locks")"
+[ "$(count "$W/job-e/state/failed")" -eq 0 ] || fail "(e) no failure was counted"
+mode ok
+ok "(e) SIGTERM during two hanging warm attempts: esd exited 0 in ${stopped} ms, claims released, no failure, nothing of the owner's left"
 
 echo "# warm: $(($(date +%s) - T0)) s in all"
 summary

@@ -25,7 +25,9 @@ Control files, in <root>/control/ (root: the directory holding
 data_juicer/, i.e. data_juicer.root):
   mode         what main() does after the probe: "ok" (also when missing),
                "hang" (waits until the file says something else, then
-               goes on with that), "sleep S" (S seconds, then ok),
+               goes on with that), "hang N" (the same in the shard's
+               attempt N only; ok in the others), "sleep S" (S seconds,
+               then ok),
                "exit N" (exit status N, no output), "crash" (SIGKILL of
                itself, no output)
   warm-thread  while it exists, importing this module in a warm processor
@@ -182,10 +184,14 @@ def main():
     export = a["export_path"]
     where = probe(os.path.dirname(export))
     print("pydj: probe %s" % where, flush=True)
+    # (the attempt directory's name starts with the attempt's number)
+    number = int(os.path.basename(os.path.dirname(export)).split("-")[0])
     mode = _control("mode") or "ok"
-    while mode == "hang":
+    while mode == "hang" or mode == "hang %d" % number:
         time.sleep(0.02)
         mode = _control("mode") or "ok"
+    if mode.startswith("hang "):
+        mode = "ok"
     word, _, arg = mode.partition(" ")
     if word == "sleep":
         time.sleep(float(arg))
