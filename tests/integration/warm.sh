@@ -99,6 +99,11 @@ spool() {
 complete() {
     [ -f "$1/state/esd/finalize.json" ] && [ "$(py 'j["status"]' "$1/state/esd/finalize.json")" = complete ]
 }
+# stop NAME: SIGTERM, and esd exits 0 (a sanitizer's report would make it fail)
+stop() {
+    stop_daemon "$1"
+    [ "$DRC" -eq 0 ] || fail "esd $1 exits 0 on SIGTERM" "exit $DRC" "$(tail -n 20 "$W/$1/log")"
+}
 # probes JOB: the probe files of JOB's attempts
 probes() { find "$1/attempts" -name 'probe-*.json' 2>/dev/null | sort; }
 nprobes() { [ "$(probes "$1" | wc -l)" -ge "$2" ]; }
@@ -137,7 +142,7 @@ ok "(a) both jobs complete, 4 attempts forked by the warm processor and 4 exec'd
 
 mapfile -t PW < <(probes "$W/job-warm")
 mapfile -t PE < <(probes "$W/job-exec")
-[ "${#PW[@]}" -eq 4 ] && [ "${#PE[@]}" -eq 4 ] ||
+{ [ "${#PW[@]}" -eq 4 ] && [ "${#PE[@]}" -eq 4 ]; } ||
     fail "(a) one probe an attempt" "warm: ${PW[*]}" "exec'd: ${PE[*]}"
 python3 - "$W/job-warm" "$W/job-exec" "${DPID[a]}" "${DPID[b]}" "$OWNER" \
     "$W/a/log" "$W/b/log" <<'EOF' ||
@@ -223,8 +228,8 @@ EOF
 ok "(a) warm attempts are forks (of esd-dj --warm, under esd's keeper), exec'd ones are not"
 ok "(a) warm and exec'd attempts agree on environment, argv, cwd, identity ($OWNER, 2 groups), umask, rlimits, signals, session"
 ok "(a) both: descriptors 0-2 only (/dev/null, one pipe), no blocked signal, a process group of their own led by their keeper"
-stop_daemon a
-stop_daemon b
+stop a
+stop b
 wait_for "(a) nothing of the owner's is left once both have stopped" 5 test -z "$(owner_procs)"
 ok "(a) nothing of the owner's is left once both have stopped"
 
@@ -257,10 +262,10 @@ kill -KILL "$proc"
 wait_for "(b) the job completes after a retry" 30 complete "$W/job-b"
 a1=$(attempt_json "$W/job-b" 0 1)
 a2=$(attempt_json "$W/job-b" 0 2)
-[ -n "$a1" ] && [ -n "$a2" ] || fail "(b) two attempts" "$(find "$W/job-b/attempts")"
+{ [ -n "$a1" ] && [ -n "$a2" ]; } || fail "(b) two attempts" "$(find "$W/job-b/attempts")"
 got=$(py '"%s|%s|%s" % (j.get("status"), j.get("failure_class"), j.get("error"))' "$a1")
 [[ $got == "failed|processor|"* ]] || fail "(b) the killed attempt failed, class processor" "$got"
-[ "$(py 'j["status"]' "$a2")" = done ] || fail "(b) its retry is done" "$(cat "$a2")"
+[ "$(py 'j["status"]' "$a2")" = "done" ] || fail "(b) its retry is done" "$(cat "$a2")"
 [ "$(py 'j["attempt_number"]' "$W"/job-b/state/done/*.json)" = 2 ] || fail "(b) done at attempt 2"
 [ "$(grep -c 'forked by the warm processor' "$W/c/log")" -eq 2 ] ||
     fail "(b) both attempts were forked" "$(grep -E 'warm|started' "$W/c/log")"
@@ -273,7 +278,7 @@ left=$(owner_procs)
     "$(ps -o pid,ppid,pgid,stat,args -u "$OWNER_UID")"
 ok "(b) SIGKILL of a warm attempt's processor: failed ($got), retried, done at attempt 2; only the warm processor is left"
 mode ok
-stop_daemon c
+stop c
 
 # ---- (c) the warm processor killed while an attempt runs ----
 new_job job-c 3
@@ -312,7 +317,7 @@ left=$(owner_procs)
 [ "$left" = "${wp[-1]}" ] || fail "(c) no process of the owner's but the new warm processor ${wp[-1]}" \
     "$(ps -o pid,ppid,pgid,stat,args -u "$OWNER_UID")"
 ok "(c) the warm processor killed mid-attempt: its end logged, the attempt done, a new warm processor (${wp[1]}) forked a later attempt"
-stop_daemon d
+stop d
 
 # ---- (d) a warm processor that cannot serve ----
 new_job job-d 5
@@ -344,7 +349,7 @@ print(sorted(json.load(open(f))["forked"] for f in glob.glob(sys.argv[1] + "/att
 [ "$got" = "[False, False, False, False, False]" ] || fail "(d) the probes say exec'd" "$got"
 cmp -s "$W/job-d/merged.jsonl" "$W/data.jsonl" || fail "(d) the merged output is the input"
 ok "(d) a warm processor with a thread after its imports: refused (logged), 5 attempts exec'd, 3 failures then exec'd for 600 s; the job complete"
-stop_daemon e
+stop e
 
 # ---- (e) SIGTERM to esd while warm attempts run ----
 new_job job-e 2
