@@ -62,7 +62,26 @@ drop_user() {
     groupdel "${OWNER}x" 2>/dev/null || true
     groupdel "$OWNER" 2>/dev/null || true
 }
-trap 'cleanup; drop_user' EXIT
+# A cgroup v2 directory given to esd as if delegated (ESD_TEST_CGROUP, as
+# contain.sh does), where there is one: the attempts run in cgroups of
+# their own, warm or exec'd.
+CG=
+for root in /sys/fs/cgroup/unified /sys/fs/cgroup; do
+    if [ "$(stat -f -c %T "$root" 2>/dev/null)" = cgroup2fs ] && mkdir "$root/esd-warm-$$" 2>/dev/null; then
+        CG=$root/esd-warm-$$
+        break
+    fi
+done
+drop_cgroups() {
+    [ -n "$CG" ] && [ -d "$CG" ] || return 0
+    local d
+    find "$CG" -mindepth 1 -depth -type d | while read -r d; do
+        echo 1 >"$d/cgroup.kill" 2>/dev/null || true
+        rmdir "$d" 2>/dev/null || true
+    done
+    rmdir "$CG" 2>/dev/null || true
+}
+trap 'cleanup; drop_cgroups; drop_user' EXIT
 chmod 755 "$W"
 
 # the stand-in, as a checkout of the owner's to read (not to write)
@@ -124,8 +143,11 @@ conf a slots=2
 conf b slots=2 data_juicer.warm=false
 spool a "$W/job-warm"
 spool b "$W/job-exec"
-start_daemon a -u LC_ALL -u LANG -u LC_CTYPE
-start_daemon b -u LC_ALL -u LANG -u LC_CTYPE
+cgenv=()
+[ -z "$CG" ] || { mkdir "$CG/a" "$CG/b"; cgenv=(ESD_TEST_CGROUP="$CG/a"); }
+start_daemon a -u LC_ALL -u LANG -u LC_CTYPE "${cgenv[@]}"
+[ -z "$CG" ] || cgenv=(ESD_TEST_CGROUP="$CG/b")
+start_daemon b -u LC_ALL -u LANG -u LC_CTYPE "${cgenv[@]}"
 wait_for "(a) the warm job completes" 30 complete "$W/job-warm"
 wait_for "(a) the exec'd job completes" 30 complete "$W/job-exec"
 for p in $(warm_pids a); do STRAYS+=("$p"); done
@@ -145,10 +167,11 @@ mapfile -t PE < <(probes "$W/job-exec")
 { [ "${#PW[@]}" -eq 4 ] && [ "${#PE[@]}" -eq 4 ]; } ||
     fail "(a) one probe an attempt" "warm: ${PW[*]}" "exec'd: ${PE[*]}"
 python3 - "$W/job-warm" "$W/job-exec" "${DPID[a]}" "${DPID[b]}" "$OWNER" \
-    "$W/a/log" "$W/b/log" <<'EOF' ||
+    "$W/a/log" "$W/b/log" "$CG" <<'EOF' ||
 import glob, json, os, pwd, re, sys
 jw, je, esd_a, esd_b, owner = sys.argv[1:6]
-logs = sys.argv[6:8]
+logs, cg = sys.argv[6:8], sys.argv[8]
+cgroups = set()
 pw = pwd.getpwnam(owner)
 groups = sorted(set(os.getgrouplist(owner, pw.pw_gid)))
 esd_sid = {jw: os.getsid(int(esd_a)), je: os.getsid(int(esd_b))}
@@ -185,6 +208,16 @@ def view(job, path):
     i = argv.index("--job_id")
     argv = argv[:i + 1] + ["<job_id>"] + argv[i + 2:]
     sid = "esd's" if p["sid"] == esd_sid[job] else "its own" if p["sid"] == p["pid"] else "another"
+    cgroup = "(not tested)"
+    if cg:
+        # its own: attempt-<token> under the one esd was given
+        mine = cg[cg.index("/esd-warm-"):] + "/" + ("a" if job == jw else "b") + "/attempt-"
+        assert p["cgroup"].startswith("0::/") and mine in p["cgroup"] and \
+            p["cgroup"].rindex("/") == p["cgroup"].index(mine) + len(mine) - 9, \
+            where + "cgroup %s, not one under %s" % (p["cgroup"], mine)
+        assert p["cgroup"] not in cgroups, where + "cgroup %s twice" % p["cgroup"]
+        cgroups.add(p["cgroup"])
+        cgroup = "attempt-*"
     return {
         "environ": norm(job, path, p["environ"]),
         "argv": norm(job, path, argv),
@@ -194,6 +227,7 @@ def view(job, path):
         "rlimits": p["rlimits"],
         "signals": [p["SigIgn"], p["SigCgt"], p["dispositions"]],
         "session": sid,
+        "cgroup": cgroup,
         "threads": p["threads"],
     }
 
@@ -222,12 +256,21 @@ for forked in (False, True):
         for k in ref:
             assert v[k] == ref[k], "%s and %s differ in %s:\n %s\n %s" % (
                 path, ref_path, k, json.dumps(v[k], sort_keys=True), json.dumps(ref[k], sort_keys=True))
-print("# the attempts' session: %s; environment: %d variables" % (ref["session"], len(ref["environ"])))
+print("# the attempts' session: %s; environment: %d variables; cgroups: %s" % (
+    ref["session"], len(ref["environ"]), ref["cgroup"]))
 EOF
     fail "(a) the probes of the warm and the exec'd attempts agree"
 ok "(a) warm attempts are forks (of esd-dj --warm, under esd's keeper), exec'd ones are not"
-ok "(a) warm and exec'd attempts agree on environment, argv, cwd, identity ($OWNER, 2 groups), umask, rlimits, signals, session"
+ok "(a) warm and exec'd attempts agree on environment, argv, cwd, identity ($OWNER, 2 groups), umask, rlimits, signals, session${CG:+, a cgroup of their own}"
 ok "(a) both: descriptors 0-2 only (/dev/null, one pipe), no blocked signal, a process group of their own led by their keeper"
+if [ -n "$CG" ]; then
+    wp=$(warm_pids a | tail -n 1)
+    grep -q "^0::/.*esd-warm-$$/a/esd\$" "/proc/$wp/cgroup" ||
+        fail "(a) the warm processor is in esd's own cgroup, not an attempt's" "$(cat "/proc/$wp/cgroup")"
+    cg_gone() { [ -z "$(find "$CG/a" "$CG/b" -mindepth 1 -maxdepth 1 -name 'attempt-*')" ]; }
+    wait_for "(a) the attempts' cgroups are removed" 10 cg_gone
+    ok "(a) the warm processor is in esd's cgroup, the attempts' cgroups are removed"
+fi
 stop a
 stop b
 wait_for "(a) nothing of the owner's is left once both have stopped" 5 test -z "$(owner_procs)"

@@ -17,7 +17,7 @@ input order.
 Before that it writes a probe, probe-<pid>.json, into the attempt
 directory (the parent of --export_path): what the attempt's process is
 (argv, environment, working directory, credentials, process group and
-session, parent, open descriptors and their
+session, parent, cgroup, open descriptors and their
 targets, signal mask and dispositions, umask, rlimits), and whether it is
 a fork of esd-dj's warm processor (its command line is `esd-dj --warm`).
 
@@ -83,6 +83,15 @@ def _status():
     return out
 
 
+def _cgroup():
+    """The cgroup v2 path of this process ("0::/..."), or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            return next((l.strip() for l in f if l.startswith("0::")), None)
+    except OSError:
+        return None
+
+
 def _disposition(h):
     if h == signal.SIG_DFL:
         return "SIG_DFL"
@@ -143,6 +152,7 @@ def probe(attempt_dir):
                          for n in ("SIGINT", "SIGPIPE", "SIGTERM", "SIGCHLD")},
         "umask": mask,
         "rlimits": limits,
+        "cgroup": _cgroup(),
         "threads": threading.active_count(),
         "preserve_order": preserve,
     }
