@@ -263,8 +263,11 @@ EOF
 ok "(a) warm attempts are forks (of esd-dj --warm, under esd's keeper), exec'd ones are not"
 ok "(a) warm and exec'd attempts agree on environment, argv, cwd, identity ($OWNER, 2 groups), umask, rlimits, signals, session${CG:+, a cgroup of their own}"
 ok "(a) both: descriptors 0-2 only (/dev/null, one pipe), no blocked signal, a process group of their own led by their keeper"
+wp=$(warm_pids a | tail -n 1)
+[ "$(ps -o uid=,ppid= -p "$wp" | xargs)" = "$OWNER_UID ${DPID[a]}" ] ||
+    fail "(a) the warm processor $wp is esd's child, run by the owner" "$(ps -o pid,ppid,user,args -p "$wp")"
+ok "(a) the warm processor is a child of esd's, run by $OWNER"
 if [ -n "$CG" ]; then
-    wp=$(warm_pids a | tail -n 1)
     grep -q "^0::/.*esd-warm-$$/a/esd\$" "/proc/$wp/cgroup" ||
         fail "(a) the warm processor is in esd's own cgroup, not an attempt's" "$(cat "/proc/$wp/cgroup")"
     cg_gone() { [ -z "$(find "$CG/a" "$CG/b" -mindepth 1 -maxdepth 1 -name 'attempt-*')" ]; }
