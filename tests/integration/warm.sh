@@ -57,7 +57,9 @@ drop_user() {
     # (anything of the owner's left, i.e. of this script's, is killed
     # first: userdel refuses otherwise)
     local p
-    for p in $(pgrep -U "$OWNER_UID" 2>/dev/null || true); do kill -KILL "$p" 2>/dev/null || true; done
+    for p in $(pgrep -U "$OWNER_UID" 2>/dev/null || true); do
+        kill -KILL "$p" 2>/dev/null || true
+    done
     userdel "$OWNER" 2>/dev/null || true
     groupdel "${OWNER}x" 2>/dev/null || true
     groupdel "$OWNER" 2>/dev/null || true
@@ -67,7 +69,8 @@ drop_user() {
 # their own, warm or exec'd.
 CG=
 for root in /sys/fs/cgroup/unified /sys/fs/cgroup; do
-    if [ "$(stat -f -c %T "$root" 2>/dev/null)" = cgroup2fs ] && mkdir "$root/esd-warm-$$" 2>/dev/null; then
+    if [ "$(stat -f -c %T "$root" 2>/dev/null)" = cgroup2fs ] &&
+        mkdir "$root/esd-warm-$$" 2>/dev/null; then
         CG=$root/esd-warm-$$
         break
     fi
@@ -116,7 +119,8 @@ spool() {
     mv "$W/spool-$1/.$(basename "$2").tmp" "$W/spool-$1/$(basename "$2").json"
 }
 complete() {
-    [ -f "$1/state/esd/finalize.json" ] && [ "$(py 'j["status"]' "$1/state/esd/finalize.json")" = complete ]
+    [ -f "$1/state/esd/finalize.json" ] &&
+        [ "$(py 'j["status"]' "$1/state/esd/finalize.json")" = complete ]
 }
 # stop NAME: SIGTERM, and esd exits 0 (a sanitizer's report would make it fail)
 stop() {
@@ -195,7 +199,8 @@ def view(job, path):
     where = "%s: " % path
     assert p["uid"] == p["euid"] == pw.pw_uid and p["gid"] == p["egid"] == pw.pw_gid, \
         where + "runs as %d/%d, not the owner's %d/%d" % (p["uid"], p["gid"], pw.pw_uid, pw.pw_gid)
-    assert p["groups"] == groups and len(groups) == 2, where + "groups %s, want %s" % (p["groups"], groups)
+    assert p["groups"] == groups and len(groups) == 2, \
+        where + "groups %s, want %s" % (p["groups"], groups)
     assert p["pgid"] == p["ppid"] != p["pid"], where + "pgid %d, parent %d" % (p["pgid"], p["ppid"])
     assert p["pgid"] != esd_pgid[job], where + "in esd's process group"
     fds = p["fds"]
@@ -235,10 +240,10 @@ keepers = {}
 for job, log in ((jw, logs[0]), (je, logs[1])):
     keepers[job] = set()
     for line in open(log, errors="replace"):
-        m = re.search(r"started \S+ \(pid (\d+), its keeper (\d+)\)", line)
+        m = re.search(r"started \S+ \(pid (\d+), its keeper (\d+)[,)]", line)
         if m:
             keepers[job].add((int(m.group(2)), False))
-        m = re.search(r"started \S+ \(its keeper (\d+), forked by the warm processor\)", line)
+        m = re.search(r"started \S+ \(its keeper (\d+), forked by the warm processor[,)]", line)
         if m:
             keepers[job].add((int(m.group(1)), True))
 views = {}
@@ -255,7 +260,8 @@ for forked in (False, True):
     for path, v in views[forked]:
         for k in ref:
             assert v[k] == ref[k], "%s and %s differ in %s:\n %s\n %s" % (
-                path, ref_path, k, json.dumps(v[k], sort_keys=True), json.dumps(ref[k], sort_keys=True))
+                path, ref_path, k, json.dumps(v[k], sort_keys=True),
+                json.dumps(ref[k], sort_keys=True))
 print("# the attempts' session: %s; environment: %d variables; cgroups: %s" % (
     ref["session"], len(ref["environ"]), ref["cgroup"]))
 EOF
@@ -265,11 +271,13 @@ ok "(a) warm and exec'd attempts agree on environment, argv, cwd, identity ($OWN
 ok "(a) both: descriptors 0-2 only (/dev/null, one pipe), no blocked signal, a process group of their own led by their keeper"
 wp=$(warm_pids a | tail -n 1)
 [ "$(ps -o uid=,ppid= -p "$wp" | xargs)" = "$OWNER_UID ${DPID[a]}" ] ||
-    fail "(a) the warm processor $wp is esd's child, run by the owner" "$(ps -o pid,ppid,user,args -p "$wp")"
+    fail "(a) the warm processor $wp is esd's child, run by the owner" \
+        "$(ps -o pid,ppid,user,args -p "$wp")"
 ok "(a) the warm processor is a child of esd's, run by $OWNER"
 if [ -n "$CG" ]; then
     grep -q "^0::/.*esd-warm-$$/a/esd\$" "/proc/$wp/cgroup" ||
-        fail "(a) the warm processor is in esd's own cgroup, not an attempt's" "$(cat "/proc/$wp/cgroup")"
+        fail "(a) the warm processor is in esd's own cgroup, not an attempt's" \
+            "$(cat "/proc/$wp/cgroup")"
     cg_gone() { [ -z "$(find "$CG/a" "$CG/b" -mindepth 1 -maxdepth 1 -name 'attempt-*')" ]; }
     wait_for "(a) the attempts' cgroups are removed" 10 cg_gone
     ok "(a) the warm processor is in esd's cgroup, the attempts' cgroups are removed"

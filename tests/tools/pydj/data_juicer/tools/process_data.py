@@ -6,30 +6,33 @@ main() takes exactly the flags esd passes (common/attempt.c
 attempt_prepare; spec 8.4), each once with a value, "--flag value" or
 "--flag=value": --config --dataset_path --export_path --executor_type
 (must be "ray") --ray_address --work_dir --job_id --event_log_dir
---checkpoint_dir --partition_dir; anything else is exit 2. The recipe is
-not applied: the rows are copied byte for byte. --export_path becomes a
-directory of two part files named as Ray names them,
+--checkpoint_dir --partition_dir; anything else is exit 2. Then, as the
+real one, it makes a core/executor/ray_executor.RayExecutor (esd-dj's
+claim-ahead gate waits in its __init__) and calls its run(), which does
+the work below (work()). The recipe is not applied: the rows are copied
+byte for byte. --export_path becomes a directory of two part files named
+as Ray names them,
     <uuid>_<uuid>_000000.json   the first ceil(n/2) rows of --dataset_path
     <uuid>_<uuid>_000001.json   the rest (not written when empty)
 the same two random uuids for both, so that their order by name is the
 input order.
 
-Before that it writes a probe, probe-<pid>.json, into the attempt
-directory (the parent of --export_path): what the attempt's process is
-(argv, environment, working directory, credentials, process group and
-session, parent, cgroup, open descriptors and their
-targets, signal mask and dispositions, umask, rlimits), and whether it is
-a fork of esd-dj's warm processor (its command line is `esd-dj --warm`).
+Before that, once the attempt really runs, it writes a probe,
+probe-<pid>.json, into the attempt directory (the parent of
+--export_path): what the attempt's process is (argv, environment, working
+directory, credentials, process group and session, parent, cgroup, open
+descriptors and their targets, signal mask and dispositions, umask,
+rlimits), and whether it is a fork of esd-dj's warm processor (its command
+line is `esd-dj --warm`).
 
 Control files, in <root>/control/ (root: the directory holding
 data_juicer/, i.e. data_juicer.root):
-  mode         what main() does after the probe: "ok" (also when missing),
-               "hang" (waits until the file says something else, then
-               goes on with that), "hang N" (the same in the shard's
-               attempt N only; ok in the others), "sleep S" (S seconds,
-               then ok),
-               "exit N" (exit status N, no output), "crash" (SIGKILL of
-               itself, no output)
+  mode         what the attempt does after the probe: "ok" (also when
+               missing), "hang" (waits until the file says something
+               else, then goes on with that), "hang N" (the same in the
+               shard's attempt N only; ok in the others), "sleep S" (S
+               seconds, then ok), "exit N" (exit status N, no output),
+               "crash" (SIGKILL of itself, no output)
   warm-thread  while it exists, importing this module in a warm processor
                starts a Python thread, which esd-dj must refuse to fork
                from ("threads after the imports")
@@ -191,6 +194,14 @@ def main():
     except ValueError as e:
         print("pydj: %s" % e, file=sys.stderr)
         return 2
+    from data_juicer.core.executor import ray_executor
+
+    return ray_executor.RayExecutor(a).run()
+
+
+def work(a):
+    """The attempt's work, in RayExecutor.run(): the probe, the mode, the
+    output."""
     export = a["export_path"]
     where = probe(os.path.dirname(export))
     print("pydj: probe %s" % where, flush=True)
