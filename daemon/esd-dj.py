@@ -139,6 +139,23 @@ def _not_forkable():
     return None
 
 
+# {name: (its value at exec, its value after the imports)} of what differs
+_ENV_CHANGES = {}
+
+
+def _env_changes():
+    """What differs between the environment this process was exec'd with
+    and os.environ now (None: unset)."""
+    import os
+
+    with open("/proc/self/environ", "rb") as f:
+        first = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    first = {os.fsdecode(k): os.fsdecode(v) for k, v in first.items()}
+    now = dict(os.environ)
+    return {k: (first.get(k), now.get(k)) for k in set(first) | set(now)
+            if first.get(k) != now.get(k)}
+
+
 def _send(sock, obj):
     import json
 
@@ -170,6 +187,14 @@ def _attempt(req, out_w, keeper_pid, gate_r):
             k, sep, v = e.partition("=")
             if sep and k:
                 os.environ[k] = v
+        # what Python's start (LC_CTYPE's coercion) and the imports (Ray's
+        # RAY_CLIENT_MODE) did to the environment, as an exec'd esd-dj has it
+        for k, (was, now) in _ENV_CHANGES.items():
+            if os.environ.get(k) == was:
+                if now is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = now
         os.chdir(req["cwd"])
         # the dispositions of a Python just started (the keeper's are
         # the defaults)
@@ -254,6 +279,7 @@ def serve():
         import data_juicer.tools.process_data  # noqa: F401
         import data_juicer.core.executor.ray_executor  # noqa: F401
         why = _not_forkable()
+        _ENV_CHANGES.update(_env_changes())
     except BaseException as e:
         why = "cannot import Data-Juicer and Ray: %s: %s" % (type(e).__name__, e)
     if why:

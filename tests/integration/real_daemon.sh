@@ -8,7 +8,8 @@
 #     by a or b, on that node's head), finalize.json says complete and the
 #     merged output is valid JSONL (libesd's validator) whose rows are the
 #     recipe applied to the input, computed independently in plain Python
-#     (same ids in input order, same texts, other fields kept);
+#     (same ids in input order, same texts, other fields kept); every
+#     attempt was forked by its node's warm processor (esd's log);
 #   - both daemons report their head up on 127.0.0.1:<its port>, up once
 #     (a head that died while it started, as the real Ray may under load,
 #     is restarted before any attempt) and the job complete;
@@ -183,6 +184,12 @@ print(" ".join("%s:%d" % kv for kv in sorted(nodes.items())))
 EOF
 ) || fail "one done record per shard, attempt 1, on the head of the node that ran it"
 ok "one done record per shard, attempt 1, each run on its node's own head (shards: $split)"
+# Data-Juicer's own processor (a dj-process): each attempt a fork of its
+# node's warm processor (data_juicer.warm's default)
+nf=$(cat "$W/a/log" "$W/b/log" | grep -c 'forked by the warm processor' || true)
+[ "$nf" -eq 4 ] || fail "the 4 attempts were forked by their node's warm processor" "$nf were" \
+    "$(grep -h -E 'warm processor|started ' "$W/a/log" "$W/b/log")"
+ok "the 4 attempts were forked by their node's warm processor"
 [ "$(count "$JOB/state/locks")" -eq 0 ] || fail "no lock left" "$(ls "$JOB/state/locks")"
 ok "no lock left"
 

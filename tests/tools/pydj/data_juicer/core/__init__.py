@@ -1,0 +1,1 @@
+# (stand-in: see data_juicer/__init__.py)
