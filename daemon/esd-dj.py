@@ -264,10 +264,22 @@ def _child(sock, req, fds):
     os._exit(0)
 
 
+def _reap():
+    """Reaps the forks that ended (keepers, once their attempt is over)."""
+    import os
+
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+
+
 def serve():
     """The warm processor's loop (see above)."""
     import json
     import os
+    import select
     import socket
     import struct
     import time
@@ -290,8 +302,13 @@ def serve():
                  "threads": threads})
     print("esd-dj: warm after %.1f s (%d threads), pid %d" % (time.monotonic() - t0, threads,
                                                              os.getpid()), flush=True)
-    fdsize = socket.CMSG_SPACE(3 * 4)
+    fdsize = socket.CMSG_SPACE(4 * 4)  # (three descriptors, or four with a gate)
     while True:
+        # (a look every few seconds: the keepers that ended are reaped
+        # even while no request comes)
+        if not select.select([sock], [], [], 5.0)[0]:
+            _reap()
+            continue
         try:
             msg, anc, _, _ = sock.recvmsg(MAX_PACKET, fdsize)
         except InterruptedError:
@@ -301,12 +318,7 @@ def serve():
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 n = len(data) // 4
                 fds += list(struct.unpack("=%di" % n, data[:n * 4]))
-        # reap the children that ended (keepers, once their attempt is over)
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
-        except ChildProcessError:
-            pass
+        _reap()
         if not msg:
             return 0  # esd closed its end: stop
         rid = None

@@ -277,6 +277,10 @@ child_cb(struct ev_loop *loop, ev_child *ev, int revents)
         else
             log_info(&w->ctx, "the warm processor ended (%s)", how);
         warm_stop(w, why);
+    } else {
+        /* (stopped, or its socket closed first: how it ended, still) */
+        log_info(&w->ctx, "the warm processor (pid %ld) ended: it %s %s", (long)ev->rpid,
+                 code < 0 ? "was" : "exited with", how);
     }
 }
 
