@@ -891,6 +891,10 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
     time_iso_now(now, NULL);
     json_set(meta, "finished_at", cJSON_CreateString(now));
     json_set(meta, "duration_secs", json_float(out->duration));
+    if (out->started_epoch > 0)
+        json_set(meta, "started_at_epoch", json_float(out->started_epoch));
+    if (out->ended_epoch > 0)
+        json_set(meta, "processor_ended_at_epoch", json_float(out->ended_epoch));
     json_set(meta, "return_code", json_int(out->return_code));
     json_set(meta, "output_path", cJSON_CreateString(output_rel));
     /* Everything below happens under the fence of our own lock, or not at

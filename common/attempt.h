@@ -116,6 +116,10 @@ struct attempt_outcome {
     bool released;     /* stopped on purpose (drain, shutdown): not a failure */
     const char *dj_commit; /* recorded in the done record; NULL: "unknown" */
     const char *ray_address; /* the address the attempt used; NULL: the manifest's */
+    /* when the processor was let run and when it ended (epoch seconds;
+     * 0: unknown), recorded in attempt.json as started_at_epoch and
+     * processor_ended_at_epoch: validation and publication come after */
+    double started_epoch, ended_epoch;
 };
 
 /* The attempt's final status ("done", "superseded", "lost", "stale",

@@ -74,7 +74,8 @@ struct run {
     int go_w; /* while pending: the fork waits for a byte on it */
     bool gated;  /* claimed ahead: waits for a slot (gate_w) */
     int gate_w;
-    double ran_at; /* when its processor was let run (monotonic) */
+    double ran_at;   /* when its processor was let run (monotonic) */
+    double ended_at; /* when it ended (monotonic; 0: not yet) */
     ev_io rep_w;
     struct spawn_keep_state ks;
     struct spawn_cred cred; /* whom it runs as (uid 0: esd's own identity) */
@@ -380,6 +381,7 @@ run_keeper_gone(struct run *r, bool told, const char *how)
     bool was_busy = run_busy(r);
 
     r->exited = true;
+    r->ended_at = time_mono();
     if (was_busy && r->running && told) {
         /* this node's mean time of the job's processor, for claim-ahead */
         double d = time_mono() - r->ran_at;
@@ -820,12 +822,17 @@ static void
 run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen,
             bool *need_result)
 {
-    char how[64];
+    char how[64], iso[40];
     int code = -1;
+    double now = time_mono(), wall, end = r->ended_at > 0 ? r->ended_at : now;
 
     memset(out, 0, sizeof(*out));
     *need_result = false;
-    out->duration = time_mono() - r->ran_at;
+    /* the processor's time: from when it was let run to its end */
+    time_iso_now(iso, &wall);
+    out->duration = end - r->ran_at;
+    out->started_epoch = wall - (now - r->ran_at);
+    out->ended_epoch = wall - (now - end);
     out->ray_address = r->ray_addr;
     out->dj_commit = NULL;
     if (r->running)

@@ -430,5 +430,58 @@ left=$(owner_procs)
 mode ok
 ok "(e) SIGTERM during two hanging warm attempts: esd exited 0 in ${stopped} ms, claims released, no failure, nothing of the owner's left"
 
+# ---- (f) claim-ahead: one slot, the next shard claimed before the last ends ----
+new_job job-f 5
+conf g slots=1
+mode "sleep 1"
+spool g "$W/job-f"
+start_daemon g
+wait_for "(f) the job completes" 60 complete "$W/job-f"
+got=$(python3 - "$W/job-f" <<'PY'
+import glob, json, sys
+runs = []
+for f in glob.glob(sys.argv[1] + "/attempts/*/*/attempt.json"):
+    a = json.load(open(f))
+    # (the processor's run; validation and publication come after it)
+    runs.append((a["started_at_epoch"], a["processor_ended_at_epoch"], a["claimed_at_epoch"]))
+runs.sort()
+# one slot: the processors ran one after the other
+overlap = sum(1 for p, n in zip(runs, runs[1:]) if n[0] < p[1] - 0.05)
+# claim-ahead: the next was claimed before the last ended
+ahead = sum(1 for p, n in zip(runs, runs[1:]) if n[2] < p[1])
+print(len(runs), overlap, ahead)
+PY
+)
+read -r nruns overlap ahead <<<"$got"
+[ "$nruns" -eq 5 ] && [ "$overlap" -eq 0 ] ||
+    fail "(f) five attempts, never two at once on one slot" "runs, overlaps, ahead: $got"
+# (the first attempt starts the warm processor; the others are claimed ahead)
+[ "$ahead" -ge 3 ] || fail "(f) the next shard was claimed before the last attempt ended" \
+    "runs, overlaps, ahead: $got" "$(grep -E 'claimed|slot is free|started' "$W/g/log")"
+[ "$(grep -c 'claimed ahead: it runs once a slot is free' "$W/g/log")" -ge 3 ] &&
+    grep -q 'a slot is free: the attempt claimed ahead runs' "$W/g/log" ||
+    fail "(f) esd logs the attempts claimed ahead and let run" "$(grep -E 'ahead|slot' "$W/g/log")"
+cmp -s "$W/job-f/merged.jsonl" "$W/data.jsonl" || fail "(f) the merged output is the input"
+ok "(f) claim-ahead: 5 attempts on one slot one after the other, $ahead of the next claimed before the last ended"
+stop g
+# a drain stops what waits for its slot: released, not counted
+new_job job-g 3
+conf h slots=1 drain_timeout_secs=30
+mode "sleep 4"
+spool h "$W/job-g"
+start_daemon h
+one_ahead() {
+    dstatus h
+    [ "$(py 'sum(1 for x in j["attempts"] if x["phase"] == "ahead")' "$W/h/status.json")" -ge 1 ]
+}
+wait_for "(f) an attempt waits for its slot (phase ahead)" 40 one_ahead
+stop h
+mode ok
+grep -q 'released' "$W/h/log" || fail "(f) the attempt claimed ahead was released" "$(tail -n 20 "$W/h/log")"
+[ "$(count "$W/job-g/state/locks")" -eq 0 ] || fail "(f) no claim is left" "$(ls "$W/job-g/state/locks")"
+[ "$(count "$W/job-g/state/failed")" -eq 0 ] || fail "(f) no failure was counted"
+[ -z "$(owner_procs)" ] || fail "(f) nothing of the owner's is left" "$(ps -o pid,ppid,pgid,stat,args -u "$OWNER_UID")"
+ok "(f) a drain: the running attempt finishes, the one claimed ahead is released, no failure"
+
 echo "# warm: $(($(date +%s) - T0)) s in all"
 summary
