@@ -11,7 +11,8 @@
 #   1. by esd a alone, slots 1, on its persistent head;
 #   2. by esd a and esd b (slots 2, a head of its own) together.
 # Checks: every attempt ran Data-Juicer's own processor as esd-dj
-# (attempt.json "command" is <dj-process's python> <esd's dir>/esd-dj ...);
+# (attempt.json "command" is <dj-process's python> <esd's dir>/esd-dj ...,
+# and its process.log has esd-dj's notice that preserve_order is on);
 # an attempt's ray-output.jsonl holds several files; run 2 ran attempts at
 # the same time; both merged outputs are the recipe applied to the input in
 # input order, computed independently in plain Python (ids non-decreasing,
@@ -205,6 +206,8 @@ for s in m["shards"]:
     a = json.load(open(os.path.join(adir, "attempt.json")))
     cmd = a["command"]
     assert cmd[:3] == [python, runner, "--config"], ("the command is esd-dj's", cmd[:3])
+    log = open(os.path.join(adir, "process.log"), errors="replace").read()
+    assert "esd-dj: Ray Data preserve_order is on" in log, ("esd-dj's notice", adir)
     files = max(files, len(os.listdir(os.path.join(adir, "ray-output.jsonl"))))
     end = datetime.datetime.fromisoformat(a["finished_at"].replace("Z", "+00:00")).timestamp()
     spans.append((a["claimed_at_epoch"], end))
@@ -218,11 +221,11 @@ read -r nodes1 files1 overlap1 <<<"$out"
 out=$(shape 2) || fail "run 2: one done record per shard, attempt 1, run by esd-dj"
 read -r nodes2 files2 overlap2 <<<"$out"
 ok "every attempt ran $DJ_PYTHON $RUNNER (shards: run 1 $nodes1, run 2 $nodes2)"
-[ "$nodes1" = a:2 ] && [ "$overlap1" = 0 ] ||
+{ [ "$nodes1" = a:2 ] && [ "$overlap1" = 0 ]; } ||
     fail "run 1 ran on esd a alone, one attempt at a time" "$nodes1 $overlap1"
 [ "$overlap2" = 1 ] || fail "run 2 ran attempts at the same time" "$nodes2"
 ok "run 1: one attempt at a time on a; run 2: attempts at the same time ($nodes2)"
-[ "$files1" -ge 2 ] && [ "$files2" -ge 2 ] ||
+{ [ "$files1" -ge 2 ] && [ "$files2" -ge 2 ]; } ||
     fail "an attempt's ray-output.jsonl holds several files (several Ray blocks)" \
         "run 1: $files1, run 2: $files2"
 ok "Ray wrote a shard as several files (up to $files1 and $files2 an attempt)"
