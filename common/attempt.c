@@ -652,6 +652,88 @@ is_output_name(const char *name)
     return name[0] != '.' && name[0] != '_';
 }
 
+/*
+ * The order of an export directory's files (spec 8.5 sorts relative paths
+ * as code points). Ray names a write task's file
+ * <dataset uuid>_<write uuid>_<task index, %06d>.<format>, and with
+ * preserve_order (esd-dj) task i holds the rows after those of task i-1,
+ * so code point order is the rows' order while every index has six
+ * digits, and wrong from task 1,000,000 on ("..._1000000.json" sorts before
+ * "..._999999.json"). Sorting by a key that differs from the relative path
+ * only in a name whose stem ends in a run of more than six digits keeps
+ * the reference's order wherever it is right, and puts a longer index
+ * after every shorter one: leading zeros past six digits are dropped and
+ * one '~' (after every digit) is put before the run for each digit left
+ * over six. Ties (the same key) fall back to the relative path, so the
+ * order is total. Names with at most six trailing digits keep exactly the
+ * reference's order.
+ */
+#define ORDER_DIGITS 6
+
+/* Caller frees. */
+static char *
+order_key(const char *rel)
+{
+    const char *base = strrchr(rel, '/'), *dot, *run, *d, *end;
+    size_t n, head;
+    char *k;
+
+    base = base ? base + 1 : rel;
+    dot = strrchr(base, '.');
+    end = dot && dot > base ? dot : base + strlen(base);
+    for (run = end; run > base && run[-1] >= '0' && run[-1] <= '9'; run--)
+        ;
+    for (d = run; end - d > ORDER_DIGITS && *d == '0'; d++)
+        ;
+    if (end - run <= ORDER_DIGITS)
+        return xstrdup(rel);
+    /* rel up to the run, a '~' per digit over six, the run without its
+     * leading zeros over six, and the rest */
+    n = (size_t)(end - d) - ORDER_DIGITS;
+    head = (size_t)(run - rel);
+    k = xmalloc(head + n + strlen(d) + 1);
+    memcpy(k, rel, head);
+    memset(k + head, '~', n);
+    strcpy(k + head + n, d);
+    return k;
+}
+
+struct keyed_entry {
+    char *key;
+    struct fs_entry e;
+};
+
+static int
+cmp_keyed(const void *a, const void *b)
+{
+    const struct keyed_entry *x = a, *y = b;
+    int c = strcmp(x->key, y->key);
+
+    return c ? c : strcmp(x->e.rel, y->e.rel);
+}
+
+/* Sorts the files of an export directory (fs_walk's code point order) in
+ * the order of order_key(). */
+static void
+order_sources(struct fs_entries *src)
+{
+    struct keyed_entry *k;
+
+    if (src->n < 2)
+        return;
+    k = xcalloc(src->n, sizeof(*k));
+    for (size_t i = 0; i < src->n; i++) {
+        k[i].key = order_key(src->v[i].rel);
+        k[i].e = src->v[i];
+    }
+    qsort(k, src->n, sizeof(*k), cmp_keyed);
+    for (size_t i = 0; i < src->n; i++) {
+        src->v[i] = k[i].e;
+        free(k[i].key);
+    }
+    free(k);
+}
+
 struct src_sink {
     struct sha256 sha;
     uint64_t bytes;
@@ -694,6 +776,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     if (S_ISDIR(st.st_mode)) {
         if ((r = fs_walk(export, is_output_name, &src, err)) < 0)
             goto out;
+        order_sources(&src);
     } else if (!S_ISREG(st.st_mode)) {
         /* (a FIFO would block the reader's open) */
         r = err_set(err, -EINVAL, "%s is neither a regular file nor a directory", export);

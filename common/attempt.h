@@ -96,7 +96,10 @@ struct attempt_result {
  * Materialises the export path of a successful run into processed.jsonl
  * (spec §8.5): a file is the only source; a directory contributes every
  * regular file below it whose name starts with neither "." nor "_", in
- * code point order of relative paths. Every line is validated, a missing
+ * code point order of relative paths, except that a name whose stem ends
+ * in more than six digits (Ray's write task index from task 1,000,000 on)
+ * sorts by that number after the six-digit ones of the same prefix. Every
+ * line is validated, a missing
  * final newline is added per source; nothing else changes. Errors name the
  * file and line; a missing export path is "Data-Juicer returned 0 but did
  * not create <path>"; one that is neither a regular file nor a directory is

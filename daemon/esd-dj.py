@@ -11,9 +11,14 @@ data_juicer.root first on PYTHONPATH, instead of dj-process itself:
 It is dj-process with one difference: Ray Data keeps the order of the
 shard's blocks (DataContext.execution_options.preserve_order), so the
 files Ray writes, sorted by name as esd materialises them (their names
-carry the write task's index, zero-padded), hold the shard's rows in
-input order, and two runs of one job give the same bytes. Without it a
-shard's first rows are in whichever block finished first.
+carry the write task's index, zero-padded to six digits; esd sorts a
+longer index by number), hold the shard's rows in input order, and two
+runs of one job give the same bytes. Without it a shard's first rows are
+in whichever block finished first. Nothing else is needed: every operator
+of the plan (reads, map_batches, filters, actor pools, the write) hands
+its outputs on in the order of its task indices, which follow its inputs'
+order (Ray 2.60, MapOperator's ReorderingBundleQueue), and Data-Juicer's
+own partitioned executor sets the same flag for the same reason.
 
 
 With --warm it is the warm processor instead (serve() below): it imports
@@ -30,6 +35,8 @@ def keep_order():
 
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
+    # (in process.log: what an audit of the attempt looks for)
+    print("esd-dj: Ray Data preserve_order is on", file=sys.stderr, flush=True)
 
 
 def _gate_before_running(fd):

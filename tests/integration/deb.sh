@@ -88,7 +88,7 @@ dpkg-deb -c "$DEB" | awk '{ print $6 }' | sed 's,^\./,/,; s,/$,,' | sort >"$W/co
 has() { grep -qxF "$1" "$W/contents"; }
 want=(/usr/sbin/esd /usr/bin/esctl /usr/share/man/man1/esctl.1.gz /usr/share/man/man5/esd.yaml.5.gz
     /usr/share/man/man8/esd.8.gz /etc/esd/esd.yaml /usr/share/doc/esd/copyright
-    /usr/share/doc/esd/README.Debian)
+    /usr/share/doc/esd/README.Debian /usr/lib/esd/esd-dj)
 # The units of systemd/, where Debian 12's dh_installsystemd takes them.
 for u in "$SRC"/systemd/*.service "$SRC"/systemd/*.socket; do
     [ -e "$u" ] && want+=("/lib/systemd/system/${u##*/}")

@@ -604,6 +604,65 @@ START_TEST(test_materialize_directory)
 }
 END_TEST
 
+/* Ray's file names, <dataset uuid>_<write uuid>_<task index, %06d>.json:
+ * code point order up to task 999,999, the task index after it. */
+START_TEST(test_materialize_task_order)
+{
+    static const char *const names[] = {
+        "d_w_000000.json", "d_w_000009.json", "d_w_000010.json", "d_w_999999.json",
+        "d_w_1000000.json", "d_w_1000001.json", "d_w_9999999.json", "d_w_10000000.json",
+    };
+    /* put in reverse, and each file's row names its rank */
+    static const char *const other[] = { "p-10.json", "p-2.json", "x_00000001.json" };
+    struct claimer c;
+    struct claim cl;
+    struct attempt_result res;
+    struct esd_err err;
+    const size_t n = sizeof(names) / sizeof(*names);
+    const cJSON *files;
+    char *want, *rel;
+    size_t len = 0;
+
+    claimer_lim(&c, "node-a", -1, 0);
+    ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
+    for (size_t i = n; i-- > 0;) {
+        char row[32];
+
+        snprintf(row, sizeof(row), "{\"i\":%zu}\n", i);
+        put_export(&cl, names[i], row, (size_t)-1);
+    }
+    for (size_t i = 0; i < 3; i++)
+        put_export(&cl, other[i], "{\"o\":1}\n", (size_t)-1);
+    ck_assert_msg(attempt_materialize(&M, &cl, NULL, &res, &err) == 0, "%s", err.msg);
+    files = res.ray_output_files;
+    ck_assert_int_eq(cJSON_GetArraySize(files), (int)n + 3);
+    for (size_t i = 0; i < n; i++) {
+        rel = xasprintf("%s/ray-output.jsonl/%s", cl.attempt_rel, names[i]);
+        ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(files, (int)i), "path"), rel);
+        free(rel);
+    }
+    /* other names keep the reference's order: "p-10" before "p-2"; eight
+     * digits that are a small number sort as their six-digit form */
+    for (size_t i = 0; i < 3; i++) {
+        rel = xasprintf("%s/ray-output.jsonl/%s", cl.attempt_rel, other[i]);
+        ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(files, (int)(n + i)), "path"), rel);
+        free(rel);
+    }
+    want = xmalloc(n * 16 + 32);
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)sprintf(want + len, "{\"i\":%zu}\n", i);
+    for (size_t i = 0; i < 3; i++)
+        len += (size_t)sprintf(want + len, "{\"o\":1}\n");
+    rel = fs_join(cl.attempt_dir, "processed.jsonl");
+    ck_assert(holds(rel, want));
+    free(rel);
+    free(want);
+    attempt_result_free(&res);
+    claim_free(&cl);
+    claimer_free(&c);
+}
+END_TEST
+
 START_TEST(test_materialize_file_and_empty_dir)
 {
     struct claimer c;
@@ -1675,6 +1734,7 @@ attempt_suite(void)
     tcase_add_test(tc, test_prepare_keeps_cache_settings);
     tcase_add_test(tc, test_prepare_empty_processor);
     tcase_add_test(tc, test_materialize_directory);
+    tcase_add_test(tc, test_materialize_task_order);
     tcase_add_test(tc, test_materialize_file_and_empty_dir);
     tcase_add_loop_test(tc, test_materialize_invalid_output, 0,
                         (int)(sizeof(bad_output) / sizeof(bad_output[0])));
