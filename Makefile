@@ -241,6 +241,7 @@ bench: all tools $(BENCH_BINS)
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) CLAIMER=$(CURDIR)/$(BUILD)/bench/claimer bench/claim
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/daemon
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/fleet
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) bench/real
 
 # The units get the installed esd's path. esd.yaml is installed only where
 # there is none yet, and uninstalled only if it is still the sample.
