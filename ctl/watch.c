@@ -80,14 +80,16 @@ watch_status(struct call *c, const cJSON *args, bool local)
     }
 }
 
-/* Nothing runs: no attempt ("busy"), and no merge ("merging", when esd
- * reports it). */
+/* Nothing runs: no attempt ("attempts": busy, claimed ahead or finishing;
+ * "busy" from an esd that does not say), and no merge ("merging", when
+ * esd reports it). */
 static bool
 drained(const cJSON *status)
 {
     long long busy = 1, merging = 0;
 
-    json_get_int(status, "busy", &busy);
+    if (json_get_int(status, "attempts", &busy) != 0)
+        json_get_int(status, "busy", &busy);
     json_get_int(status, "merging", &merging);
     return busy == 0 && merging == 0;
 }

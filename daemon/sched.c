@@ -493,9 +493,11 @@ status_line(void)
     size_t shown = 0;
 
     buf_init(&b);
+    /* (a slot is busy while its processor runs: not while what it made is
+     * validated and published beside the next) */
     buf_printf(&b, "%s%zu/%ld slots busy",
                S.draining ? "draining; " : S.held ? "drained by the operator; " : "",
-               runner_count(),
+               runner_busy(),
                S.conf->slots);
     for (struct job *j = jobs_first(); j; j = j->next) {
         size_t done, total;
@@ -568,7 +570,10 @@ sched_status_json(void)
     json_add_int(o, "merging", (long long)finalize_running());
     json_add_float(o, "uptime_secs", time_mono() - S.started);
     json_add_int(o, "slots", S.conf->slots);
-    json_add_int(o, "busy", (long long)runner_count());
+    json_add_int(o, "busy", (long long)runner_busy());
+    json_add_int(o, "ahead", (long long)runner_gated());
+    /* every attempt in flight: busy, claimed ahead or finishing */
+    json_add_int(o, "attempts", (long long)runner_count());
     json_add_int(o, "claims", (long long)S.claims);
     json_add_str(ray, "state", ray_state_name());
     if (addr)
