@@ -1314,9 +1314,26 @@ env_unset(struct strv *env, const char *name_eq)
 void
 ray_env(struct strv *env)
 {
+    char token[33];
+
+    if (ray.loop && ray.set.mode == RAY_PER_ATTEMPT) {
+        /* Ray 2.60's ray.init() of a local cluster turns token auth on
+         * and, without a token, writes one to ~/.ray/auth_token: a user
+         * without a writable home (a service user's /nonexistent) could
+         * run no attempt. A token of the attempt's own, in its
+         * environment, is read before any file, and no file is written. */
+        env_unset(env, "RAY_AUTH_MODE=");
+        env_unset(env, "RAY_AUTH_TOKEN=");
+        env_unset(env, "RAY_AUTH_TOKEN_PATH=");
+        rand_hex32(token);
+        strv_push(env, "RAY_AUTH_MODE=token");
+        strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN=%s", token));
+        return;
+    }
     if (!ray.loop || ray.set.mode != RAY_PERSISTENT || !ray.token_path)
         return;
     env_unset(env, "RAY_AUTH_MODE=");
+    env_unset(env, "RAY_AUTH_TOKEN=");
     env_unset(env, "RAY_AUTH_TOKEN_PATH=");
     strv_push(env, "RAY_AUTH_MODE=token");
     strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN_PATH=%s", ray.token_path));

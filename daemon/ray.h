@@ -48,8 +48,10 @@ bool ray_ready(void);
 const char *ray_address(void);
 /* Counts head losses and (re)starts. */
 unsigned long ray_generation(void);
-/* Adds the variables attempts need (RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH)
- * to env ("NAME=value" strings); nothing unless persistent. */
+/* Adds the variables attempts need to env ("NAME=value" strings):
+ * persistent, RAY_AUTH_MODE and RAY_AUTH_TOKEN_PATH of the head's token;
+ * per-attempt, RAY_AUTH_MODE and a fresh RAY_AUTH_TOKEN for the attempt's
+ * own Ray; off, nothing. */
 void ray_env(struct strv *env);
 /* "off", "local", "starting", "up", "down", "stopping". */
 const char *ray_state_name(void);
