@@ -39,6 +39,38 @@ def keep_order():
     print("esd-dj: Ray Data preserve_order is on", file=sys.stderr, flush=True)
 
 
+PREWARM_WORKERS_MAX = 4
+_prewarming = []
+
+
+def _prewarm_workers():
+    """While it waits for its slot: has Ray start this attempt's workers
+    and import Data-Juicer in them, which the first tasks of its pipeline
+    would otherwise wait for (seconds). One task a CPU of the head, at most
+    PREWARM_WORKERS_MAX, of no CPU (the running attempt's tasks do not hold
+    them up), each keeping its worker a second after its imports (so that
+    the next goes to another worker); not waited for: the gate may open
+    first. Whatever goes wrong here only costs the time it saves."""
+    try:
+        import ray
+
+        @ray.remote(num_cpus=0)
+        def warm():
+            import time
+
+            import data_juicer.core.data.ray_dataset  # noqa: F401
+            import data_juicer.ops  # noqa: F401
+
+            time.sleep(1.0)
+
+        n = int(ray.cluster_resources().get("CPU", 1))
+        _prewarming.extend(warm.remote() for _ in range(max(1, min(n, PREWARM_WORKERS_MAX))))
+    except Exception as e:
+        print("esd-dj: no Ray worker prewarmed (%s: %s)" % (type(e).__name__, e),
+              file=sys.stderr)
+        sys.stderr.flush()
+
+
 def _gate_before_running(fd):
     """Claim-ahead: once Data-Juicer has read its configuration and made
     its Ray executor (connected to the head), wait for one byte on fd
@@ -51,6 +83,7 @@ def _gate_before_running(fd):
 
     def init(self, *args, **kwargs):
         made(self, *args, **kwargs)
+        _prewarm_workers()
         go = os.read(fd, 1)
         os.close(fd)
         if go != b"r":

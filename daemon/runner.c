@@ -387,7 +387,7 @@ run_keeper_gone(struct run *r, bool told, const char *how)
         double d = time_mono() - r->ran_at;
         struct job *j = r->job;
 
-        j->proc_avg = j->proc_avg > 0 ? 0.7 * j->proc_avg + 0.3 * d : d;
+        j->proc_avg = j->proc_avg > 0 ? 0.5 * j->proc_avg + 0.5 * d : d;
     }
     if (was_busy) {
         run_open_gates();
@@ -616,6 +616,10 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
     r->warm = true;
     r->child.pid = pid;
     r->child.proc = 0;
+    /* (its time counts from here: not the wait for a warm processor to
+     * be ready, which is no time of the job's processor) */
+    if (!r->gated)
+        r->ran_at = time_mono();
     /* in its cgroup before it starts anything */
     if (r->cgroup && contain_move(r->cgroup, pid) < 0) {
         log_warning(&r->ctx, "cannot move the warm processor's fork %ld into the attempt's "

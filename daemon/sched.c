@@ -35,8 +35,9 @@
 #define FAIL_STREAK 3
 /* Claim-ahead: a busy slot's next shard is claimed this long before the
  * slot's attempt is expected to end (this node's mean for its job), time
- * enough for Data-Juicer to read its configuration and connect to Ray. */
-#define CLAIM_AHEAD_LEAD 5.0
+ * enough for Data-Juicer to read its configuration, connect to Ray and
+ * have Ray start its workers, on a loaded node too. */
+#define CLAIM_AHEAD_LEAD 10.0
 #define PAUSE_MAX 60.0
 
 static struct {
