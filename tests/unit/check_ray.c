@@ -700,9 +700,21 @@ START_TEST(test_ray_per_attempt_mode)
     ck_assert(ray_ready());
     ck_assert_str_eq(ray_state_name(), "local");
     ck_assert_str_eq(ray_address(), "local");
+    /* a token of the attempt's own Ray, a fresh one each time, and no
+     * file: Ray would write ~/.ray/auth_token without it */
     strv_init(&env);
     ray_env(&env);
-    ck_assert_uint_eq(env.n, 0);
+    ck_assert_uint_eq(env.n, 2);
+    ck_assert_str_eq(env.v[0], "RAY_AUTH_MODE=token");
+    ck_assert(!strncmp(env.v[1], "RAY_AUTH_TOKEN=", 15) && strlen(env.v[1]) == 15 + 32);
+    {
+        struct strv again;
+
+        strv_init(&again);
+        ray_env(&again);
+        ck_assert_str_ne(env.v[1], again.v[1]);
+        strv_free(&again);
+    }
     strv_free(&env);
     ck_assert(!tu_exists(conf.ray_temp_dir));
     ray_stop(on_stopped);
