@@ -611,7 +611,13 @@ attempt_dj_runner(void)
         self[n] = '\0';
         char *dir = fs_dirname(self);
 
+        /* beside it (a build tree), or <prefix>/lib/esd for <prefix>/sbin
+         * or <prefix>/bin whatever PREFIX the build had */
         p = fs_join(dir, "esd-dj");
+        if (access(p, R_OK) != 0) {
+            free(p);
+            p = fs_join(dir, "../lib/esd/esd-dj");
+        }
         free(dir);
         if (access(p, R_OK) == 0)
             return p;

@@ -55,9 +55,9 @@ struct attempt_opts {
 };
 
 /*
- * The path of esd-dj: next to the running program (a build tree), else
- * in ESD_LIBEXECDIR (an installation). NULL when neither is readable.
- * Caller frees.
+ * The path of esd-dj: next to the running program (a build tree), else in
+ * ../lib/esd from it (an installation, whatever its PREFIX), else in
+ * ESD_LIBEXECDIR. NULL when none is readable. Caller frees.
  */
 char *attempt_dj_runner(void);
 

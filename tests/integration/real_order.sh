@@ -219,8 +219,9 @@ for s in m["shards"]:
     log = open(os.path.join(adir, "process.log"), errors="replace").read()
     assert "esd-dj: Ray Data preserve_order is on" in log, ("esd-dj's notice", adir)
     files = max(files, len(os.listdir(os.path.join(adir, "ray-output.jsonl"))))
-    end = datetime.datetime.fromisoformat(a["finished_at"].replace("Z", "+00:00")).timestamp()
-    spans.append((a["claimed_at_epoch"], end))
+    # (the processor's run: a shard claimed ahead waits for its slot, and
+    # the last one's result is published beside the next)
+    spans.append((a["started_at_epoch"], a["processor_ended_at_epoch"]))
 spans.sort()
 overlap = any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
 print(",".join("%s:%d" % kv for kv in sorted(nodes.items())), files, int(overlap))

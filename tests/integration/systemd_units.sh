@@ -122,6 +122,7 @@ make_in "$D" install PREFIX=/usr
 {
     echo "755 usr/bin/esctl"
     echo "755 usr/sbin/esd"
+    echo "755 usr/lib/esd/esd-dj"
     echo "644 etc/esd/esd.yaml"
     echo "644 ${unitdir#/}/esd.service"
     echo "644 ${unitdir#/}/esd.socket"
@@ -176,6 +177,7 @@ cat >"$W/want2" <<'EOF'
 644 opt/esd/units/esd.service
 644 opt/esd/units/esd.socket
 755 opt/esd/bin/esctl
+755 opt/esd/lib/esd/esd-dj
 755 opt/esd/sbin/esd
 EOF
 files "$D2" | sort >"$W/got2"
