@@ -207,17 +207,23 @@ ERROR=$(job_field a "$W/job-d" 'x["error"]')
 [[ $ERROR == *part-00002-of-00006* && $ERROR == *"exit code 1"* ]] ||
     fail "the job's error names the shard and its last error" "$ERROR"
 ok "job d reported failed on both nodes: $ERROR"
-python3 - "$W/job-d" <<'EOF' || fail "one shard failed after 2 attempts, the others done"
-import json, os
+python3 - "$W/job-d" <<'EOF' || fail "one shard failed after 2 or 3 attempts, the others done"
+import glob, json, os
 job = __import__("sys").argv[1]
 assert sorted(os.listdir(job + "/state/failed")) == ["part-00002-of-00006.json"]
 f = json.load(open(job + "/state/failed/part-00002-of-00006.json"))
-assert f["last_attempt"] == 2 and f["failures"] == 2, f
-assert len(os.listdir(job + "/attempts/part-00002-of-00006")) == 2
+# two attempts, or three when one node made the first two: its failures
+# alone never fail a shard while the other node is alive (esd(8), a bad
+# node), so the other node makes the last
+assert f["last_attempt"] in (2, 3) and f["failures"] == f["last_attempt"], f
+assert len(os.listdir(job + "/attempts/part-00002-of-00006")) == f["last_attempt"]
+nodes = [json.load(open(os.path.join(d, "attempt.json")))["node"]
+         for d in glob.glob(job + "/attempts/part-00002-of-00006/*")]
+assert set(nodes) == {"a", "b"}, nodes
 assert len(os.listdir(job + "/state/done")) == 5
 EOF
 [ ! -e "$W/job-d/state/esd/finalize.json" ] || fail "a failed job is not merged"
-ok "the failing shard ended failed after 2 attempts; the 5 others are done; nothing merged"
+ok "the failing shard ended failed after 2 or 3 attempts, by both nodes; the 5 others are done; nothing merged"
 stop_daemon b
 reset_daemons b
 
