@@ -400,3 +400,40 @@ check() {
         fail "$what" "stderr lacks: $err" "stdout: $OUT" "stderr: $ERR"
     ok "$what"
 }
+
+# real_stack_as_nobody: for the real-stack tests (VENV, RAY, DJ set). As
+# root, nobody runs the daemons, their heads and the attempts, so .venv
+# must be runnable by nobody. A venv made by root from a Python under /root
+# (pyenv: /root is 0700) is not: then RAY and DJ become those of an overlay
+# venv, made here, of the system Python of the same minor version, reading
+# .venv's packages through a .pth file. Sets DAEMON_AS=nobody and gives
+# nobody $W/home. Nothing as another user.
+real_stack_as_nobody() {
+    local minor sys_python site x
+    [ "$(id -u)" -eq 0 ] || return 0
+    chmod 755 "$W"
+    if ! runuser -u nobody -- "$VENV/bin/python" -c '' 2>/dev/null; then
+        minor=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        sys_python=/usr/bin/python$minor
+        [ -x "$sys_python" ] || fail "nobody can run .venv's python, or $sys_python exists" \
+            "$(readlink -f "$VENV/bin/python") is not executable by nobody"
+        "$sys_python" -m venv --without-pip "$W/venv"
+        site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        echo "$site" >"$W/venv/lib/python$minor/site-packages/esd-real.pth"
+        for x in ray dj-process; do
+            sed "1s|.*|#!$W/venv/bin/python|" "$VENV/bin/$x" >"$W/venv/bin/$x"
+            chmod 755 "$W/venv/bin/$x"
+        done
+        # shellcheck disable=SC2034  # (the caller's)
+        RAY=$W/venv/bin/ray
+        # shellcheck disable=SC2034
+        DJ=$W/venv/bin/dj-process
+        runuser -u nobody -- "$W/venv/bin/python" -c 'import ray, data_juicer' ||
+            fail "nobody can run the overlay venv $W/venv"
+        echo "# $(readlink -f "$VENV/bin/python") is not executable by nobody:" \
+            "the heads and attempts use $sys_python with .venv's packages"
+    fi
+    export DAEMON_AS=nobody
+    mkdir -p "$W/home"
+    chown nobody: "$W/home"
+}

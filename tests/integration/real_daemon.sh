@@ -42,37 +42,8 @@ unset_knobs RAY_ADDRESS RAY_AUTH_MODE RAY_AUTH_TOKEN_PATH
 export RAY_USAGE_STATS_ENABLED=0
 RAY=$VENV/bin/ray
 DJ=$VENV/bin/dj-process
-# As root, nobody runs the daemons, their heads and the attempts, so
-# .venv must be runnable by nobody. A venv made by root from a Python under
-# /root (pyenv: /root is 0700) is not: then the heads and the attempts use
-# an overlay venv, made here, of the system Python of the same minor
-# version, reading .venv's packages through a .pth file.
-if [ "$(id -u)" -eq 0 ]; then
-    chmod 755 "$W"
-    if ! runuser -u nobody -- "$VENV/bin/python" -c '' 2>/dev/null; then
-        minor=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-        sys_python=/usr/bin/python$minor
-        [ -x "$sys_python" ] || fail "nobody can run .venv's python, or $sys_python exists" \
-            "$(readlink -f "$VENV/bin/python") is not executable by nobody"
-        "$sys_python" -m venv --without-pip "$W/venv"
-        site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        echo "$site" >"$W/venv/lib/python$minor/site-packages/esd-real.pth"
-        for x in ray dj-process; do
-            sed "1s|.*|#!$W/venv/bin/python|" "$VENV/bin/$x" >"$W/venv/bin/$x"
-            chmod 755 "$W/venv/bin/$x"
-        done
-        RAY=$W/venv/bin/ray
-        DJ=$W/venv/bin/dj-process
-        runuser -u nobody -- "$W/venv/bin/python" -c 'import ray, data_juicer' ||
-            fail "nobody can run the overlay venv $W/venv"
-        echo "# $(readlink -f "$VENV/bin/python") is not executable by nobody:" \
-            "the heads and attempts use $sys_python with .venv's packages"
-    fi
-    export DAEMON_AS=nobody
-    mkdir -p "$W/home"
-    chown nobody: "$W/home"
-    echo "# as root: the job belongs to nobody, and esd runs as nobody"
-fi
+real_stack_as_nobody
+[ "$(id -u)" -ne 0 ] || echo "# as root: the job belongs to nobody, and esd runs as nobody"
 RECIPE=$TOP/etc/recipes/cpu-text.yaml
 SAMPLE=$TOP/tests/data/text-sample.jsonl
 JOB=$W/job

@@ -39,30 +39,7 @@ unset_knobs RAY_ADDRESS RAY_AUTH_MODE RAY_AUTH_TOKEN_PATH
 export RAY_USAGE_STATS_ENABLED=0
 RAY=$VENV/bin/ray
 DJ=$VENV/bin/dj-process
-# As real_daemon.sh: as root, nobody runs the daemons, their heads and the
-# attempts; a .venv nobody cannot run is replaced by an overlay venv of the
-# system Python of the same minor version, reading .venv's packages.
-if [ "$(id -u)" -eq 0 ]; then
-    chmod 755 "$W"
-    if ! runuser -u nobody -- "$VENV/bin/python" -c '' 2>/dev/null; then
-        minor=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-        sys_python=/usr/bin/python$minor
-        [ -x "$sys_python" ] || fail "nobody can run .venv's python, or $sys_python exists" \
-            "$(readlink -f "$VENV/bin/python") is not executable by nobody"
-        "$sys_python" -m venv --without-pip "$W/venv"
-        site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        echo "$site" >"$W/venv/lib/python$minor/site-packages/esd-real.pth"
-        for x in ray dj-process; do
-            sed "1s|.*|#!$W/venv/bin/python|" "$VENV/bin/$x" >"$W/venv/bin/$x"
-            chmod 755 "$W/venv/bin/$x"
-        done
-        RAY=$W/venv/bin/ray
-        DJ=$W/venv/bin/dj-process
-    fi
-    export DAEMON_AS=nobody
-    mkdir -p "$W/home"
-    chown nobody: "$W/home"
-fi
+real_stack_as_nobody
 # the interpreter esd runs esd-dj on: dj-process's "#!" line
 DJ_PYTHON=$(sed -n '1s/^#! *//p' "$DJ")
 RUNNER=$(cd "$(dirname "$ESD")" && pwd -P)/esd-dj
