@@ -145,10 +145,19 @@ def run(argv, gate_fd=None):
 # What must not happen before the fork, because a forked child cannot
 # inherit it: threads of Python's (threading), a Ray connection
 # (ray.init starts threads and sockets), CUDA (an initialised context
-# does not survive fork). Importing Data-Juicer and Ray does none of it;
-# the warm processor checks, and refuses to serve otherwise. (NumPy's
+# does not survive fork), and a seeded generator of Ray's random ids
+# (object, task and actor class ids: a process's first use seeds it, from
+# the OS, and a fork copies it: two attempts' drivers would draw the same
+# ids, and the second's ray.init fails in Ray's WarmupStore). Importing
+# Data-Juicer and Ray does none of it but the last, which @ray.remote
+# classes made at import do; they take their ids from the OS here
+# (_import_all). The warm processor checks all of it, the ids by drawing
+# one in each of two forks, and refuses to serve otherwise. (NumPy's
 # OpenBLAS pool and pyarrow's jemalloc thread are native threads that
-# both libraries rebuild in a forked child.)
+# both libraries rebuild in a forked child; NumPy's global generator is
+# reseeded in A, Python's random reseeds itself. A fork keeps its
+# parent's string hash seed, where an exec'd Python draws a new one
+# unless PYTHONHASHSEED is set.)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -161,6 +170,70 @@ def _prctl(option, arg):
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(option, arg, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(%d)" % option)
+
+
+class _ActorClassIDsFromTheOS:
+    """Ray's ActorClassID for the imports, with its random ids from the
+    OS: every @ray.remote class made at import (Ray's own, Data-Juicer's)
+    takes one, and Ray's C++ generator of random ids, seeded once a process
+    and thread at its first use, would be seeded here and the same in every
+    fork (two attempts' drivers would then make the same object ids)."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def from_random(self):
+        import os
+
+        return self._real(os.urandom(self._real.size()))
+
+    def __call__(self, *args, **kwargs):
+        return self._real(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _import_all():
+    """Imports what an attempt needs, Ray's random ids left unseeded."""
+    import ray.actor
+
+    real = ray.actor.ActorClassID
+    ray.actor.ActorClassID = _ActorClassIDsFromTheOS(real)
+    try:
+        keep_order()
+        import data_juicer.tools.process_data  # noqa: F401
+        import data_juicer.core.executor.ray_executor  # noqa: F401
+    finally:
+        ray.actor.ActorClassID = real
+
+
+def _forks_share_ids():
+    """Whether two forks of this process would draw the same random ids
+    from Ray (its generator seeded before the fork): two forks each draw
+    one; None when they differ."""
+    import os
+
+    drawn = []
+    for _ in range(2):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                from ray._raylet import ObjectID
+
+                os.write(w, ObjectID.from_random().binary())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            drawn.append(f.read())
+        os.waitpid(pid, 0)
+    if len(drawn[0]) == 0 or drawn[0] == drawn[1]:
+        return "Ray's random ids are seeded before the fork (two forks drew %s)" % (
+            "nothing" if not drawn[0] else "the same id")
+    return None
 
 
 def _not_forkable():
@@ -176,7 +249,7 @@ def _not_forkable():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA is initialised after the imports"
-    return None
+    return _forks_share_ids()
 
 
 # {name: (its value at exec, its value after the imports)} of what differs
@@ -236,6 +309,12 @@ def _attempt(req, out_w, keeper_pid, gate_r):
                 else:
                     os.environ[k] = now
         os.chdir(req["cwd"])
+        # NumPy's global generator, seeded from the OS at its import (here:
+        # the warm processor's, the same in every fork), as an exec'd one
+        # has it; Python's random reseeds itself in a fork
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed()
         # the dispositions of a Python just started (the keeper's are
         # the defaults)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -327,9 +406,7 @@ def serve():
     sock = socket.socket(fileno=0)
     t0 = time.monotonic()
     try:
-        keep_order()
-        import data_juicer.tools.process_data  # noqa: F401
-        import data_juicer.core.executor.ray_executor  # noqa: F401
+        _import_all()
         why = _not_forkable()
         _ENV_CHANGES.update(_env_changes())
     except BaseException as e:

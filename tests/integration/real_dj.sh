@@ -142,6 +142,62 @@ run "$ESCTL" worker --local "$W/local" --node v --processor "$DJ" --ray-address 
     --max-shards 1 --allow-version-mismatch
 check "--allow-version-mismatch runs it anyway, with a warning" 0 "" "WARNING: Data-Juicer version mismatch"
 
+# ---- the warm processor's forks draw their own Ray ids ----
+# esd-dj --warm imports Ray and Data-Juicer once and forks each attempt:
+# Ray's generator of random ids must not be seeded before the fork, or two
+# attempts connecting at once make the same object (the second's ray.init
+# then dies in WarmupStore). Two forks of its imports connect to the head
+# at the same moment and each puts an object; a parent that drew an id
+# before forking is refused by the warm processor's own check.
+RUNNER=$(dirname "$(readlink -f "$ESD")")/esd-dj
+[ -f "$RUNNER" ] || fail "esd-dj is built next to esd" "run make"
+run "$VENV/bin/python" - "$RUNNER" "127.0.0.1:$PORT" <<'EOF'
+import importlib.machinery, importlib.util, os, sys
+loader = importlib.machinery.SourceFileLoader("esd_dj", sys.argv[1])
+spec = importlib.util.spec_from_loader("esd_dj", loader)
+m = importlib.util.module_from_spec(spec)
+loader.exec_module(m)
+m._import_all()
+why = m._not_forkable()
+assert why is None, why
+go_r, go_w = os.pipe()
+kids = []
+for _ in range(2):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        rc = 1
+        try:
+            os.close(r)
+            os.close(go_w)
+            os.read(go_r, 1)  # (both connect at once)
+            import ray
+            ray.init(address=sys.argv[2], log_to_driver=False)
+            ref = ray.put(os.getpid())
+            assert ray.get(ref) == os.getpid()
+            os.write(w, ref.binary())
+            rc = 0
+        finally:
+            os._exit(rc)
+    os.close(w)
+    kids.append((pid, r))
+os.close(go_w)
+refs, codes = [], []
+for pid, r in kids:
+    with os.fdopen(r, "rb") as f:
+        refs.append(f.read())
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+assert codes == [0, 0], ("both forks connected and put an object", codes)
+assert refs[0] != refs[1], "distinct object ids"
+from ray._raylet import ObjectID
+ObjectID.from_random()  # (seeds the generator here, before the fork)
+why = m._forks_share_ids()
+assert why and "seeded before the fork" in why, why
+print("refused:", why)
+EOF
+check "two forks of the warm processor's imports connect at once; a seeded parent is refused" 0 \
+    "refused: Ray's random ids are seeded before the fork"
+
 # ---- the head stops with its whole process group ----
 kill -TERM -- "-$HEAD" 2>/dev/null || true
 wait_for "the head's process group is gone" 60 group_gone "$HEAD"
