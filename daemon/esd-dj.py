@@ -40,7 +40,8 @@ def keep_order():
 
 
 PREWARM_WORKERS_MAX = 4
-_prewarming = []
+# how long an attempt whose slot is free waits for its prewarmed workers
+PREWARM_WAIT_SECS = 60.0
 
 
 def _prewarm_workers():
@@ -49,8 +50,9 @@ def _prewarm_workers():
     would otherwise wait for (seconds). One task a CPU of the head, at most
     PREWARM_WORKERS_MAX, of no CPU (the running attempt's tasks do not hold
     them up), each keeping its worker a second after its imports (so that
-    the next goes to another worker); not waited for: the gate may open
-    first. Whatever goes wrong here only costs the time it saves."""
+    the next goes to another worker). Returns the tasks' refs (empty when
+    none could be started: whatever goes wrong here only costs the time it
+    saves)."""
     try:
         import ray
 
@@ -64,9 +66,27 @@ def _prewarm_workers():
             time.sleep(1.0)
 
         n = int(ray.cluster_resources().get("CPU", 1))
-        _prewarming.extend(warm.remote() for _ in range(max(1, min(n, PREWARM_WORKERS_MAX))))
+        return [warm.remote() for _ in range(max(1, min(n, PREWARM_WORKERS_MAX)))]
     except Exception as e:
         print("esd-dj: no Ray worker prewarmed (%s: %s)" % (type(e).__name__, e),
+              file=sys.stderr)
+        sys.stderr.flush()
+        return []
+
+
+def _prewarmed(refs):
+    """Waits (PREWARM_WAIT_SECS at most) until the prewarmed workers are
+    idle: a task of the pipeline that came while they still import would
+    have Ray start one more worker, cold, and that costs more than the
+    wait (seconds of CPU on a node whose next attempt prewarms too)."""
+    if not refs:
+        return
+    try:
+        import ray
+
+        ray.wait(refs, num_returns=len(refs), timeout=PREWARM_WAIT_SECS)
+    except Exception as e:
+        print("esd-dj: the prewarmed Ray workers failed (%s: %s)" % (type(e).__name__, e),
               file=sys.stderr)
         sys.stderr.flush()
 
@@ -83,13 +103,14 @@ def _gate_before_running(fd):
 
     def init(self, *args, **kwargs):
         made(self, *args, **kwargs)
-        _prewarm_workers()
+        refs = _prewarm_workers()
         go = os.read(fd, 1)
         os.close(fd)
         if go != b"r":
             print("esd-dj: esd did not start the attempt: giving it up", file=sys.stderr)
             sys.stderr.flush()
             os._exit(75)
+        _prewarmed(refs)
 
     ray_executor.RayExecutor.__init__ = init
 
@@ -196,23 +217,31 @@ class _ActorClassIDsFromTheOS:
 
 def _import_all():
     """Imports what an attempt needs, Ray's random ids left unseeded."""
-    import ray.actor
+    try:
+        import ray.actor as actor
 
-    real = ray.actor.ActorClassID
-    ray.actor.ActorClassID = _ActorClassIDsFromTheOS(real)
+        real = actor.ActorClassID
+        actor.ActorClassID = _ActorClassIDsFromTheOS(real)
+    except (ImportError, AttributeError):
+        actor = None  # (another Ray: _forks_share_ids() judges it)
     try:
         keep_order()
         import data_juicer.tools.process_data  # noqa: F401
         import data_juicer.core.executor.ray_executor  # noqa: F401
     finally:
-        ray.actor.ActorClassID = real
+        if actor is not None:
+            actor.ActorClassID = real
 
 
 def _forks_share_ids():
     """Whether two forks of this process would draw the same random ids
     from Ray (its generator seeded before the fork): two forks each draw
-    one; None when they differ."""
+    one; None when they differ, or when the imports did not load Ray's
+    core (a fork that loads it seeds its own)."""
     import os
+
+    if "ray._raylet" not in sys.modules:
+        return None
 
     drawn = []
     for _ in range(2):

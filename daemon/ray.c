@@ -33,6 +33,9 @@
 #include "spawn.h"
 
 #define RAY_HOST "127.0.0.1"
+/* The Ray workers an attempt claimed ahead prewarms, at most (esd-dj's
+ * PREWARM_WORKERS_MAX). */
+#define PREWARM_WORKERS 4
 #define START_POLL_SECS 0.5     /* health probes while starting */
 #define READY_RETRY_SECS 2.     /* a failed readiness check runs again after */
 #define UP_POLL_SECS 30.        /* health probes while up */
@@ -108,6 +111,8 @@ struct ray_settings {
     struct strv env_allow; /* attempt_env: what of esd's environment the head gets */
     long num_gpus;         /* ray.num_gpus; -1: counted */
     double start_timeout;  /* ray.start_timeout_secs */
+    long prewarm_slots;    /* slots whose next attempt prewarms Ray workers
+                            * (claim-ahead with the warm processor); 0: none */
 };
 
 struct ray;
@@ -201,6 +206,7 @@ settings_copy(struct ray_settings *s, const struct esd_conf *c)
         strv_push(&s->env_allow, c->attempt_env.v[i]);
     s->num_gpus = c->ray_num_gpus;
     s->start_timeout = c->ray_start_timeout_secs > 0 ? (double)c->ray_start_timeout_secs : 120.;
+    s->prewarm_slots = c->claim_ahead && c->dj_warm ? c->slots : 0;
 }
 
 static void
@@ -996,6 +1002,16 @@ head_env_skip(const char *e)
     return notify_env_private(e);
 }
 
+/* Whether env has an entry that starts with name_eq. */
+static bool
+env_has(const struct strv *env, const char *name_eq)
+{
+    for (size_t i = 0; i < env->n; i++)
+        if (!strncmp(env->v[i], name_eq, strlen(name_eq)))
+            return true;
+    return false;
+}
+
 static void
 head_environment(struct ray *r, struct strv *env)
 {
@@ -1026,6 +1042,21 @@ head_environment(struct ray *r, struct strv *env)
     strv_push(env, "RAY_AUTH_MODE=token");
     strv_push_owned(env, xasprintf("RAY_AUTH_TOKEN_PATH=%s", r->token_path));
     strv_push(env, "RAY_USAGE_STATS_ENABLED=0");
+    /* Claim-ahead: an attempt claimed ahead has the head start its Ray
+     * workers and import Data-Juicer in them while it waits for its slot
+     * (esd-dj, at most PREWARM_WORKERS of them). Ray kills idle workers
+     * beyond its soft limit (its CPUs) after a second: those would be
+     * gone before they are used. (The operator's own setting, let through
+     * by attempt_env, has the last word.) */
+    if (r->set.prewarm_slots > 0 && !env_has(env, "RAY_num_workers_soft_limit=")) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+        if (cpus < 1)
+            cpus = 1;
+        strv_push_owned(env, xasprintf("RAY_num_workers_soft_limit=%ld",
+                                       cpus + (cpus < PREWARM_WORKERS ? cpus : PREWARM_WORKERS) *
+                                                  r->set.prewarm_slots));
+    }
     /* Ray's own drain on SIGTERM (up to 30 s, meant for Serve) only delays
      * the stop until KILL_AFTER_SECS and a SIGKILL: esd stops the head
      * once its attempts are gone. */

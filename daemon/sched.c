@@ -36,8 +36,10 @@
 /* Claim-ahead: a busy slot's next shard is claimed this long before the
  * slot's attempt is expected to end (this node's mean for its job), time
  * enough for Data-Juicer to read its configuration, connect to Ray and
- * have Ray start its workers, on a loaded node too. */
-#define CLAIM_AHEAD_LEAD 10.0
+ * have Ray start its workers and import Data-Juicer in them, on a loaded
+ * node too (5-10 s on a busy 2-core machine), and to spare when the mean
+ * still counts a first attempt's cold workers. */
+#define CLAIM_AHEAD_LEAD 30.0
 #define PAUSE_MAX 60.0
 
 static struct {

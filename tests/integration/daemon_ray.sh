@@ -145,6 +145,15 @@ if ! compgen -G '/dev/nvidia[0-9]*' >/dev/null; then
         fail "b's status shows no GPUs" "$(cat "$W/b/status.json")"
 fi
 ok "a's head offers the 2 GPUs of CUDA_VISIBLE_DEVICES (and got it), b's the /dev/nvidia* count"
+# Claim-ahead (on by default, 1 slot): the head keeps the idle workers an
+# attempt claimed ahead prewarms, its CPUs + min(CPUs, 4) a slot.
+HEAD=$(cat "$W/a/state/ray/fake-ray.pid")
+cpus=$(getconf _NPROCESSORS_ONLN)
+want=$((cpus + (cpus < 4 ? cpus : 4)))
+tr '\0' '\n' <"/proc/$HEAD/environ" | grep -qx "RAY_num_workers_soft_limit=$want" ||
+    fail "a's head keeps $want idle workers" \
+        "$(tr '\0' '\n' <"/proc/$HEAD/environ" | grep RAY_ || true)"
+ok "the head keeps the workers claim-ahead prewarms (RAY_num_workers_soft_limit=$want)"
 
 JOB="$W/job"
 prepare_job "$JOB" "$NSHARDS"
