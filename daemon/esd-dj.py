@@ -78,24 +78,33 @@ def _prewarmed(refs):
     """Waits (PREWARM_WAIT_SECS at most) until the prewarmed workers are
     idle: a task of the pipeline that came while they still import would
     have Ray start one more worker, cold, and that costs more than the
-    wait (seconds of CPU on a node whose next attempt prewarms too)."""
+    wait (seconds of CPU on a node whose next attempt prewarms too). It is
+    the wait for its Ray workers the pipeline has anyway, cold: it is in
+    Data-Juicer's "Running executor" time, as that one is; process.log
+    says how long it was."""
     if not refs:
         return
+    import time
+
+    t0 = time.monotonic()
     try:
         import ray
 
-        ray.wait(refs, num_returns=len(refs), timeout=PREWARM_WAIT_SECS)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PREWARM_WAIT_SECS)
+        print("esd-dj: %d of %d prewarmed Ray workers ready after a wait of %.2f s"
+              % (len(ready), len(refs), time.monotonic() - t0), file=sys.stderr)
     except Exception as e:
         print("esd-dj: the prewarmed Ray workers failed (%s: %s)" % (type(e).__name__, e),
               file=sys.stderr)
-        sys.stderr.flush()
+    sys.stderr.flush()
 
 
 def _gate_before_running(fd):
     """Claim-ahead: once Data-Juicer has read its configuration and made
-    its Ray executor (connected to the head), wait for one byte on fd
-    before it runs; end of file: exit. The wait falls in Data-Juicer's
-    "Initializing executor" time, not in its "Running executor" time."""
+    its Ray executor (connected to the head), have Ray start its workers
+    and wait for one byte on fd before it runs; end of file: exit. The
+    wait for the slot falls in Data-Juicer's "Initializing executor" time,
+    the wait for the workers (_prewarmed) in its "Running executor"."""
     import os
     from data_juicer.core.executor import ray_executor
 
@@ -103,16 +112,22 @@ def _gate_before_running(fd):
 
     def init(self, *args, **kwargs):
         made(self, *args, **kwargs)
-        refs = _prewarm_workers()
+        self._esd_prewarming = _prewarm_workers()
         go = os.read(fd, 1)
         os.close(fd)
         if go != b"r":
             print("esd-dj: esd did not start the attempt: giving it up", file=sys.stderr)
             sys.stderr.flush()
             os._exit(75)
-        _prewarmed(refs)
+
+    ran = ray_executor.RayExecutor.run
+
+    def run(self, *args, **kwargs):
+        _prewarmed(getattr(self, "_esd_prewarming", None))
+        return ran(self, *args, **kwargs)
 
     ray_executor.RayExecutor.__init__ = init
+    ray_executor.RayExecutor.run = run
 
 
 def run(argv, gate_fd=None):
