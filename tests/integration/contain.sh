@@ -56,9 +56,7 @@ trap cg_cleanup EXIT
 new_job() {
     local job=$W/$1
     shift
-    "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
-        --job-dir "$job" --num-shards 1 "$@" >"$W/prepare.out" 2>&1 ||
-        fail "prepare $job" "$(cat "$W/prepare.out")"
+    prepare_job "$job" 1 "$@"
     give_job "$job"
     # (each case's daemon sees its own job only)
     rm -f "$W"/spool/*.json

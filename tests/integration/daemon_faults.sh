@@ -56,11 +56,8 @@ attempt_running() {
 }
 # new_job NAME SHARDS [prepare options]: a prepared job given to nobody.
 new_job() {
-    local job=$W/$1 shards=$2
-    shift 2
-    "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
-        --job-dir "$job" --num-shards "$shards" "$@" >"$W/prepare.out" 2>&1 ||
-        fail "prepare $job" "$(cat "$W/prepare.out")"
+    local job=$W/$1
+    prepare_job "$job" "${@:2}"
     give_job "$job"
 }
 check_merged() {

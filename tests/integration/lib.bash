@@ -220,10 +220,14 @@ EOF
     printf 'process:\n  - whitespace_normalization_mapper:\n  - text_length_filter:\n      min_len: 1\n' \
         >"$W/recipe.yaml"
 }
+# prepare_job JOB SHARDS [prepare options]: JOB prepared from text_dataset's
+# data and recipe.
 prepare_job() {
+    local job=$1 shards=$2
+    shift 2
     "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
-        --job-dir "$1" --num-shards "$2" >"$W/prepare.out" 2>&1 ||
-        fail "prepare $1" "$(cat "$W/prepare.out")"
+        --job-dir "$job" --num-shards "$shards" "$@" >"$W/prepare.out" 2>&1 ||
+        fail "prepare $job" "$(cat "$W/prepare.out")"
 }
 # expect_merged JOB OUT: the expected merge of JOB into OUT. The shards (in
 # manifest order) must be the input cut in order; each shard's kept rows
@@ -353,6 +357,16 @@ in_mount_ns() {
     fi
     exec unshare --mount --propagation private env ESD_IN_NS=1 TOP="$TOP" ESCTL="$ESCTL" \
         ESD="${ESD:-}" JSONL_CHECK="${JSONL_CHECK:-}" bash "$0" "$@"
+}
+# need_real_stack: VENV is the real Data-Juicer and Ray (ESD_VENV, else
+# scripts/venv's .venv); exits 0 with a skip notice when they are not
+# installed.
+need_real_stack() {
+    VENV=${ESD_VENV:-$TOP/.venv}
+    if [ ! -x "$VENV/bin/dj-process" ] || [ ! -x "$VENV/bin/ray" ]; then
+        echo "# skipped: the real Data-Juicer and Ray are not installed (run scripts/venv)"
+        exit 0
+    fi
 }
 # need_daemon_tools: the daemon tests' programs are built.
 need_daemon_tools() {

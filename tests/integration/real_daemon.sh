@@ -29,11 +29,7 @@ export LC_ALL=C
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 
-VENV=${ESD_VENV:-$TOP/.venv}
-if [ ! -x "$VENV/bin/dj-process" ] || [ ! -x "$VENV/bin/ray" ]; then
-    echo "# skipped: the real Data-Juicer and Ray are not installed (run scripts/venv)"
-    exit 0
-fi
+need_real_stack
 { [ -x "$ESD" ] && [ -x "$ESCTL" ] && [ -x "$TOOLS/jsonl-check" ]; } ||
     fail "tools exist" "run make && make tools"
 T0=$(date +%s)

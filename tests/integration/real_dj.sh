@@ -11,11 +11,7 @@ set -euo pipefail
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 
-VENV=${ESD_VENV:-$TOP/.venv}
-if [ ! -x "$VENV/bin/dj-process" ] || [ ! -x "$VENV/bin/ray" ]; then
-    echo "skip - the real Data-Juicer and Ray are not installed (run scripts/venv)"
-    exit 0
-fi
+need_real_stack
 new_workdir
 unset_knobs RAY_ADDRESS
 RECIPE=$TOP/etc/recipes/cpu-text.yaml

@@ -26,11 +26,7 @@ export LC_ALL=C
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 
-VENV=${ESD_VENV:-$TOP/.venv}
-if [ ! -x "$VENV/bin/dj-process" ] || [ ! -x "$VENV/bin/ray" ]; then
-    echo "# skipped: the real Data-Juicer and Ray are not installed (run scripts/venv)"
-    exit 0
-fi
+need_real_stack
 { [ -x "$ESD" ] && [ -x "$ESCTL" ]; } || fail "tools exist" "run make && make tools"
 [ -f "$(dirname "$ESD")/esd-dj" ] || fail "esd-dj is built next to esd" "run make"
 T0=$(date +%s)

@@ -98,11 +98,8 @@ mode ok
 text_dataset 40
 # new_job NAME SHARDS [prepare options]: a prepared job of the owner's
 new_job() {
-    local job=$W/$1 shards=$2
-    shift 2
-    "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
-        --job-dir "$job" --num-shards "$shards" "$@" >"$W/prepare.out" 2>&1 ||
-        fail "prepare $job" "$(cat "$W/prepare.out")"
+    local job=$W/$1
+    prepare_job "$job" "${@:2}"
     chown -R "$OWNER:" "$job"
 }
 # conf NAME [KEY=VALUE...]: a daemon of pydj, with a spool of its own
