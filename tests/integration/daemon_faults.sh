@@ -258,7 +258,7 @@ ok "a node whose processor cannot start backs off the job (1, 2, 4 s...) after 3
 stop_daemon n
 
 if [ "$(id -u)" -eq 0 ]; then
-    foreign=$(find "$W"/job-? ! -user nobody | head -n 5)
+    foreign=$(not_owned_by nobody "$W"/job-?)
     [ -z "$foreign" ] || fail "everything in the job directories is nobody's" "$foreign"
     ok "after takeovers, releases, timeouts and failures, every file is the job owner's"
 fi

@@ -82,7 +82,7 @@ EOF
     ok "no lock left, none taken over"
     if [ "$(id -u)" -eq 0 ]; then
         local foreign
-        foreign=$(find "$job" ! -user nobody | head -n 5)
+        foreign=$(not_owned_by nobody "$job")
         [ -z "$foreign" ] || fail "everything in $job is nobody's" "$foreign"
         ok "every file esd (root) made in the job directory is the owner's (nobody's)"
     fi

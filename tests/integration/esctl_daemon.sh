@@ -159,7 +159,7 @@ merged_ok() {
         fail "the merged output $2 equals the expectation" "$(wc -l <"$2") vs $(wc -l <"$W/expected-merged.jsonl") rows"
 }
 # foreign JOB: files in JOB not owned by the owner (the first five).
-foreign() { find "$1" ! -user "$OWNER" | head -n 5; }
+foreign() { not_owned_by "$OWNER" "$1"; }
 
 NROWS=400
 text_dataset "$NROWS"

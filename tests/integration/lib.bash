@@ -368,6 +368,16 @@ need_real_stack() {
         exit 0
     fi
 }
+# not_owned_by USER PATH...: up to five files under the PATHs that are not
+# USER's. A file that vanishes while find reads it (a daemon's transient
+# probe file) is not one: find would list it, its owner unknown.
+not_owned_by() {
+    local user=$1 f
+    shift
+    find "$@" ! -user "$user" 2>/dev/null | while IFS= read -r f; do
+        find "$f" -maxdepth 0 ! -user "$user" 2>/dev/null
+    done | head -n 5
+}
 # need_daemon_tools: the daemon tests' programs are built.
 need_daemon_tools() {
     { [ -x "$MINI" ] && [ -x "$ESCTL" ] && [ -x "$ESD" ]; } || fail "tools exist" "run make && make tools"

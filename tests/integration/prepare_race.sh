@@ -90,8 +90,8 @@ vic_unchanged() {
 prep "$W/att/j1"
 check "root prepares into ATT's directory" 0 "Prepared 4 shards from 200000 records"
 [ "$(stat -c %U "$W/att/j1")" = "$ATT" ] || fail "the job is ATT's" "$(stat -c %U "$W/att/j1")"
-[ -z "$(find "$W/att" ! -user "$ATT" | head -n 3)" ] ||
-    fail "every file of the job is ATT's" "$(find "$W/att" ! -user "$ATT" | head -n 3)"
+[ -z "$(not_owned_by "$ATT" "$W/att")" ] ||
+    fail "every file of the job is ATT's" "$(not_owned_by "$ATT" "$W/att")"
 ok "the job and all in it belong to ATT, the owner of the directory: prepare ran as ATT"
 prep "$W/att/new/deeper/j2"
 check "root prepares into ATT's directory, two levels to make" 0 "Prepared 4 shards"
@@ -100,7 +100,7 @@ check "root prepares into ATT's directory, two levels to make" 0 "Prepared 4 sha
 ok "the directories made on the way are ATT's too"
 prep "$W/rootdir/j"
 check "root prepares into its own directory" 0 "Prepared 4 shards"
-[ -z "$(find "$W/rootdir" ! -user root | head -n 3)" ] || fail "root's job is root's"
+[ -z "$(not_owned_by root "$W/rootdir")" ] || fail "root's job is root's"
 ok "in root's own directory the job stays root's"
 cp "$W/recipe.yaml" "$W/root-recipe.yaml"
 chmod 600 "$W/root-recipe.yaml"
