@@ -71,6 +71,7 @@ struct esd_conf {
     char *metrics_path;      /* metrics.path: textfile-collector file; NULL: none */
     long metrics_interval_secs; /* metrics.interval_secs: default 15 */
     int log_level;           /* log.level: err, warning, notice, info (default), debug */
+    bool run_mode;           /* not a key: esd run, one job of the caller's own (oneshot.c) */
 };
 
 /* Fills c with the defaults (node_name from the host name). */

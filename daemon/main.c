@@ -21,21 +21,14 @@
 #include "config.h"
 #include "contain.h"
 #include "ctl.h"
-#include "finalize.h"
+#include "engine.h"
 #include "helper.h"
-#include "jobs.h"
-#include "jobview.h"
 #include "json.h"
 #include "log.h"
-#include "metrics.h"
 #include "notify.h"
-#include "opchild.h"
-#include "proto.h"
+#include "oneshot.h"
 #include "ray.h"
-#include "runner.h"
-#include "sched.h"
 #include "spawn.h"
-#include "warm.h"
 
 static struct {
     struct ev_loop *loop;
@@ -51,6 +44,7 @@ static void
 usage(FILE *f)
 {
     fprintf(f, "usage: esd [-f] [-c FILE] [--check-config] [--help-config] [--version]\n"
+               "       esd run --job-dir DIR [OPTION...]   (one job on every node: esd run --help)\n"
                "  -f, --foreground     log to stderr instead of the journal\n"
                "  -c, --config FILE    configuration (default %s)\n"
                "  --check-config       validate the configuration and exit\n"
@@ -86,19 +80,6 @@ load_config(struct esd_conf *c, struct esd_err *err)
 }
 
 static void
-ray_stopped(void)
-{
-    ev_break(M.loop, EVBREAK_ALL);
-}
-
-static void
-drained(void)
-{
-    log_notice(NULL, "drained: nothing runs any more; stopping the Ray head");
-    ray_stop(ray_stopped);
-}
-
-static void
 main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
 {
     (void)loop;
@@ -106,14 +87,13 @@ main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
     if (M.stopping) {
         log_notice(NULL, "signal %d while draining: stopping attempts and merges now",
                    w->signum);
-        runner_stop_all();
-        finalize_stop_all();
+        engine_stop_now();
         return;
     }
     M.stopping = true;
     notify_stopping();
     log_notice(NULL, "signal %d: draining", w->signum);
-    sched_drain(drained);
+    engine_drain();
 }
 
 static void
@@ -149,16 +129,7 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
     next->node_name = xstrdup(old->node_name);
     /* every module moves to the new struct (comparing with the old one
      * first where it must), then the old one goes */
-    ray_reconfigure(next);
-    runner_reconfigure(next);
-    warm_reconfigure(next);
-    finalize_reconfigure(next);
-    jobs_reconfigure(next);
-    sched_reconfigure(next);
-    opchild_reconfigure(next);
-    metrics_reconfigure(next);
-    jobview_reconfigure(next);
-    ctl_reconfigure(next);
+    engine_reconfigure(next);
     log_set_level(next->log_level);
     M.conf = next;
     config_free(old);
@@ -181,16 +152,6 @@ raise_fd_limit(void)
     }
 }
 
-/* The daemon's status: the scheduler's, with the Ray head's details. */
-static cJSON *
-daemon_status_json(void)
-{
-    cJSON *o = sched_status_json();
-
-    ray_status_json(cJSON_GetObjectItemCaseSensitive(o, "ray"));
-    return o;
-}
-
 int
 main(int argc, char **argv)
 {
@@ -209,6 +170,9 @@ main(int argc, char **argv)
      * nothing of the daemon's runs in it */
     if (argc > 1 && !strcmp(argv[1], SPAWN_KEEPER_ARG))
         return spawn_keeper_adopted(argc, argv);
+    /* esd run: one job, in the foreground, on every node of a scheduler's job */
+    if (argc > 1 && !strcmp(argv[1], "run"))
+        return oneshot_main(argc - 1, argv + 1);
     json_init();
     M.path = ESD_CONFIG_DEFAULT;
     while ((opt = getopt_long(argc, argv, "fc:h", longopts, NULL)) != -1) {
@@ -303,20 +267,11 @@ main(int argc, char **argv)
     }
     if (hang_watchdog)
         notify_test_stop_watchdog();
-    if (ctl_init(M.loop, M.conf, notify_listen_fd(), &err) < 0 ||
-        jobs_init(M.loop, M.conf, &err) < 0 || ray_init(M.loop, M.conf, &err) < 0) {
+    if (engine_init(M.loop, M.conf, notify_listen_fd(), &err) < 0) {
         log_err(NULL, "%s", err.msg);
         fprintf(stderr, "esd: %s\n", err.msg);
         return 1;
     }
-    runner_init(M.loop, M.conf);
-    warm_init(M.loop, M.conf);
-    finalize_init(M.loop, M.conf);
-    opchild_init(M.loop, M.conf);
-    metrics_init(M.loop, M.conf);
-    jobview_init(M.loop, M.conf);
-    sched_init(M.loop, M.conf);
-    ctl_set_status(daemon_status_json);
     log_notice(NULL, "esd %s started: node %s, %ld slot(s), ray %s, state in %s, socket %s",
                ESD_VERSION, M.conf->node_name, M.conf->slots, ray_state_name(), M.conf->state_dir,
                M.conf->socket_path);
@@ -325,16 +280,7 @@ main(int argc, char **argv)
     ev_run(M.loop, 0);
 
     log_notice(NULL, "stopped");
-    ctl_fini();
-    opchild_fini();
-    metrics_fini();
-    jobview_fini();
-    sched_fini();
-    finalize_fini();
-    runner_fini();
-    warm_fini();
-    jobs_fini();
-    ray_fini();
+    engine_fini();
     notify_fini();
     contain_fini();
     config_free(M.conf);

@@ -56,6 +56,8 @@ static struct {
     void (*drained)(void);
     double started;
     unsigned long claims;
+    bool (*complete)(struct job *j); /* esd run's hooks (sched_set_hooks) */
+    bool (*may_claim)(struct job *j);
 } S;
 
 /* ±20 %, so that a fleet does not poll in step. */
@@ -112,7 +114,10 @@ next_job(double now)
         return NULL;
     do {
         if (j->state == JOB_ACTIVE && j->next_claim <= now && j->paused_until <= now) {
-            if (jobs_load(j))
+            if (S.may_claim && !S.may_claim(j)) {
+                /* esd run's strict cap or walltime: not from this node now */
+                j->next_claim = now + jitter((double)S.conf->poll_interval_secs);
+            } else if (jobs_load(j))
                 return j;
             /* not workable here (logged once): look again at the next poll */
             j->next_claim = now + jitter((double)S.conf->poll_interval_secs);
@@ -129,7 +134,8 @@ job_idle(struct job *j, double now)
     double wait = (double)S.conf->poll_interval_secs;
 
     if (j->idle.complete) {
-        finalize_start(j);
+        if (!S.complete || !S.complete(j))
+            finalize_start(j);
         return;
     }
     if (j->idle.terminal) {
@@ -466,6 +472,13 @@ sched_init(struct ev_loop *loop, const struct esd_conf *c)
     finalize_set_done(job_finalized);
     ray_set_listener(ray_changed);
     sched_kick();
+}
+
+void
+sched_set_hooks(bool (*complete)(struct job *j), bool (*may_claim)(struct job *j))
+{
+    S.complete = complete;
+    S.may_claim = may_claim;
 }
 
 void

@@ -20,6 +20,14 @@
 void sched_init(struct ev_loop *loop, const struct esd_conf *c);
 void sched_reconfigure(const struct esd_conf *c);
 void sched_fini(void);
+struct job;
+/*
+ * esd run (oneshot.c): complete, when set, is called instead of
+ * finalize_start when a pass finds every shard of j done, and returns true
+ * if it took the job's end over; may_claim, when set, says whether this
+ * node may claim a shard of j now (false: asked again after a poll).
+ */
+void sched_set_hooks(bool (*complete)(struct job *j), bool (*may_claim)(struct job *j));
 
 /* Claim now if slots are free (coalesced: runs once from the loop). */
 void sched_kick(void);
