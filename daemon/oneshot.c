@@ -656,6 +656,13 @@ prepare_child(int fd)
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     signal(SIGTERM, on_stop_sig);
     signal(SIGINT, on_stop_sig);
+    /* Tests: a prepare that takes its time (to kill its coordinator) */
+    if (getenv("ESD_TEST_PREPARE_DELAY_SECS")) {
+        long long secs;
+
+        if (parse_int(getenv("ESD_TEST_PREPARE_DELAY_SECS"), 1, 3600, &secs) == 0)
+            nap((double)secs);
+    }
     json_add_str(args, "config", R.recipe);
     if (R.dataset)
         json_add_str(args, "dataset_path", R.dataset);
