@@ -1327,15 +1327,19 @@ usage(FILE *f)
             "  --ray-address local       the reference's: every attempt starts its own Ray\n"
             "  --state-dir DIR           this node's state (default a private directory under\n"
             "                            $XDG_RUNTIME_DIR or /tmp)\n"
-            "  --esd-config FILE         esd.yaml to read the other settings from\n");
+            "  --esd-config FILE         esd.yaml to read the other settings from\n"
+            "  --explain                 print what this process would be (run id, rank, role,\n"
+            "                            coordination directory) and exit\n");
 }
 
 enum {
     OPT_JOB_DIR = 256, OPT_CONFIG, OPT_DATASET, OPT_NUM_SHARDS, OPT_OUTPUT, OPT_RUN_ID,
     OPT_NODES, OPT_STRICT, OPT_WAIT, OPT_POLL, OPT_DEADLINE, OPT_NODE, OPT_SLOTS, OPT_LEASE,
     OPT_RETRIES, OPT_LOCK_TIMEOUT, OPT_ATTEMPT_TIMEOUT, OPT_PROCESSOR, OPT_DJ_ROOT, OPT_RAY_MODE,
-    OPT_RAY_ADDRESS, OPT_STATE_DIR, OPT_ESD_CONFIG, OPT_ALLOW, OPT_DENY, OPT_HELP,
+    OPT_RAY_ADDRESS, OPT_STATE_DIR, OPT_ESD_CONFIG, OPT_ALLOW, OPT_DENY, OPT_EXPLAIN, OPT_HELP,
 };
+
+static bool explain;
 
 static int
 num_opt(const char *name, const char *v, long long min, long long *ret)
@@ -1429,6 +1433,7 @@ parse_args(int argc, char **argv)
         { "esd-config", required_argument, NULL, OPT_ESD_CONFIG },
         { "allow-op", required_argument, NULL, OPT_ALLOW },
         { "deny-op", required_argument, NULL, OPT_DENY },
+        { "explain", no_argument, NULL, OPT_EXPLAIN },
         { "help", no_argument, NULL, OPT_HELP },
         { NULL, 0, NULL, 0 },
     };
@@ -1505,6 +1510,9 @@ parse_args(int argc, char **argv)
             break;
         case OPT_DENY:
             strv_push(&R.deny, optarg);
+            break;
+        case OPT_EXPLAIN:
+            explain = true;
             break;
         case OPT_HELP:
         case 'h':
@@ -1620,7 +1628,7 @@ build_conf(struct esd_err *err)
     free(c->state_dir);
     if (R.state_dir) {
         if (fs_resolve_cli(R.state_dir, &c->state_dir, err) < 0 ||
-            private_dir(c->state_dir, err) < 0)
+            (!explain && private_dir(c->state_dir, err) < 0))
             goto fail;
     } else {
         const char *rt = getenv("XDG_RUNTIME_DIR");
@@ -1628,7 +1636,7 @@ build_conf(struct esd_err *err)
                                       : xasprintf("/tmp/esd-run-%u", (unsigned)geteuid());
 
         c->state_dir = xasprintf("%s/%s.%.12s", base, c->node_name, R.runkey);
-        if (private_dir(base, err) < 0 || private_dir(c->state_dir, err) < 0) {
+        if (!explain && (private_dir(base, err) < 0 || private_dir(c->state_dir, err) < 0)) {
             free(base);
             goto fail;
         }
@@ -1769,9 +1777,7 @@ oneshot_main(int argc, char **argv)
     base = strrchr(R.job_dir, '/') + 1;
     R.coord = xasprintf("%s/.%s.dlc-coordination/%s", parent, base, R.runkey);
     free(parent);
-    if (become_owner(&err) < 0 || build_conf(&err) < 0)
-        goto fatal;
-    if (fs_mkdir_p(R.coord, 0755, &err) < 0)
+    if ((!explain && become_owner(&err) < 0) || build_conf(&err) < 0)
         goto fatal;
     log_init(R.conf->log_target, R.conf->log_level, true, R.conf->node_name);
     signal(SIGPIPE, SIG_IGN);
@@ -1785,6 +1791,18 @@ oneshot_main(int argc, char **argv)
         sigaction(SIGHUP, &sa, NULL);
     }
     worker = R.local_rank == 0;
+    if (explain) {
+        printf("run_id: %s\nrun_id_from: %s\ncoordination: %s\nnode: %s\nhostname: %s\n"
+               "launcher: %s\nrank: %lld\nlocal_rank: %lld\nworld_size: %lld\nnodes: %lld\n"
+               "role: %s\nmode: %s\n", R.run_id, R.run_id_from, R.coord, R.conf->node_name,
+               R.host, R.launcher ? R.launcher : "none", R.rank, R.local_rank, R.world, R.nodes,
+               worker ? "worker" : "waiter", R.strict ? "strict" : "elastic");
+        if (R.deadline > 0)
+            printf("deadline: %.0f (%s)\n", R.deadline, R.deadline_from);
+        return 0;
+    }
+    if (fs_mkdir_p(R.coord, 0755, &err) < 0)
+        goto fatal;
     rank_register(worker);
     if (!worker)
         return wait_for_result();
