@@ -98,7 +98,8 @@ static struct {
     ev_signal term_w, int_w, hup_w;
     struct elect fin;
     enum phase phase;
-    double phase_at;  /* monotonic: the phase began */
+    double phase_at;  /* monotonic: the phase began, or (work) a shard was last done */
+    size_t last_done; /* (work) shards done then */
     bool said_cap, said_deadline;
     bool stopping;
     int code;
@@ -1179,6 +1180,12 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         if (R.stopping)
             return;
     }
+    if (R.phase == P_WORK && j->loaded && (v = jobview_get(j)) && v->valid &&
+        v->counts[ST_DONE] != R.last_done) {
+        /* progress: the work's wait timeout counts from the last shard done */
+        R.last_done = v->counts[ST_DONE];
+        R.phase_at = time_mono();
+    }
     if (R.deadline > 0 && wall_now() >= R.deadline) {
         finish(EXIT_INCOMPLETE, "the allocation's walltime is over; the job is not finished "
                                 "(submit it again: what is done is kept)");
@@ -1191,8 +1198,9 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         buf_init(&b);
         if (j->loaded)
             done_nodes(j, NULL, &done, &failed, NULL);
-        buf_printf(&b, "timed out after %.0f s waiting for %s (%zu/%zu done)", R.wait_timeout,
-                   R.phase == P_WORK ? "all shards" : "the finalize", done, j->m.nshards);
+        buf_printf(&b, "timed out: %.0f s %s (%zu/%zu done)", R.wait_timeout,
+                   R.phase == P_WORK ? "without a shard done" : "waiting for the finalize", done,
+                   j->m.nshards);
         if (R.strict && R.phase == P_WORK) {
             struct strv names;
 
@@ -1313,7 +1321,8 @@ usage(FILE *f)
             "  --nodes N                 nodes expected (informational unless strict)\n"
             "  --require-all-nodes       strict: each node at most ceil(shards/N) shards, and\n"
             "                            N nodes must have completed shards before the merge\n"
-            "  --wait-timeout-secs S     longest wait of each phase (default 126000)\n"
+            "  --wait-timeout-secs S     longest wait for the prepare, the finalize, or a\n"
+            "                            shard done (default 126000)\n"
             "  --poll-interval-secs S    coordination poll (default 2)\n"
             "  --deadline TIME           claim nothing that cannot end before TIME (epoch\n"
             "                            seconds or YYYY-MM-DDTHH:MM:SS[Z]; default under\n"
@@ -1632,7 +1641,13 @@ build_conf(struct esd_err *err)
             goto fail;
     } else {
         const char *rt = getenv("XDG_RUNTIME_DIR");
-        char *base = rt && *rt == '/' ? xasprintf("%s/esd-run", rt)
+        struct stat rst;
+        char *base;
+
+        /* (not a runtime directory of the user it was before become_owner) */
+        if (rt && (stat(rt, &rst) < 0 || rst.st_uid != geteuid()))
+            rt = NULL;
+        base = rt && *rt == '/' ? xasprintf("%s/esd-run", rt)
                                       : xasprintf("/tmp/esd-run-%u", (unsigned)geteuid());
 
         c->state_dir = xasprintf("%s/%s.%.12s", base, c->node_name, R.runkey);

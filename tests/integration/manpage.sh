@@ -8,8 +8,9 @@
 #     that list holds no option the command does not accept; the global
 #     options of the usage line, --help and --version are items of GLOBAL
 #     OPTIONS;
-#   esd(8): every long option that `esd --help` prints, and every one of
-#     the option table in daemon/main.c (--help and the test-only
+#   esd(8): every long option that `esd --help` and `esd run --help`
+#     print, and every one of the option tables in daemon/main.c and
+#     daemon/oneshot.c (--help and the test-only
 #     --test-hang-watchdog are not in the usage), has an ".It" entry;
 #   and `mandoc -Tlint` reports nothing at all on either page, style
 #   messages included, except those that depend on the machine rather than
@@ -129,7 +130,9 @@ done
 if [ -f "$epage" ]; then
     eopts=$({
         "$ESD" --help | grep -o -- '--[a-z][a-z-]*'
-        grep -o '{ "[a-z][a-z-]*", [a-z_]*_argument' "$TOP/daemon/main.c" | cut -d'"' -f2 | sed 's/^/--/'
+        "$ESD" run --help | grep -o -- '--[a-z][a-z-]*'
+        grep -o '{ "[a-z][a-z-]*", [a-z_]*_argument' "$TOP/daemon/main.c" "$TOP/daemon/oneshot.c" |
+            cut -d'"' -f2 | sed 's/^/--/'
     } | sort -u)
     [ -n "$eopts" ] || { bad "no options parsed from esd --help and daemon/main.c"; exit 1; }
     for o in $eopts; do

@@ -178,7 +178,7 @@ done
 reap d4 d5
 expect_codes 2 "(d) strict, a node missing" d4 d5
 for n in d4 d5; do
-    said "$n" "FAILED: timed out after 6 s" && said "$n" "2 of 3 node(s) completed shards" ||
+    said "$n" "FAILED: timed out: 6 s without a shard done" && said "$n" "2 of 3 node(s) completed shards" ||
         fail "(d) node $n names what is missing" "$(cat "$W/$n.out")"
 done
 ok "(d) strict: 3 nodes at most 4 shards each despite failed attempts; a missing node fails all"

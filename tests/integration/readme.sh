@@ -42,6 +42,7 @@ while read -r c; do
     "$ESCTL" "$c" --help >"$W/help/$c" 2>&1 || fail "esctl $c --help" "$(cat "$W/help/$c")"
 done <"$W/commands"
 "$ESD" --help >"$W/esd.help" 2>&1 || fail "esd --help" "$(cat "$W/esd.help")"
+"$ESD" run --help >"$W/esd-run.help" 2>&1 || fail "esd run --help" "$(cat "$W/esd-run.help")"
 ok "esctl --help lists $(wc -l <"$W/commands") commands, each with its --help; esd --help"
 
 python3 - "$TOP" "$README" "$W" <<'EOF' | tee "$W/result"
@@ -164,6 +165,8 @@ def key_of(prog, args):
             i += 2 if args[i] == "--socket" else 1
         return (args[i] if i < len(args) else None), glob, args[i + 1:]
     if prog == "esd":
+        if args and args[0] == "run":
+            return "run", [], args[1:]
         for a in args:
             if a.startswith("--") and a not in ("--config", "--foreground"):
                 return a.split("=")[0], [], args
@@ -241,6 +244,7 @@ commands = open(os.path.join(w, "commands")).read().split()
 def esctl_options(cmd):
     return set(re.findall(r"^\s+(--[\w-]+)", open(os.path.join(w, "help", cmd)).read(), re.M))
 esd_options = set(re.findall(r"(?<![\w-])(--?[\w-]+)", open(os.path.join(w, "esd.help")).read())) | {"-h", "--help"}
+esd_run_options = set(re.findall(r"(?<![\w-])(--[\w-]+)", open(os.path.join(w, "esd-run.help")).read())) | {"-h", "--help"}
 make_targets = set(re.findall(r"^([\w.-]+)\s*:(?!=)", open(os.path.join(top, "Makefile")).read(), re.M))
 
 cmds = readme_commands()
@@ -287,6 +291,10 @@ for _, no, text in cmds:
                 for a in rest:
                     if a.startswith("--") and a.split("=")[0] not in allowed:
                         bad("%s: `%s` is an option of `esctl %s` (esctl %s --help)" % (where, a, sub, sub), text)
+        elif prog == "esd" and sub == "run":
+            for a in rest:
+                if a.startswith("-") and a.split("=")[0] not in esd_run_options:
+                    bad("%s: `%s` is an option of esd run (esd run --help)" % (where, a), text)
         elif prog == "esd":
             for a in c[1:]:
                 if a.startswith("-") and a.split("=")[0] not in esd_options:
