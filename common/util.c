@@ -224,19 +224,27 @@ void
 buf_printf(struct buf *b, const char *fmt, ...)
 {
     va_list ap;
-    int n;
 
     va_start(ap, fmt);
-    n = vsnprintf(NULL, 0, fmt, ap);
+    buf_vprintf(b, fmt, ap);
     va_end(ap);
+}
+
+void
+buf_vprintf(struct buf *b, const char *fmt, va_list ap)
+{
+    va_list aq;
+    int n;
+
+    va_copy(aq, ap);
+    n = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
     if (n < 0) {
         buf_append(b, "", 0);
         return;
     }
     buf_reserve(b, (size_t)n);
-    va_start(ap, fmt);
     vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
     b->len += (size_t)n;
 }
 

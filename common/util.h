@@ -70,6 +70,7 @@ void buf_append(struct buf *b, const void *data, size_t n);
 void buf_putc(struct buf *b, char c);
 void buf_puts(struct buf *b, const char *s);
 void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void buf_vprintf(struct buf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 /* Hands the buffer's storage to the caller (free() it); b is reset. */
 char *buf_steal(struct buf *b);
 

@@ -116,8 +116,27 @@ on_stop_sig(int sig)
 
 /* ---- small things ---- */
 
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A line on stdout, control characters escaped (reasons and names come
+ * from files other nodes wrote). */
 static void
-say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+vline(const char *prefix, const char *fmt, va_list ap)
+{
+    struct buf raw, out;
+
+    buf_init(&raw);
+    buf_init(&out);
+    buf_puts(&out, prefix);
+    buf_vprintf(&raw, fmt, ap);
+    str_escape(raw.p, raw.len, &out);
+    buf_putc(&out, '\n');
+    fwrite(out.p, 1, out.len, stdout);
+    fflush(stdout);
+    buf_free(&raw);
+    buf_free(&out);
+}
 
 /* One line of esd run's own on stdout (the log goes to stderr). */
 static void
@@ -126,10 +145,18 @@ say(const char *fmt, ...)
     va_list ap;
 
     va_start(ap, fmt);
-    fputs("esd run: ", stdout);
-    vfprintf(stdout, fmt, ap);
-    fputc('\n', stdout);
-    fflush(stdout);
+    vline("esd run: ", fmt, ap);
+    va_end(ap);
+}
+
+/* A line of the summary. */
+static void
+line(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vline("", fmt, ap);
     va_end(ap);
 }
 
@@ -191,8 +218,12 @@ server_now(double *ret, struct esd_err *err)
 
 /* ---- results ---- */
 
-/* The return_code of <coord>/name: 1 with *code (and *obj if asked), 0 when
- * there is none yet, -1 when it cannot be read (said once). */
+/* Why the last result_read returned -1. */
+static char result_error[ESD_ERR_MAX + 64];
+
+/* The return_code of <coord>/name: 1 with *code (0..255; another number
+ * reads as 2) and *obj if asked, 0 when there is none yet, -1 when it
+ * cannot be read or has no integer return_code (result_error says why). */
 static int
 result_read(const char *name, long long *code, cJSON **obj)
 {
@@ -207,11 +238,16 @@ result_read(const char *name, long long *code, cJSON **obj)
         return 0;
     }
     r = json_load_object(path, RESULT_MAX, &o, &err);
+    if (r == 0 && json_get_int(o, "return_code", code) < 0)
+        r = err_set(&err, -EINVAL, "%s has no integer return_code", path);
     free(path);
-    if (r < 0 || json_get_int(o, "return_code", code) < 0) {
+    if (r < 0) {
+        snprintf(result_error, sizeof(result_error), "%s", err.msg);
         cJSON_Delete(o);
         return -1;
     }
+    if (*code < 0 || *code > 255)
+        *code = 2;
     if (obj)
         *obj = o;
     else
@@ -819,7 +855,13 @@ prepare_phase(void)
     for (;;) {
         if (stop_sig)
             break;
-        if ((r = result_read("prepare-result.json", &code, &o)) == 1) {
+        if ((r = result_read("prepare-result.json", &code, &o)) < 0) {
+            say("the prepare's result cannot be read: %s", result_error);
+            free(manifest);
+            free(e.path);
+            return EXIT_FAILED;
+        }
+        if (r == 1) {
             if (code != 0)
                 say("the prepare of this run failed (return code %lld): %s", code,
                     result_why(o) ? result_why(o) : "no error recorded");
@@ -886,8 +928,16 @@ terminal_code(long long *code, char **why)
 
     for (size_t i = 0; i < 2; i++) {
         cJSON *o = NULL;
+        int r = result_read(names[i], code, &o);
 
-        if (result_read(names[i], code, &o) == 1) {
+        if (r < 0) {
+            /* a result nobody can read ends the run as failed, saying so */
+            *code = EXIT_FAILED;
+            if (why)
+                *why = xasprintf("the run's result cannot be read: %s", result_error);
+            return 1;
+        }
+        if (r == 1) {
             if (why)
                 *why = result_why(o) ? xstrdup(result_why(o)) : NULL;
             cJSON_Delete(o);
@@ -910,8 +960,13 @@ wait_for_result(void)
     while (!stop_sig) {
         if (!prepared) {
             cJSON *o = NULL;
+            int r = result_read("prepare-result.json", &code, &o);
 
-            if (result_read("prepare-result.json", &code, &o) == 1) {
+            if (r < 0) {
+                say("the prepare's result cannot be read: %s", result_error);
+                return EXIT_FAILED;
+            }
+            if (r == 1) {
                 prepared = true;
                 if (code != 0) {
                     say("the prepare failed (return code %lld): %s", code,
@@ -1276,22 +1331,26 @@ summary(void)
             json_get_int(o, "rows", &rows);
         cJSON_Delete(o);
         free(res);
-        printf("PASS: %zu shards were completed by %zu node(s); merged %lld rows into %s\n", done,
-               names.n, rows, j->output);
+        line("PASS: %zu shards were completed by %zu node(s); merged %lld rows into %s", done,
+             names.n, rows, j->output);
     } else if (R.code == EXIT_FAILED) {
-        printf("FAILED: %s\n", R.reason ? R.reason : "the run failed");
-        for (size_t i = 0; i < failed.n; i++)
-            printf("  failed shard %s\n", failed.v[i]);
+        line("FAILED: %s", R.reason ? R.reason : "the run failed");
+        for (size_t i = 0; i < failed.n && i < 100; i++)
+            line("  failed shard %s", failed.v[i]);
+        if (failed.n > 100)
+            line("  ... and %zu more failed shards (esctl status --all)", failed.n - 100);
     } else {
-        printf("STOPPED (exit %d): %s\n", R.code, R.reason ? R.reason : "");
+        line("STOPPED (exit %d): %s", R.code, R.reason ? R.reason : "");
     }
     if (names.n) {
-        printf("Shard owners:");
-        for (size_t i = 0; i < names.n; i++)
-            printf(" %s", names.v[i]);
-        printf("\n");
+        struct buf b;
+
+        buf_init(&b);
+        for (size_t i = 0; i < names.n && i < 64; i++)
+            buf_printf(&b, " %s", names.v[i]);
+        line("Shard owners:%s%s", b.p ? b.p : "", names.n > 64 ? " ..." : "");
+        buf_free(&b);
     }
-    fflush(stdout);
     strv_free(&names);
     strv_free(&failed);
 }
@@ -1758,7 +1817,7 @@ int
 oneshot_main(int argc, char **argv)
 {
     struct esd_err err;
-    char hex[SHA256_HEX_LEN + 1], *parent, *base, *abs = NULL;
+    char hex[SHA256_HEX_LEN + 1], *parent, *base, *abs = NULL, *why = NULL;
     long long code;
     struct manifest m;
     bool worker;
@@ -1834,8 +1893,9 @@ oneshot_main(int argc, char **argv)
         goto fatal;
     if ((code = prepare_phase()) != 0)
         return (int)code;
-    if (terminal_code(&code, NULL)) {
-        say("this run already ended with code %lld", code);
+    if (terminal_code(&code, &why)) {
+        say("this run already ended with code %lld%s%s", code, why ? ": " : "", why ? why : "");
+        free(why);
         return (int)code;
     }
     if ((r = manifest_load(R.job_dir, &m, &err)) < 0)

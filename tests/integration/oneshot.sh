@@ -27,6 +27,7 @@
 #       lock (no lease) is taken over after the wait timeout.
 #   (j) walltime (SLURM_JOB_END_TIME): no claim that cannot end in time;
 #       the node exits 1 at the deadline with nothing failed or locked.
+#   (k) a FIFO, a symbolic link as results: exit 2 at once, naming them.
 set -euo pipefail
 export LC_ALL=C
 
@@ -344,5 +345,25 @@ said j1 "walltime:" && said j1 "this node claims no more" || fail "(j) it says w
 D=$(count "$JOB/state/done")
 [ "$D" -ge 1 ] && [ "$D" -lt 8 ] || fail "(j) some shards done, not all" "$D done"
 ok "(j) walltime: $D of 8 shards done, no claim that could not end in time, exit 1"
+
+# ---- (k) hostile coordination files ----
+JOB=$W/job-k
+C=$(coord_of "$JOB" run-k)
+mkdir -p "$C"
+mkfifo "$C/prepare-result.json"
+# shellcheck disable=SC2046
+start_node "$JOB" k1 run-k -- $(prepare_flags 4)
+reap k1
+expect_codes 2 "(k) a FIFO as prepare-result.json" k1
+said k1 "prepare-result.json: not a regular file" || fail "(k) it names the file" \
+    "$(cat "$W/k1.out")"
+rm "$C/prepare-result.json"
+ln -s /etc/passwd "$C/abort.json"
+# shellcheck disable=SC2046
+start_node "$JOB" k2 run-k -- $(prepare_flags 4)
+reap k2
+expect_codes 2 "(k) a symbolic link as abort.json" k2
+said k2 "abort.json: a symbolic link, not followed" || fail "(k) it says so" "$(cat "$W/k2.out")"
+ok "(k) hostile coordination files: refused at once, named, nothing followed or waited on"
 
 summary
