@@ -1096,10 +1096,12 @@ end_begin(struct job *j)
 {
     int r;
 
-    if (R.stopping || !strict_ok(j))
+    if (R.stopping)
         return;
     if ((r = elect_try(&R.fin)) == 1) {
         say("hostname=%s node=%s elected as finalize coordinator", R.host, R.conf->node_name);
+        if (!strict_ok(j))
+            return;
         phase_set(P_MERGING);
         ev_timer_again(R.loop, &R.beat_w);
         finalize_start(j); /* the merge, fenced against every esd of the job */
@@ -1310,18 +1312,37 @@ stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
     finish(EXIT_SIGTERM, "stopped by a signal before the job ended");
 }
 
-/* What every node prints last. */
+/* What every node prints last: the result, then who completed how many
+ * shards (the job's view; the records themselves when it has none). */
 static void
 summary(void)
 {
     struct job *j = R.job;
+    const struct status_view *v = j && j->loaded ? jobview_get(j) : NULL;
     struct strv names, failed;
     size_t done = 0, nfailed = 0;
+    struct buf b;
 
     strv_init(&names);
     strv_init(&failed);
-    if (j && j->loaded)
+    buf_init(&b);
+    if (v && v->valid) {
+        for (size_t i = 0; i < v->nnodes; i++)
+            if (v->nodes[i].done) {
+                strv_push(&names, v->nodes[i].name);
+                if (names.n <= 64)
+                    buf_printf(&b, " %s=%zu", v->nodes[i].name, v->nodes[i].done);
+            }
+    }
+    if (j && j->loaded && (R.code == EXIT_FAILED || !v || !v->valid)) {
+        strv_free(&names);
+        strv_init(&names);
         done_nodes(j, &names, &done, &nfailed, &failed);
+        if (!v || !v->valid) {
+            for (size_t i = 0; i < names.n && i < 64; i++)
+                buf_printf(&b, " %s", names.v[i]);
+        }
+    }
     if (R.code == EXIT_OK) {
         char *res = fs_join(j->job_dir, "state/esd/finalize.json");
         cJSON *o = NULL;
@@ -1331,8 +1352,8 @@ summary(void)
             json_get_int(o, "rows", &rows);
         cJSON_Delete(o);
         free(res);
-        line("PASS: %zu shards were completed by %zu node(s); merged %lld rows into %s", done,
-             names.n, rows, j->output);
+        line("PASS: %zu shards were completed by %zu node(s); merged %lld rows into %s",
+             j->m.nshards, names.n, rows, j->output);
     } else if (R.code == EXIT_FAILED) {
         line("FAILED: %s", R.reason ? R.reason : "the run failed");
         for (size_t i = 0; i < failed.n && i < 100; i++)
@@ -1342,15 +1363,9 @@ summary(void)
     } else {
         line("STOPPED (exit %d): %s", R.code, R.reason ? R.reason : "");
     }
-    if (names.n) {
-        struct buf b;
-
-        buf_init(&b);
-        for (size_t i = 0; i < names.n && i < 64; i++)
-            buf_printf(&b, " %s", names.v[i]);
+    if (names.n)
         line("Shard owners:%s%s", b.p ? b.p : "", names.n > 64 ? " ..." : "");
-        buf_free(&b);
-    }
+    buf_free(&b);
     strv_free(&names);
     strv_free(&failed);
 }
