@@ -99,7 +99,7 @@ static struct {
     struct elect fin;
     enum phase phase;
     double phase_at;  /* monotonic: the phase began, or (work) a shard was last done */
-    size_t last_done; /* (work) shards done then */
+    struct timespec done_mtime; /* (work) of state/done then */
     bool said_cap, said_deadline;
     bool stopping;
     int code;
@@ -1118,6 +1118,8 @@ on_complete(struct job *j)
 {
     if (j != R.job)
         return false;
+    /* (the job stays active here: no pass again before a poll) */
+    j->next_claim = time_mono() + (double)R.conf->poll_interval_secs;
     if (R.phase == P_WORK)
         end_begin(j);
     else if (R.phase == P_MERGING && R.fin.held)
@@ -1237,11 +1239,18 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         if (R.stopping)
             return;
     }
-    if (R.phase == P_WORK && j->loaded && (v = jobview_get(j)) && v->valid &&
-        v->counts[ST_DONE] != R.last_done) {
-        /* progress: the work's wait timeout counts from the last shard done */
-        R.last_done = v->counts[ST_DONE];
-        R.phase_at = time_mono();
+    if (R.phase == P_WORK) {
+        /* progress: the work's wait timeout counts from the last shard done
+         * anywhere (a new record changes state/done), loaded here or not */
+        char *done_dir = fs_join(j->job_dir, "state/done");
+        struct stat st;
+
+        if (stat(done_dir, &st) == 0 && (st.st_mtim.tv_sec != R.done_mtime.tv_sec ||
+                                         st.st_mtim.tv_nsec != R.done_mtime.tv_nsec)) {
+            R.done_mtime = st.st_mtim;
+            R.phase_at = time_mono();
+        }
+        free(done_dir);
     }
     if (R.deadline > 0 && wall_now() >= R.deadline) {
         finish(EXIT_INCOMPLETE, "the allocation's walltime is over; the job is not finished "
@@ -1933,7 +1942,9 @@ oneshot_main(int argc, char **argv)
     }
     contain_init(R.loop);
     if (setup_engine(&err) < 0) {
-        abort_run(EXIT_FAILED, err.msg);
+        /* this node's own trouble (its state directory, its socket, its
+         * flags): it takes no part; the other nodes go on */
+        say("this node cannot take part: %s", err.msg);
         fprintf(stderr, "esd run: %s\n", err.msg);
         return EXIT_FAILED;
     }
