@@ -76,7 +76,7 @@ enum phase { P_WORK, P_MERGING, P_WAITING };
 static struct {
     /* the command line */
     char *job_dir, *recipe, *dataset, *output, *run_id, *node, *state_dir, *esd_config;
-    char *processor, *dj_root, *ray_mode, *ray_address;
+    char *processor, *dj_root, *ray_mode, *ray_address, *ray_command;
     long long num_shards, nodes, slots, lease, max_retries, lock_timeout, attempt_timeout;
     struct strv allow, deny;
     bool strict, nodes_given;
@@ -509,7 +509,7 @@ resolve_run_id(struct esd_err *err)
 
         if (hl > il + 1 && !strcmp(R.host + hl - il, idx) && R.host[hl - il - 1] == '-') {
             R.run_id = xasprintf("%.*s", (int)(hl - il - 1), R.host);
-            R.run_id_from = "the Kubernetes job name (host name less -JOB_COMPLETION_INDEX)";
+            R.run_id_from = "the Kubernetes job name, from the host name";
             return 0;
         }
     }
@@ -919,6 +919,75 @@ prepare_phase(void)
     return EXIT_SIGTERM;
 }
 
+/* ---- the worker of a host, watched by the other ranks there ---- */
+
+#define WAIT_TAKEOVER (-1) /* wait_for_result: this host's worker died */
+
+static void
+boot_id(char out[64])
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+    if (!f || !fgets(out, 64, f))
+        snprintf(out, 64, "unknown");
+    out[strcspn(out, "\n")] = '\0';
+    if (f)
+        fclose(f);
+}
+
+static char *
+host_path(void)
+{
+    char name[96];
+
+    snprintf(name, sizeof(name), "hosts/%s.json", R.conf->node_name);
+    return coord_path(name);
+}
+
+/* hosts/<node>.json: this host's worker (pid, boot), for its waiters. */
+static void
+host_register(void)
+{
+    char *dir = coord_path("hosts"), *path = host_path(), boot[64];
+    cJSON *o = cJSON_CreateObject();
+    struct esd_err err;
+
+    boot_id(boot);
+    json_add_int(o, "pid", (long long)getpid());
+    json_add_str(o, "boot_id", boot);
+    json_add_int(o, "rank", R.rank);
+    json_add_str(o, "hostname", R.host);
+    if (fs_mkdir_p(dir, 0755, &err) < 0 || json_write_atomic(path, o, JSON_LINE, &err) < 0)
+        log_warning(NULL, "%s", err.msg);
+    cJSON_Delete(o);
+    free(dir);
+    free(path);
+}
+
+/* The pid of this host's worker if it is known to have died (0: alive,
+ * unknown, or another machine's). */
+static long long
+host_worker_dead(void)
+{
+    char *path = host_path(), boot[64];
+    cJSON *o = NULL;
+    long long pid = 0;
+    const char *b;
+
+    if (json_load_object(path, 4096, &o, NULL) == 0 && json_get_int(o, "pid", &pid) == 0 &&
+        (b = json_get_str(o, "boot_id"))) {
+        boot_id(boot);
+        if (strcmp(b, boot) || pid <= 0 || pid == (long long)getpid() ||
+            !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+            pid = 0;
+    } else {
+        pid = 0;
+    }
+    cJSON_Delete(o);
+    free(path);
+    return pid;
+}
+
 /* ---- a rank that does not work: it waits for the run's result ---- */
 
 static int
@@ -951,7 +1020,7 @@ static int
 wait_for_result(void)
 {
     double start = time_mono();
-    long long code;
+    long long code, dead;
     char *why = NULL;
     bool prepared = false;
 
@@ -982,6 +1051,28 @@ wait_for_result(void)
             say("the run ended with code %lld%s%s", code, why ? ": " : "", why ? why : "");
             free(why);
             return (int)code;
+        }
+        if (R.deadline > 0 && wall_now() >= R.deadline) {
+            say("the allocation's walltime (%s) is over before the end of the run",
+                R.deadline_from);
+            return EXIT_INCOMPLETE;
+        }
+        if ((dead = host_worker_dead()) > 0) {
+            /* the lowest local rank left works in its place: the first
+             * waiter to create this name */
+            char name[128], *gone;
+            struct esd_err err;
+            int r;
+
+            snprintf(name, sizeof(name), "hosts/%s.%lld.gone", R.conf->node_name, dead);
+            gone = coord_path(name);
+            r = fs_create_excl(gone, "", 0, 0644, NULL, &err);
+            free(gone);
+            if (r == 0) {
+                say("this host's worker (pid %lld) died before the end of the run: rank %lld "
+                    "works in its place", dead, R.rank);
+                return WAIT_TAKEOVER;
+            }
         }
         if (time_mono() - start > 2 * R.wait_timeout) {
             say("timed out after %.0f s waiting for the end of the run", 2 * R.wait_timeout);
@@ -1028,6 +1119,23 @@ done_nodes(struct job *j, struct strv *names, size_t *ret_done, size_t *ret_fail
 }
 
 static void finish(int code, const char *reason);
+
+/* "shard X failed: ERROR" of the first failed shard of j (as the daemon
+ * says it), or how many failed. */
+static char *
+failed_why(struct job *j)
+{
+    struct strv failed;
+    size_t done, nfailed;
+    char *why;
+
+    strv_init(&failed);
+    done_nodes(j, NULL, &done, &nfailed, &failed);
+    why = failed.n ? xasprintf("%zu shard(s) failed; shard %s", nfailed, failed.v[0])
+                   : xstrdup("a shard failed");
+    strv_free(&failed);
+    return why;
+}
 
 /* Publishes the abort of this run (the first stands) and ends with its code. */
 static void
@@ -1159,8 +1267,10 @@ may_claim(struct job *j)
         if (now + DEADLINE_SLACK >= R.deadline ||
             (est > 0 && now + est * DEADLINE_FACTOR + DEADLINE_SLACK > R.deadline)) {
             if (!R.said_deadline)
-                say("walltime: %.0f s are left before %s and a shard takes about %.0f s here: "
-                    "this node claims no more", R.deadline - now, R.deadline_from, est);
+                say("walltime: %.0f s are left before the end of the allocation (%s); a shard "
+                    "takes about %.0f s here, %.0f s with the margin (x%.2f + %.0f s): this node "
+                    "claims no more", R.deadline - now, R.deadline_from, est,
+                    est * DEADLINE_FACTOR + DEADLINE_SLACK, DEADLINE_FACTOR, DEADLINE_SLACK);
             R.said_deadline = true;
             return false;
         }
@@ -1228,14 +1338,18 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         end_begin(j);
         return;
     }
-    if (R.phase == P_WORK && j->loaded && (v = jobview_get(j)) && v->valid &&
-        !may_claim(j)) {
-        /* this node makes no claim passes (cap, walltime): the view says
-         * when the job ends */
-        if (v->counts[ST_DONE] == v->nshards)
+    if (R.phase == P_WORK && j->loaded && (v = jobview_get(j)) && v->valid) {
+        /* the view says when the job ends, whether this node makes claim
+         * passes (not when capped, past its walltime, or paused after
+         * failures) or not */
+        if (v->counts[ST_FAILED] && v->counts[ST_DONE] + v->counts[ST_FAILED] == v->nshards) {
+            char *fwhy = failed_why(j);
+
+            abort_run(EXIT_FAILED, fwhy);
+            free(fwhy);
+        } else if (v->counts[ST_DONE] == v->nshards && !may_claim(j)) {
             end_begin(j);
-        else if (v->counts[ST_FAILED] && v->counts[ST_DONE] + v->counts[ST_FAILED] == v->nshards)
-            abort_run(EXIT_FAILED, "a shard failed on another node");
+        }
         if (R.stopping)
             return;
     }
@@ -1321,36 +1435,68 @@ stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
     finish(EXIT_SIGTERM, "stopped by a signal before the job ended");
 }
 
+/* Up to this many shards the summary reads the records themselves; above,
+ * it counts from the job's view (one poll old at most). */
+#define SUMMARY_EXACT_SHARDS 20000
+
+/* " node=count ..." of the nodes that completed shards of j; their number. */
+static size_t
+owners(struct job *j, struct buf *out)
+{
+    const struct status_view *v = jobview_get(j);
+    struct job_status st;
+    struct esd_err err;
+    struct strv names;
+    size_t *counts = NULL, n = 0;
+
+    if (j->m.nshards > SUMMARY_EXACT_SHARDS && v && v->valid) {
+        for (size_t i = 0; i < v->nnodes; i++)
+            if (v->nodes[i].done && n++ < 64)
+                buf_printf(out, " %s=%zu", v->nodes[i].name, v->nodes[i].done);
+        return n;
+    }
+    if (status_compute(&j->m, 0, true, &st, &err) < 0)
+        return 0;
+    strv_init(&names);
+    counts = xcalloc(st.total + 1, sizeof(*counts));
+    for (size_t i = 0; i < st.total; i++) {
+        const struct shard_status *s = &st.shards[i];
+        const char *who = s->node ? s->node : s->owner ? s->owner : "?";
+        size_t k = 0;
+
+        if (s->state != ST_DONE)
+            continue;
+        while (k < names.n && strcmp(names.v[k], who))
+            k++;
+        if (k == names.n)
+            strv_push(&names, who);
+        counts[k]++;
+    }
+    for (size_t k = 0; k < names.n && k < 64; k++)
+        buf_printf(out, " %s=%zu", names.v[k], counts[k]);
+    n = names.n;
+    free(counts);
+    strv_free(&names);
+    status_free(&st);
+    return n;
+}
+
 /* What every node prints last: the result, then who completed how many
- * shards (the job's view; the records themselves when it has none). */
+ * shards. */
 static void
 summary(void)
 {
     struct job *j = R.job;
-    const struct status_view *v = j && j->loaded ? jobview_get(j) : NULL;
-    struct strv names, failed;
-    size_t done = 0, nfailed = 0;
+    struct strv failed;
+    size_t nodes = 0, done = 0, nfailed = 0;
     struct buf b;
 
-    strv_init(&names);
     strv_init(&failed);
     buf_init(&b);
-    if (v && v->valid) {
-        for (size_t i = 0; i < v->nnodes; i++)
-            if (v->nodes[i].done) {
-                strv_push(&names, v->nodes[i].name);
-                if (names.n <= 64)
-                    buf_printf(&b, " %s=%zu", v->nodes[i].name, v->nodes[i].done);
-            }
-    }
-    if (j && j->loaded && (R.code == EXIT_FAILED || !v || !v->valid)) {
-        strv_free(&names);
-        strv_init(&names);
-        done_nodes(j, &names, &done, &nfailed, &failed);
-        if (!v || !v->valid) {
-            for (size_t i = 0; i < names.n && i < 64; i++)
-                buf_printf(&b, " %s", names.v[i]);
-        }
+    if (j && j->loaded) {
+        nodes = owners(j, &b);
+        if (R.code == EXIT_FAILED)
+            done_nodes(j, NULL, &done, &nfailed, &failed);
     }
     if (R.code == EXIT_OK) {
         char *res = fs_join(j->job_dir, "state/esd/finalize.json");
@@ -1362,7 +1508,7 @@ summary(void)
         cJSON_Delete(o);
         free(res);
         line("PASS: %zu shards were completed by %zu node(s); merged %lld rows into %s",
-             j->m.nshards, names.n, rows, j->output);
+             j->m.nshards, nodes, rows, j->output);
     } else if (R.code == EXIT_FAILED) {
         line("FAILED: %s", R.reason ? R.reason : "the run failed");
         for (size_t i = 0; i < failed.n && i < 100; i++)
@@ -1372,10 +1518,9 @@ summary(void)
     } else {
         line("STOPPED (exit %d): %s", R.code, R.reason ? R.reason : "");
     }
-    if (names.n)
-        line("Shard owners:%s%s", b.p ? b.p : "", names.n > 64 ? " ..." : "");
+    if (nodes)
+        line("Shard owners:%s%s", b.p, nodes > 64 ? " ..." : "");
     buf_free(&b);
-    strv_free(&names);
     strv_free(&failed);
 }
 
@@ -1417,6 +1562,8 @@ usage(FILE *f)
             "  --processor CMD           Data-Juicer's process_data (default dj-process)\n"
             "  --ray-mode MODE           persistent (default), per-attempt or off\n"
             "  --ray-address local       the reference's: every attempt starts its own Ray\n"
+            "  --ray-command CMD         the ray command of the head (default: the ray next\n"
+            "                            to --processor, else ray on PATH)\n"
             "  --state-dir DIR           this node's state (default a private directory under\n"
             "                            $XDG_RUNTIME_DIR or /tmp)\n"
             "  --esd-config FILE         esd.yaml to read the other settings from\n"
@@ -1428,7 +1575,7 @@ enum {
     OPT_JOB_DIR = 256, OPT_CONFIG, OPT_DATASET, OPT_NUM_SHARDS, OPT_OUTPUT, OPT_RUN_ID,
     OPT_NODES, OPT_STRICT, OPT_WAIT, OPT_POLL, OPT_DEADLINE, OPT_NODE, OPT_SLOTS, OPT_LEASE,
     OPT_RETRIES, OPT_LOCK_TIMEOUT, OPT_ATTEMPT_TIMEOUT, OPT_PROCESSOR, OPT_DJ_ROOT, OPT_RAY_MODE,
-    OPT_RAY_ADDRESS, OPT_STATE_DIR, OPT_ESD_CONFIG, OPT_ALLOW, OPT_DENY, OPT_EXPLAIN, OPT_HELP,
+    OPT_RAY_ADDRESS, OPT_RAY_COMMAND, OPT_STATE_DIR, OPT_ESD_CONFIG, OPT_ALLOW, OPT_DENY, OPT_EXPLAIN, OPT_HELP,
 };
 
 static bool explain;
@@ -1521,6 +1668,7 @@ parse_args(int argc, char **argv)
         { "data-juicer-root", required_argument, NULL, OPT_DJ_ROOT },
         { "ray-mode", required_argument, NULL, OPT_RAY_MODE },
         { "ray-address", required_argument, NULL, OPT_RAY_ADDRESS },
+        { "ray-command", required_argument, NULL, OPT_RAY_COMMAND },
         { "state-dir", required_argument, NULL, OPT_STATE_DIR },
         { "esd-config", required_argument, NULL, OPT_ESD_CONFIG },
         { "allow-op", required_argument, NULL, OPT_ALLOW },
@@ -1535,6 +1683,7 @@ parse_args(int argc, char **argv)
         [OPT_RUN_ID - OPT_JOB_DIR] = &R.run_id,   [OPT_NODE - OPT_JOB_DIR] = &R.node,
         [OPT_PROCESSOR - OPT_JOB_DIR] = &R.processor, [OPT_DJ_ROOT - OPT_JOB_DIR] = &R.dj_root,
         [OPT_RAY_MODE - OPT_JOB_DIR] = &R.ray_mode, [OPT_RAY_ADDRESS - OPT_JOB_DIR] = &R.ray_address,
+        [OPT_RAY_COMMAND - OPT_JOB_DIR] = &R.ray_command,
         [OPT_STATE_DIR - OPT_JOB_DIR] = &R.state_dir, [OPT_ESD_CONFIG - OPT_JOB_DIR] = &R.esd_config,
         [OPT_HELP - OPT_JOB_DIR] = NULL,
     };
@@ -1656,6 +1805,30 @@ parse_args(int argc, char **argv)
 
 /* ---- settings: an optional esd.yaml, then the flags ---- */
 
+/* An executable path, or a name found on PATH. */
+static bool
+command_found(const char *cmd)
+{
+    const char *path = getenv("PATH");
+    bool found = false;
+
+    if (!cmd || !*cmd)
+        return false;
+    if (strchr(cmd, '/'))
+        return access(cmd, X_OK) == 0;
+    while (path && *path && !found) {
+        size_t n = strcspn(path, ":");
+        char *p = xasprintf("%.*s/%s", (int)n, n ? path : ".", cmd);
+
+        found = access(p, X_OK) == 0;
+        free(p);
+        path += n;
+        if (*path == ':')
+            path++;
+    }
+    return found;
+}
+
 /* A private directory of the caller's: made 0700, or refused when it is
  * not the caller's own (a name planted in /tmp by someone else). */
 static int
@@ -1713,6 +1886,22 @@ build_conf(struct esd_err *err)
     }
     if (R.ray_address)
         c->ray_mode = RAY_PER_ATTEMPT;
+    if (R.ray_command) {
+        free(c->ray_command);
+        c->ray_command = xstrdup(R.ray_command);
+    } else if (c->ray_command && !strcmp(c->ray_command, "ray") && c->processor.n &&
+               strchr(c->processor.v[0], '/')) {
+        /* the ray of the processor's virtual environment */
+        char *dir = fs_dirname(c->processor.v[0]), *ray = fs_join(dir, "ray");
+
+        if (access(ray, X_OK) == 0) {
+            free(c->ray_command);
+            c->ray_command = ray;
+            ray = NULL;
+        }
+        free(ray);
+        free(dir);
+    }
     if (R.ray_mode)
         c->ray_mode = !strcmp(R.ray_mode, "persistent")  ? RAY_PERSISTENT
                       : !strcmp(R.ray_mode, "per-attempt") ? RAY_PER_ATTEMPT
@@ -1762,6 +1951,13 @@ build_conf(struct esd_err *err)
     c->log_target = LOG_TARGET_STDERR;
     c->drain_timeout_secs = 0; /* a scheduler's SIGTERM: stop now, release the claims */
     c->run_mode = true;
+    if (c->ray_mode == RAY_PERSISTENT && !explain && !command_found(c->ray_command)) {
+        err_set(err, -ENOENT, "the Ray head's command '%s' %s: pass --ray-command PATH (or "
+                "ray.command in --esd-config), or --ray-address local to let every attempt "
+                "start its own Ray", c->ray_command,
+                strchr(c->ray_command, '/') ? "is not an executable" : "is not on PATH");
+        goto fail;
+    }
     return 0;
 fail:
     free(old_ray);
@@ -1902,14 +2098,17 @@ oneshot_main(int argc, char **argv)
     if (fs_mkdir_p(R.coord, 0755, &err) < 0)
         goto fatal;
     rank_register(worker);
-    if (!worker)
-        return wait_for_result();
+    if (!worker && (r = wait_for_result()) != WAIT_TAKEOVER)
+        return r;
+    host_register();
     say("job %s, run id %s (from %s), coordination_generation=%s, node %s (hostname %s), %s%s",
         R.job_dir, R.run_id, R.run_id_from, R.runkey, R.conf->node_name, R.host,
         R.strict ? "strict" : "elastic", R.launcher ? "" : "");
-    if (R.launcher)
-        say("launcher %s: rank %lld of %lld, local rank 0: this host's worker%s", R.launcher,
-            R.rank, R.world, R.nnodes ? "" : "");
+    if (R.launcher && !strcmp(R.launcher, "Kubernetes Indexed Job"))
+        say("launcher %s: completion index %lld: a worker", R.launcher, R.rank);
+    else if (R.launcher)
+        say("launcher %s: rank %lld of %lld, local rank %lld: this host's worker", R.launcher,
+            R.rank, R.world, R.local_rank);
     if (R.deadline > 0)
         say("walltime: the allocation ends in %.0f s (%s)", R.deadline - wall_now(),
             R.deadline_from);
@@ -1969,6 +2168,11 @@ oneshot_main(int argc, char **argv)
     summary();
     engine_fini();
     contain_fini();
+    /* a run that ended (merged or failed for good) needs its default state
+     * no more: the Ray head's session and token, the claims record */
+    if (!R.state_dir && (R.code == EXIT_OK || R.code == EXIT_FAILED) &&
+        fs_rm_rf(R.conf->state_dir) < 0)
+        log_warning(NULL, "cannot remove %s: %s", R.conf->state_dir, strerror(errno));
     return R.code;
 fatal:
     fprintf(stderr, "esd run: %s\n", err.msg);

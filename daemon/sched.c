@@ -406,7 +406,7 @@ ray_changed(void)
 {
     if (ray_ready())
         log_info(NULL, "claims resume: the Ray head is %s", ray_state_name());
-    else
+    else if (!S.draining) /* (stopping it is the drain's last step) */
         log_warning(NULL, "no new claims while the Ray head is %s", ray_state_name());
     sched_kick();
 }

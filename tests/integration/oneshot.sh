@@ -3,7 +3,8 @@
 # with the test stand-in mini-dj (tests/tools/mini-dj.c, not Data-Juicer)
 # and no Ray. Several processes with different node names act as the nodes.
 #   (a) four nodes, one run id: one prepare, one finalize, every node exits
-#       0, the merged output is the expected one (expect_merged).
+#       0, the merged output is the expected one (expect_merged); a second
+#       process of one node exits 2 without disturbing the run.
 #   (b) the prepare coordinator is killed (-9) mid-prepare: another node
 #       takes the election over after the lease and prepares; all exit 0.
 #   (c) the finalize coordinator is killed (-9) mid-merge: another takes it
@@ -17,7 +18,8 @@
 #   (f) SIGTERM to a node mid-attempt: it exits 143 at once, its claim is
 #       released and counted nowhere; the other nodes finish (exit 0).
 #   (g) launcher ranks: torchrun (4 ranks on one host: one works, three
-#       wait, all exit 0), OpenMPI (2 hosts of 2 ranks), Slurm (an array
+#       wait, all exit 0; a host's worker killed, a waiting rank works in
+#       its place), OpenMPI (2 hosts of 2 ranks), Slurm (an array
 #       task's run id), a Kubernetes Indexed Job (run id from its pod's
 #       host name), and no run id at all (refused).
 #   (h) a daemon works the same job at the same time: one merge, all 0.
@@ -101,6 +103,11 @@ for n in a1 a2 a3 a4; do
     # shellcheck disable=SC2046 # the words of prepare_flags
     start_node "$JOB" "$n" run-a MINI_DJ_SLEEP_MS=5 -- $(prepare_flags 16)
 done
+# a second process of node a1 (its state directory) takes no part and
+# leaves the run alone
+wait_for "(a) a1 works" 30 said a1 "working:"
+run "$ESD" run --job-dir "$JOB" --run-id run-a --node a1 --state-dir "$W/state.a1" "${RUN_FLAGS[@]}"
+check "(a) a second a1 cannot take part" 2 "this node cannot take part"
 reap a1 a2 a3 a4
 expect_codes 0 "(a) four nodes" a1 a2 a3 a4
 [ "$(lines_in "elected as prepare coordinator" a1 a2 a3 a4)" -eq 1 ] &&
@@ -237,6 +244,22 @@ done
 py 'sorted(set(json.load(open(f))["node"] for f in sys.argv[2:]))' "$JOB"/state/done/*.json \
     >"$W/g-nodes"
 [ "$(cat "$W/g-nodes")" = "['host-g']" ] || fail "(g) only rank 0 worked" "$(cat "$W/g-nodes")"
+# the worker of a host dies (-9, mid-prepare): a waiting rank of that host
+# works in its place
+JOB=$W/job-g2
+# shellcheck disable=SC2046
+start_node "$JOB" u0 "" WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 TORCHELASTIC_RUN_ID=torch-g2 \
+    ESD_TEST_PREPARE_DELAY_SECS=60 -- $(prepare_flags 4) --node host-u
+wait_for "(g) u0 is elected to prepare" 20 said u0 "elected as prepare coordinator"
+# shellcheck disable=SC2046
+start_node "$JOB" u1 "" WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 TORCHELASTIC_RUN_ID=torch-g2 \
+    -- $(prepare_flags 4) --node host-u
+wait_for "(g) u1 waits" 20 said u1 "waits: the lowest local rank"
+kill -KILL "${RPID[u0]}"
+reap u1
+expect_codes 0 "(g) a waiting rank takes over" u1
+said u1 "works in its place" && said u1 "elected as prepare coordinator" ||
+    fail "(g) u1 works in place of the dead u0" "$(cat "$W/u1.out")"
 # the explanation of each launcher's environment (no job is run)
 explain() { env "$@" "$ESD" run --job-dir "$W/job-x" --explain; }
 run explain OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_LOCAL_RANK=1 \
@@ -333,10 +356,13 @@ ok "(i) dlc_job.py's coordination files: its prepare is used, its dead lock take
 # ---- (j) walltime ----
 JOB=$W/job-j
 END=$(($(date +%s) + 14))
+SL=(SLURM_NTASKS=2 SLURM_JOB_END_TIME=$END)
 # shellcheck disable=SC2046
-start_node "$JOB" j1 run-j MINI_DJ_SLEEP_MS=60 SLURM_JOB_END_TIME=$END -- $(prepare_flags 8)
-reap j1
-expect_codes 1 "(j) the walltime ends the run" j1
+start_node "$JOB" j1 run-j MINI_DJ_SLEEP_MS=60 "${SL[@]}" SLURM_PROCID=0 SLURM_LOCALID=0 \
+    -- $(prepare_flags 8) --node host-j
+start_node "$JOB" j2 run-j "${SL[@]}" SLURM_PROCID=1 SLURM_LOCALID=1 -- --node host-j
+reap j1 j2
+expect_codes 1 "(j) the walltime ends the run, of the worker and of the waiting rank" j1 j2
 said j1 "walltime:" && said j1 "this node claims no more" || fail "(j) it says why it stops" \
     "$(cat "$W/j1.out")"
 [ "$(count "$JOB/state/failed")" -eq 0 ] && [ "$(count "$JOB/state/locks")" -eq 0 ] ||
