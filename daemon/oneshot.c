@@ -964,28 +964,32 @@ host_register(void)
     free(path);
 }
 
-/* The pid of this host's worker if it is known to have died (0: alive,
- * unknown, or another machine's). */
+/* The pid of this host's worker if this waiter saw it alive and it has
+ * died since (0 otherwise: alive, unknown, another machine's, or a worker
+ * of an earlier process never seen alive, whose file the new worker has
+ * not replaced yet). */
 static long long
 host_worker_dead(void)
 {
+    static long long seen_alive;
     char *path = host_path(), boot[64];
     cJSON *o = NULL;
-    long long pid = 0;
+    long long pid = 0, dead = 0;
     const char *b;
 
     if (json_load_object(path, 4096, &o, NULL) == 0 && json_get_int(o, "pid", &pid) == 0 &&
         (b = json_get_str(o, "boot_id"))) {
         boot_id(boot);
-        if (strcmp(b, boot) || pid <= 0 || pid == (long long)getpid() ||
-            !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
-            pid = 0;
-    } else {
-        pid = 0;
+        if (!strcmp(b, boot) && pid > 0 && pid != (long long)getpid()) {
+            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+                seen_alive = pid;
+            else if (pid == seen_alive)
+                dead = pid;
+        }
     }
     cJSON_Delete(o);
     free(path);
-    return pid;
+    return dead;
 }
 
 /* ---- a rank that does not work: it waits for the run's result ---- */
@@ -1024,6 +1028,7 @@ wait_for_result(void)
     char *why = NULL;
     bool prepared = false;
 
+    host_worker_dead(); /* (notes this host's worker as alive: before the line below) */
     say("rank %lld (local rank %lld) of %s waits: the lowest local rank of this host works",
         R.rank, R.local_rank, R.launcher);
     while (!stop_sig) {
