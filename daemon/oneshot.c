@@ -88,6 +88,7 @@ static struct {
     /* coordination */
     char runkey[21];
     char *coord;
+    char *state_base; /* the parent of the default state directory */
     char host[256];
     long long cap; /* strict: shards this node may complete; 0: none */
     /* the engine */
@@ -1851,6 +1852,21 @@ private_dir(const char *path, struct esd_err *err)
     return 0;
 }
 
+/* A worker's state directory (and its default parent), made private. */
+static int
+state_dirs(struct esd_err *err)
+{
+    char *sock_dir = fs_dirname(R.conf->socket_path);
+    int r = 0;
+
+    if ((R.state_base && private_dir(R.state_base, err) < 0) ||
+        private_dir(R.conf->state_dir, err) < 0 ||
+        (strcmp(sock_dir, R.conf->state_dir) && private_dir(sock_dir, err) < 0))
+        r = -1;
+    free(sock_dir);
+    return r;
+}
+
 static int
 build_conf(struct esd_err *err)
 {
@@ -1913,8 +1929,7 @@ build_conf(struct esd_err *err)
                                                            : RAY_OFF;
     free(c->state_dir);
     if (R.state_dir) {
-        if (fs_resolve_cli(R.state_dir, &c->state_dir, err) < 0 ||
-            (!explain && private_dir(c->state_dir, err) < 0))
+        if (fs_resolve_cli(R.state_dir, &c->state_dir, err) < 0)
             goto fail;
     } else {
         const char *rt = getenv("XDG_RUNTIME_DIR");
@@ -1928,11 +1943,7 @@ build_conf(struct esd_err *err)
                                       : xasprintf("/tmp/esd-run-%u", (unsigned)geteuid());
 
         c->state_dir = xasprintf("%s/%s.%.12s", base, c->node_name, R.runkey);
-        if (!explain && (private_dir(base, err) < 0 || private_dir(c->state_dir, err) < 0)) {
-            free(base);
-            goto fail;
-        }
-        free(base);
+        R.state_base = base;
     }
     if (c->ray_temp_dir && !strcmp(c->ray_temp_dir, old_ray)) {
         free(c->ray_temp_dir);
@@ -2105,10 +2116,12 @@ oneshot_main(int argc, char **argv)
     rank_register(worker);
     if (!worker && (r = wait_for_result()) != WAIT_TAKEOVER)
         return r;
+    if (state_dirs(&err) < 0)
+        goto fatal;
     host_register();
-    say("job %s, run id %s (from %s), coordination_generation=%s, node %s (hostname %s), %s%s",
+    say("job %s, run id %s (from %s), coordination_generation=%s, node %s (hostname %s), %s",
         R.job_dir, R.run_id, R.run_id_from, R.runkey, R.conf->node_name, R.host,
-        R.strict ? "strict" : "elastic", R.launcher ? "" : "");
+        R.strict ? "strict" : "elastic");
     if (R.launcher && !strcmp(R.launcher, "Kubernetes Indexed Job"))
         say("launcher %s: completion index %lld: a worker", R.launcher, R.rank);
     else if (R.launcher)
