@@ -30,6 +30,8 @@
 #   (j) walltime (SLURM_JOB_END_TIME): no claim that cannot end in time;
 #       the node exits 1 at the deadline with nothing failed or locked.
 #   (k) a FIFO, a symbolic link as results: exit 2 at once, naming them.
+#   (l) the persistent head (fake-ray, not Ray) runs the ray next to
+#       --processor; without any ray, esd run refuses to start.
 set -euo pipefail
 export LC_ALL=C
 
@@ -391,5 +393,30 @@ reap k2
 expect_codes 2 "(k) a symbolic link as abort.json" k2
 said k2 "abort.json: a symbolic link, not followed" || fail "(k) it says so" "$(cat "$W/k2.out")"
 ok "(k) hostile coordination files: refused at once, named, nothing followed or waited on"
+
+# ---- (l) the persistent head's ray: the one next to --processor ----
+# (a virtual environment of stand-ins: fake-ray, not Ray, and mini-dj)
+mkdir -p "$W/venv/bin"
+printf '#!/bin/sh\nexec python3 "%s" "$@"\n' "$FAKE_RAY" >"$W/venv/bin/ray"
+printf '#!/bin/sh\nexec python3 "%s" python "$@"\n' "$FAKE_RAY" >"$W/venv/bin/python3"
+cp "$MINI" "$W/venv/bin/mini-dj"
+chmod 755 "$W/venv/bin/ray" "$W/venv/bin/python3"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+printf 'attempt_env: [LANG, "MINI_DJ_*"]\nray:\n  port: %s\n' "$PORT" >"$W/run-l.yaml"
+JOB=$W/job-l
+# shellcheck disable=SC2046
+run env PATH=/usr/bin:/bin "$ESD" run --job-dir "$JOB" --run-id run-l --node l1 \
+    --state-dir "$W/state.l1" --processor "$W/venv/bin/mini-dj" --lease-secs 3 \
+    --poll-interval-secs 0.3 --esd-config "$W/run-l.yaml" $(prepare_flags 4)
+check "(l) the head of the processor's ray" 0 "ray persistent head"
+# (no ray on that PATH: the head that came up is the stand-in's)
+[[ $ERR == *"ray head up on 127.0.0.1:$PORT"* && $ERR == *"connected to Ray at 127.0.0.1:$PORT"* ]] &&
+    [ -e "$W/state.l1/ray/session_latest" ] ||
+    fail "(l) the head of $W/venv/bin/ray ran on port $PORT and the attempts used it" "$ERR"
+# shellcheck disable=SC2046
+run env PATH=/usr/bin:/bin "$ESD" run --job-dir "$W/job-l2" --run-id run-l2 --node l2 \
+    --state-dir "$W/state.l2" --processor "$MINI" $(prepare_flags 4)
+check "(l) no ray for a persistent head: refused at start" 2 "" "is not on PATH: pass --ray-command"
+[ ! -e "$W/job-l2" ] || fail "(l) nothing prepared without a head"
 
 summary
