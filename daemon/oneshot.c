@@ -850,6 +850,7 @@ prepare_phase(void)
     double start = time_mono(), poll = R.poll;
     long long code;
     cJSON *o = NULL;
+    bool said = false;
     int r;
 
     elect_init(&e, "prepare");
@@ -878,6 +879,10 @@ prepare_phase(void)
                 free(e.path);
                 return EXIT_OK;
             }
+            if (!said)
+                say("%s is not prepared and this node has no --config: waiting for the node "
+                    "that prepares it (at most %.0f s)", R.job_dir, R.wait_timeout);
+            said = true;
         } else if ((r = elect_try(&e)) == 1) {
             char *why = NULL;
 
