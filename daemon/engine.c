@@ -17,6 +17,7 @@
 #include "warm.h"
 
 static struct ev_loop *loop_;
+static const struct esd_conf *conf_;
 
 /* The daemon's status: the scheduler's, with the Ray head's details. */
 static cJSON *
@@ -33,6 +34,7 @@ engine_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
             struct esd_err *err)
 {
     loop_ = loop;
+    conf_ = c;
     if (ctl_init(loop, c, activated_fd, err) < 0 || jobs_init(loop, c, err) < 0 ||
         ray_init(loop, c, err) < 0)
         return -1;
@@ -50,6 +52,7 @@ engine_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
 void
 engine_reconfigure(const struct esd_conf *c)
 {
+    conf_ = c;
     /* every module moves to the new struct (comparing with the old one
      * first where it must), then the caller frees the old one */
     ray_reconfigure(c);
@@ -73,7 +76,8 @@ ray_stopped(void)
 static void
 drained(void)
 {
-    log_notice(NULL, "drained: nothing runs any more; stopping the Ray head");
+    log_notice(NULL, "drained: nothing runs any more%s",
+               conf_->ray_mode == RAY_PERSISTENT ? "; stopping the Ray head" : "");
     ray_stop(ray_stopped);
 }
 

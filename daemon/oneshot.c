@@ -19,6 +19,7 @@
  */
 #include "oneshot.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -101,6 +102,8 @@ static struct {
     enum phase phase;
     double phase_at;  /* monotonic: the phase began, or (work) a shard was last done */
     struct timespec done_mtime; /* (work) of state/done then */
+    struct timespec done_seen, failed_seen; /* of state/done, state/failed, last looked at */
+    size_t nfailed;   /* failed records at the last count */
     bool said_cap, said_deadline;
     bool stopping;
     int code;
@@ -510,7 +513,7 @@ resolve_run_id(struct esd_err *err)
 
         if (hl > il + 1 && !strcmp(R.host + hl - il, idx) && R.host[hl - il - 1] == '-') {
             R.run_id = xasprintf("%.*s", (int)(hl - il - 1), R.host);
-            R.run_id_from = "the Kubernetes job name, from the host name";
+            R.run_id_from = "the Kubernetes job name in the pod's host name";
             return 0;
         }
     }
@@ -1096,6 +1099,41 @@ wait_for_result(void)
 
 /* ---- the work: the daemon's engine on this one job ---- */
 
+/* Whether the mtime of <job_dir>/sub differs from *seen (updated). */
+static bool
+dir_changed(const char *job_dir, const char *sub, struct timespec *seen)
+{
+    char *path = fs_join(job_dir, sub);
+    struct stat st;
+    bool changed = false;
+
+    if (stat(path, &st) == 0 &&
+        (st.st_mtim.tv_sec != seen->tv_sec || st.st_mtim.tv_nsec != seen->tv_nsec)) {
+        *seen = st.st_mtim;
+        changed = true;
+    }
+    free(path);
+    return changed;
+}
+
+/* The records in <job_dir>/sub (names *.json not starting with a dot). */
+static size_t
+count_records(const char *job_dir, const char *sub)
+{
+    char *path = fs_join(job_dir, sub);
+    DIR *d = opendir(path);
+    struct dirent *de;
+    size_t n = 0;
+
+    while (d && (de = readdir(d)))
+        if (de->d_name[0] != '.' && json_name(de->d_name))
+            n++;
+    if (d)
+        closedir(d);
+    free(path);
+    return n;
+}
+
 /* The names of the nodes that completed shards of j (esd's node name,
  * else the reference's host name): how many, and a list for messages. */
 static size_t
@@ -1310,7 +1348,6 @@ static void
 tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct job *j = R.job;
-    const struct status_view *v;
     long long code;
     char *why = NULL;
 
@@ -1349,17 +1386,28 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         end_begin(j);
         return;
     }
-    if (R.phase == P_WORK && j->loaded && (v = jobview_get(j)) && v->valid) {
-        /* the view says when the job ends, whether this node makes claim
-         * passes (not when capped, past its walltime, or paused after
-         * failures) or not */
-        if (v->counts[ST_FAILED] && v->counts[ST_DONE] + v->counts[ST_FAILED] == v->nshards) {
-            char *fwhy = failed_why(j);
+    if (R.phase == P_WORK && j->loaded) {
+        /* The end of the job, also while this node makes no claim passes
+         * that would see it (capped, past its walltime, paused after
+         * failures): the records are counted when a failed one appeared,
+         * and when a done one did while some failed or this node makes
+         * no passes. */
+        bool passes = may_claim(j) && j->paused_until <= time_mono();
+        bool failed_new = dir_changed(j->job_dir, "state/failed", &R.failed_seen);
+        bool done_new = dir_changed(j->job_dir, "state/done", &R.done_seen);
 
-            abort_run(EXIT_FAILED, fwhy);
-            free(fwhy);
-        } else if (v->counts[ST_DONE] == v->nshards && !may_claim(j)) {
-            end_begin(j);
+        if (failed_new || (done_new && (R.nfailed || !passes))) {
+            size_t nd = count_records(j->job_dir, "state/done");
+
+            R.nfailed = count_records(j->job_dir, "state/failed");
+            if (R.nfailed && nd + R.nfailed >= j->m.nshards) {
+                char *fwhy = failed_why(j);
+
+                abort_run(EXIT_FAILED, fwhy);
+                free(fwhy);
+            } else if (nd >= j->m.nshards && !passes) {
+                end_begin(j);
+            }
         }
         if (R.stopping)
             return;
@@ -1483,6 +1531,17 @@ owners(struct job *j, struct buf *out)
             strv_push(&names, who);
         counts[k]++;
     }
+    /* by name: the same line on every node */
+    for (size_t a = 1; a < names.n; a++)
+        for (size_t b = a; b > 0 && strcmp(names.v[b - 1], names.v[b]) > 0; b--) {
+            char *t = names.v[b - 1];
+            size_t c = counts[b - 1];
+
+            names.v[b - 1] = names.v[b];
+            names.v[b] = t;
+            counts[b - 1] = counts[b];
+            counts[b] = c;
+        }
     for (size_t k = 0; k < names.n && k < 64; k++)
         buf_printf(out, " %s=%zu", names.v[k], counts[k]);
     n = names.n;
@@ -2191,10 +2250,10 @@ oneshot_main(int argc, char **argv)
     summary();
     engine_fini();
     contain_fini();
-    /* a run that ended (merged or failed for good) needs its default state
-     * no more: the Ray head's session and token, the claims record */
-    if (!R.state_dir && (R.code == EXIT_OK || R.code == EXIT_FAILED) &&
-        fs_rm_rf(R.conf->state_dir) < 0)
+    /* the default state is this run's alone, and its claims are released:
+     * the Ray head's session and token, the registry (a run again under a
+     * new run id has another directory) */
+    if (!R.state_dir && fs_rm_rf(R.conf->state_dir) < 0)
         log_warning(NULL, "cannot remove %s: %s", R.conf->state_dir, strerror(errno));
     return R.code;
 fatal:

@@ -277,7 +277,7 @@ check "(g) Slurm: an array task's run id, rank 0 works" 0 \
 if [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null; then
     run unshare -u sh -c 'hostname clean-job-7 && exec env JOB_COMPLETION_INDEX=7 "$0" run --job-dir "$1" --explain' "$ESD" "$W/job-x"
     check "(g) Kubernetes Indexed Job: the job name from the pod's host name" 0 \
-        $'run_id: clean-job\nrun_id_from: the Kubernetes job name'
+        $'run_id: clean-job\nrun_id_from: the Kubernetes job name in the pod'"'"'s host name'
 fi
 run env -u JOB_COMPLETION_INDEX "$ESD" run --job-dir "$W/job-x" --explain
 check "(g) no run id: refused" 2 "" "no run id: pass --run-id"
