@@ -891,10 +891,29 @@ prepare_phase(void)
 
             say("hostname=%s node=%s elected as prepare coordinator", R.host, R.conf->node_name);
             code = prepare_run_here(&e, &why);
+            if (code != 0 && !stop_sig && stat(manifest, &st) == 0) {
+                /* a coordinator this node took over from (frozen past its
+                 * lease) published the job while this one prepared: this
+                 * prepare lost the rename; prepared again, it is a check */
+                say("prepare: %s appeared meanwhile (%s): preparing again, which checks it",
+                    R.job_dir, why ? why : "?");
+                free(why);
+                why = NULL;
+                code = prepare_run_here(&e, &why);
+            }
             if (stop_sig) {
                 elect_release(&e);
                 free(why);
                 break;
+            }
+            if (!e.held || elect_beat(&e) == -ESTALE) {
+                /* frozen past its lease, taken over: the new coordinator's
+                 * result is the run's, not this one */
+                say("this node's prepare election was taken over while it prepared: waiting "
+                    "for the result of the node that took it");
+                free(why);
+                nap(poll);
+                continue;
             }
             code = result_publish("prepare-result.json", "prepare", code, why, "error");
             if (code != 0)

@@ -146,6 +146,26 @@ expect_codes 0 "(b) after the preparer's death" b2 b3
 C=$(coord_of "$JOB" run-b)
 compgen -G "$C/prepare.lock.stale.*" >/dev/null || fail "(b) the dead lock is moved aside"
 ok "(b) the prepare coordinator killed mid-prepare: taken over after its lease, all exit 0"
+# frozen instead (SIGSTOP past its lease, with its prepare), then thawed
+# once the node that took over has finished: it publishes nothing of its
+# own and exits with the run's code
+JOB=$W/job-b2
+# shellcheck disable=SC2046
+start_node "$JOB" b4 run-b2 ESD_TEST_PREPARE_DELAY_SECS=6 -- $(prepare_flags 4)
+wait_for "(b) b4 is elected to prepare" 20 said b4 "elected as prepare coordinator"
+mapfile -t FROZEN < <(echo "${RPID[b4]}"; pgrep -P "${RPID[b4]}" || true)
+kill -STOP "${FROZEN[@]}"
+# shellcheck disable=SC2046
+start_node "$JOB" b5 run-b2 -- $(prepare_flags 4)
+reap b5
+kill -CONT "${FROZEN[@]}"
+reap b4
+expect_codes 0 "(b) a frozen preparer, thawed" b4 b5
+said b4 "was taken over while it prepared" || fail "(b) b4 knows it lost the election" \
+    "$(cat "$W/b4.out")"
+[ "$(py 'j["node"]' "$(coord_of "$JOB" run-b2)/prepare-result.json")" = b5 ] ||
+    fail "(b) the result is the node's that took over"
+ok "(b) a preparer frozen past its lease: taken over; thawed, it takes the run's result"
 
 # ---- (c) the finalize coordinator dies mid-merge ----
 JOB=$W/job-c
@@ -358,7 +378,7 @@ ok "(i) dlc_job.py's coordination files: its prepare is used, its dead lock take
 # ---- (j) walltime ----
 JOB=$W/job-j
 END=$(($(date +%s) + 14))
-SL=(SLURM_NTASKS=2 SLURM_JOB_END_TIME=$END)
+SL=(SLURM_NTASKS=2 "SLURM_JOB_END_TIME=$END")
 # shellcheck disable=SC2046
 start_node "$JOB" j1 run-j MINI_DJ_SLEEP_MS=60 "${SL[@]}" SLURM_PROCID=0 SLURM_LOCALID=0 \
     -- $(prepare_flags 8) --node host-j
