@@ -494,8 +494,11 @@ resolve_run_id(struct esd_err *err)
     if ((v = env_nonempty("SLURM_JOB_ID"))) {
         const char *a = env_nonempty("SLURM_ARRAY_JOB_ID"), *t = env_nonempty("SLURM_ARRAY_TASK_ID");
 
-        R.run_id = a && t ? xasprintf("%s_%s", a, t) : strip_dup(v);
-        R.run_id_from = a && t ? "SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID" : "SLURM_JOB_ID";
+        /* an array task: its array's id and its task id (as Slurm shows it) */
+        R.run_id = t ? xasprintf("%s_%s", a ? a : v, t) : strip_dup(v);
+        R.run_id_from = t ? (a ? "SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID"
+                               : "SLURM_JOB_ID_SLURM_ARRAY_TASK_ID")
+                          : "SLURM_JOB_ID";
         return 0;
     }
     if ((v = env_nonempty("TORCHELASTIC_RUN_ID"))) {
