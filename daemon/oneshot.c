@@ -891,10 +891,11 @@ prepare_phase(void)
             said = true;
         } else if ((r = elect_try(&e)) == 1) {
             char *why = NULL;
+            bool existed = stat(manifest, &st) == 0;
 
             say("hostname=%s node=%s elected as prepare coordinator", R.host, R.conf->node_name);
             code = prepare_run_here(&e, &why);
-            if (code != 0 && !stop_sig && stat(manifest, &st) == 0) {
+            if (code != 0 && !stop_sig && !existed && stat(manifest, &st) == 0) {
                 /* a coordinator this node took over from (frozen past its
                  * lease) published the job while this one prepared: this
                  * prepare lost the rename; prepared again, it is a check */
