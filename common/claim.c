@@ -351,6 +351,54 @@ claim_unfence(int fd)
     }
 }
 
+int
+claim_lock_renew(const char *path, const char *token, struct esd_err *err)
+{
+    int fd = claim_fence(path, token, true, err);
+
+    if (fd < 0)
+        return fd;
+    fs_touch_fd(fd);
+    claim_unfence(fd);
+    return 0;
+}
+
+void
+claim_lock_release(const char *path, const char *token)
+{
+    struct esd_err err;
+    int fd = claim_fence(path, token, true, &err);
+
+    if (fd >= 0) {
+        unlink(path);
+        claim_unfence(fd);
+    }
+}
+
+int
+claim_lock_move_stale(const char *path, double now, double lease, double *ret_age)
+{
+    struct esd_err err;
+    struct stat st;
+    char hex[33], *aside;
+    double age;
+    int fd, r = 0;
+
+    if ((fd = claim_fence(path, NULL, true, &err)) < 0)
+        return 0;
+    if (fstat(fd, &st) == 0 &&
+        (age = now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9)) > lease) {
+        rand_hex32(hex);
+        aside = xasprintf("%s.stale.%s", path, hex);
+        r = rename(path, aside) == 0 ? 1 : 2;
+        if (ret_age)
+            *ret_age = age;
+        free(aside);
+    }
+    claim_unfence(fd);
+    return r;
+}
+
 enum judged { J_FRESH, J_GONE, J_BUSY };
 
 /*

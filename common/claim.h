@@ -247,4 +247,20 @@ int claim_fence(const char *path, const char *token, bool nb, struct esd_err *er
 int claim_fence_own(const struct claim *cl, struct esd_err *err);
 void claim_unfence(int fd);
 
+/*
+ * Election locks (the merge's state/esd/finalize.lock, esd run's
+ * coordination locks): O_EXCL files holding a token, renewed by their
+ * holder through their mtime, moved aside once stale. claim_lock_renew
+ * refreshes the mtime if path still holds token: 0, -ESTALE (taken over
+ * or removed; err says how), -EWOULDBLOCK (being judged now) or another
+ * negative errno. claim_lock_release removes it if it still holds token.
+ * claim_lock_move_stale moves it to <path>.stale.<hex> if, judged again
+ * under the fence on the very file moved, its age at the server time now
+ * exceeds lease: 1 moved, 2 stale but the rename failed (*ret_age, if not
+ * NULL, its age, in both), 0 not stale (fresh, busy, or gone).
+ */
+int claim_lock_renew(const char *path, const char *token, struct esd_err *err);
+void claim_lock_release(const char *path, const char *token);
+int claim_lock_move_stale(const char *path, double now, double lease, double *ret_age);
+
 #endif

@@ -73,15 +73,6 @@ name_ok(const char *s)
     return n > 0 && n <= 64 && !s[n] && s[0] != '.';
 }
 
-static double
-realtime(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void
 pause_poll(double secs)
 {
@@ -678,13 +669,13 @@ phase_clock(struct fsc *f)
     int fd, r = 0;
 
     snprintf(name, sizeof(name), "clock.%s", f->me);
-    t1 = realtime();
+    t1 = time_wall();
     fd = openat(f->run_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return err_sys(f->err, -errno, "cannot create %s/%s/%s", f->o->dir, f->run, name);
     if (write(fd, "x", 1) != 1 || fsync(fd) < 0 || fstat(fd, &st) < 0)
         r = err_sys(f->err, -errno, "cannot write %s/%s/%s", f->o->dir, f->run, name);
-    t2 = realtime();
+    t2 = time_wall();
     close(fd);
     if (r < 0)
         return r;

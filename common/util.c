@@ -360,6 +360,15 @@ time_iso_now(char out[40], double *ret_epoch)
 }
 
 double
+time_wall(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+double
 time_mono(void)
 {
     struct timespec ts;

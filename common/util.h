@@ -98,6 +98,8 @@ void time_iso_now(char out[40], double *ret_epoch);
 void time_iso_format(const struct timespec *ts, char out[40]);
 /* Seconds on CLOCK_MONOTONIC. */
 double time_mono(void);
+/* The wall clock, in seconds since the epoch. */
+double time_wall(void);
 
 /* 32 lower-case hex characters from getrandom(), like uuid4().hex. */
 void rand_hex32(char out[33]);

@@ -298,13 +298,7 @@ fin_merge_child(struct fin *f, int fd)
 static void
 fin_release(struct fin *f)
 {
-    struct esd_err err;
-    int fd = claim_fence(f->lock, f->token, true, &err);
-
-    if (fd >= 0) {
-        unlink(f->lock);
-        claim_unfence(fd);
-    }
+    claim_lock_release(f->lock, f->token);
 }
 
 /* The merge is over (the child exited and its record was read): applied
@@ -421,14 +415,11 @@ fin_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
     struct fin *f = w->data;
     struct fsid prev = jobs_fs_owner(f->job);
     struct esd_err err;
-    int fd = claim_fence(f->lock, f->token, true, &err);
+    int r = claim_lock_renew(f->lock, f->token, &err);
 
     (void)loop;
     (void)revents;
-    if (fd >= 0) {
-        fs_touch_fd(fd);
-        claim_unfence(fd);
-    } else if (fd == -ESTALE && f->pid > 0) {
+    if (r == -ESTALE && f->pid > 0) {
         /* taken over (this node was frozen past its lease): the merge
          * cannot publish any more; stop it */
         log_warning(&f->ctx, "this node lost the finalize election (%s): stopping the merge",
@@ -462,24 +453,12 @@ fin_poll(struct fin *f)
         /* Under the fence, as a shard's stale lock is taken over: a merging
          * node that still holds it is deciding; the age is judged again on
          * the very file that is moved aside. */
-        int fd = claim_fence(f->lock, NULL, true, &err);
-        char hex[33], *aside;
-        struct stat fst;
+        int r = claim_lock_move_stale(f->lock, now, (double)F.conf->lease_secs * 2, NULL);
 
-        if (fd < 0)
+        if (!r)
             return;
-        if (fstat(fd, &fst) < 0 || now - ((double)fst.st_mtim.tv_sec +
-                                          (double)fst.st_mtim.tv_nsec / 1e9) <=
-                                       (double)F.conf->lease_secs * 2) {
-            claim_unfence(fd);
-            return;
-        }
-        rand_hex32(hex);
-        aside = xasprintf("%s.stale.%s", f->lock, hex);
-        if (rename(f->lock, aside) == 0)
+        if (r == 1)
             log_warning(&f->ctx, "the merging node stopped renewing %s: electing again", f->lock);
-        free(aside);
-        claim_unfence(fd);
         fin_elect(f);
     }
 }

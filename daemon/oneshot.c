@@ -171,15 +171,6 @@ coord_path(const char *name)
 }
 
 static double
-wall_now(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double
 mtime_of(const struct stat *st)
 {
     return (double)st->st_mtim.tv_sec + (double)st->st_mtim.tv_nsec / 1e9;
@@ -354,19 +345,13 @@ static int
 elect_beat(struct elect *e)
 {
     struct esd_err err;
-    int fd;
 
     if (!e->held)
         return 0;
-    fd = claim_fence(e->path, e->token, true, &err);
-    if (fd == -ESTALE) {
+    if (claim_lock_renew(e->path, e->token, &err) == -ESTALE) {
         log_warning(NULL, "the %s election was taken over: %s", e->phase, err.msg);
         e->held = false;
         return -ESTALE;
-    }
-    if (fd >= 0) {
-        fs_touch_fd(fd);
-        claim_unfence(fd);
     }
     return 0;
 }
@@ -374,16 +359,9 @@ elect_beat(struct elect *e)
 static void
 elect_release(struct elect *e)
 {
-    struct esd_err err;
-    int fd;
-
     if (!e->held)
         return;
-    fd = claim_fence(e->path, e->token, true, &err);
-    if (fd >= 0) {
-        unlink(e->path);
-        claim_unfence(fd);
-    }
+    claim_lock_release(e->path, e->token);
     e->held = false;
 }
 
@@ -414,32 +392,23 @@ static int
 elect_judge(struct elect *e)
 {
     struct esd_err err;
-    struct stat st, fst;
-    char who[256], hex[33], *aside;
-    double now = 0, lease;
-    int fd;
+    struct stat st;
+    char who[256];
+    double now = 0, lease, age = 0;
+    int r;
 
     if (lstat(e->path, &st) < 0)
         return errno == ENOENT;
     lease = holder_lease(e->path, who, sizeof(who));
     if (server_now(&now, &err) < 0 || now - mtime_of(&st) <= lease)
         return 0;
-    /* under the fence, judged again on the very file moved aside */
-    if ((fd = claim_fence(e->path, NULL, true, &err)) < 0)
+    if (!(r = claim_lock_move_stale(e->path, now, lease, &age)))
         return 0;
-    if (fstat(fd, &fst) < 0 || now - mtime_of(&fst) <= lease) {
-        claim_unfence(fd);
-        return 0;
-    }
-    rand_hex32(hex);
-    aside = xasprintf("%s.stale.%s", e->path, hex);
-    if (rename(e->path, aside) == 0) {
+    if (r == 1) {
         log_warning(NULL, "%s: %s stopped renewing it %.0f s ago (lease %.0f s): taking the %s "
-                    "over", e->path, who, now - mtime_of(&fst), lease, e->phase);
+                    "over", e->path, who, age, lease, e->phase);
         say("the %s coordinator, %s, stopped renewing %s: taking over", e->phase, who, e->path);
     }
-    free(aside);
-    claim_unfence(fd);
     return 1;
 }
 
@@ -1089,7 +1058,7 @@ wait_for_result(void)
             free(why);
             return (int)code;
         }
-        if (R.deadline > 0 && wall_now() >= R.deadline) {
+        if (R.deadline > 0 && time_wall() >= R.deadline) {
             say("the allocation's walltime (%s) is over before the end of the run",
                 R.deadline_from);
             return EXIT_INCOMPLETE;
@@ -1334,7 +1303,7 @@ may_claim(struct job *j)
         return false;
     }
     if (R.deadline > 0) {
-        double est = shard_estimate(j), now = wall_now();
+        double est = shard_estimate(j), now = time_wall();
 
         if (now + DEADLINE_SLACK >= R.deadline ||
             (est > 0 && now + est * DEADLINE_FACTOR + DEADLINE_SLACK > R.deadline)) {
@@ -1448,7 +1417,7 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         }
         free(done_dir);
     }
-    if (R.deadline > 0 && wall_now() >= R.deadline) {
+    if (R.deadline > 0 && time_wall() >= R.deadline) {
         finish(EXIT_INCOMPLETE, "the allocation's walltime is over; the job is not finished "
                                 "(submit it again: what is done is kept)");
         return;
@@ -2215,7 +2184,7 @@ oneshot_main(int argc, char **argv)
         say("launcher %s: rank %lld of %lld, local rank %lld: this host's worker", R.launcher,
             R.rank, R.world, R.local_rank);
     if (R.deadline > 0)
-        say("walltime: the allocation ends in %.0f s (%s)", R.deadline - wall_now(),
+        say("walltime: the allocation ends in %.0f s (%s)", R.deadline - time_wall(),
             R.deadline_from);
     if (R.num_shards > 0 && strict_setup(R.num_shards, &err) < 0)
         goto fatal;
