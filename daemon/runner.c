@@ -74,6 +74,7 @@ struct run {
     int go_w; /* while pending: the fork waits for a byte on it */
     bool gated;  /* claimed ahead: waits for a slot (gate_w) */
     int gate_w;
+    bool exec_gated; /* claimed ahead, the warm fork failed: exec'd once a slot is free */
     double ran_at;   /* when its processor was let run (monotonic) */
     double ended_at; /* when it ended (monotonic; 0: not yet) */
     ev_io rep_w;
@@ -101,6 +102,7 @@ static struct {
 } R;
 
 static void run_finish(struct run *r);
+static void run_exec(struct run *r);
 
 void
 runner_init(struct ev_loop *loop, const struct esd_conf *c)
@@ -190,6 +192,14 @@ run_open_gates(void)
             return;
         oldest->gated = false;
         oldest->ran_at = time_mono();
+        if (oldest->exec_gated) {
+            /* (run_exec may end it at once: a start that failed) */
+            oldest->exec_gated = false;
+            log_debug(&oldest->ctx, "a slot is free: the attempt claimed ahead starts");
+            run_exec(oldest);
+            busy = runner_busy();
+            continue;
+        }
         if (oldest->gate_w >= 0) {
             if (write(oldest->gate_w, "r", 1) != 1)
                 log_warning(&oldest->ctx, "cannot let the attempt run: %s", strerror(errno));
@@ -252,6 +262,13 @@ run_free(struct run *r)
 static void
 run_kill(struct run *r)
 {
+    if (r->exec_gated && !r->exited) {
+        /* never started: nothing to kill, the attempt just ends */
+        r->exec_gated = false;
+        r->exited = r->out_eof = true;
+        run_finish(r);
+        return;
+    }
     if (!r->running || r->exited || r->killing)
         return;
     r->killing = true;
@@ -595,11 +612,6 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
             close(r->gate_w);
             r->gate_w = -1;
         }
-        if (r->gated) {
-            /* (exec'd, it runs at once: no slot waits for it) */
-            r->gated = false;
-            r->ran_at = time_mono();
-        }
         close(r->child.out_fd);
         close(r->child.report_fd);
         r->child.out_fd = r->child.report_fd = -1;
@@ -607,6 +619,15 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
         if (r->stopped || r->lease_lost) {
             r->exited = r->out_eof = true;
             run_finish(r);
+            return;
+        }
+        if (r->gated) {
+            /* claimed ahead: exec'd, it would run at once; it waits for
+             * its slot like the others */
+            log_notice(&r->ctx, "%s: the attempt claimed ahead starts on its own once a slot "
+                       "is free", why);
+            r->exec_gated = true;
+            run_open_gates();
             return;
         }
         log_notice(&r->ctx, "%s: starting the attempt on its own", why);
@@ -1071,24 +1092,33 @@ runner_stop_all(void)
 void
 runner_stop_job(const struct job *j)
 {
-    for (struct run *r = R.head; r; r = r->next)
+    struct run *next;
+
+    /* (run_kill may end an attempt that never started: next first) */
+    for (struct run *r = R.head; r; r = next) {
+        next = r->next;
         if ((!j || r->job == j) && r->warm_pending)
             r->stopped = true; /* (run_warm_cb ends it) */
-        else if ((!j || r->job == j) && r->running && !r->exited) {
+        else if ((!j || r->job == j) && (r->running || r->exec_gated) && !r->exited) {
             r->stopped = true;
             run_kill(r);
         }
+    }
 }
 
 void
 runner_stop_gated(void)
 {
-    for (struct run *r = R.head; r; r = r->next)
+    struct run *next;
+
+    for (struct run *r = R.head; r; r = next) {
+        next = r->next;
         if (r->gated && !r->exited && !r->stopped) {
             r->stopped = true;
             if (!r->warm_pending)
                 run_kill(r);
         }
+    }
 }
 
 cJSON *

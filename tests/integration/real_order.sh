@@ -196,7 +196,9 @@ for s in m["shards"]:
     # the last one's result is published beside the next)
     spans.append((a["started_at_epoch"], a["processor_ended_at_epoch"]))
 spans.sort()
-overlap = any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+# (each epoch is converted from the monotonic clock at its own moment:
+# a tenth of a second is not an overlap)
+overlap = any(b[0] < a[1] - 0.1 for a, b in zip(spans, spans[1:]))
 print(",".join("%s:%d" % kv for kv in sorted(nodes.items())), files, int(overlap))
 EOF
 }
