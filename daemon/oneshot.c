@@ -1616,7 +1616,7 @@ usage(FILE *f)
             "  --poll-interval-secs S    coordination poll (default 2)\n"
             "  --deadline TIME           claim nothing that cannot end before TIME (epoch\n"
             "                            seconds or YYYY-MM-DDTHH:MM:SS[Z]; default under\n"
-            "                            Slurm: SLURM_JOB_END_TIME)\n"
+            "                            Slurm: SLURM_JOB_END_TIME, else squeue's %%e)\n"
             "  --node NAME               this node's name (default: the host name)\n"
             "  --slots N                 attempts at once on this node\n"
             "  --lease-secs N            lease of claims and elections (default 60)\n"
@@ -1689,6 +1689,33 @@ parse_deadline(const char *v, double *ret)
     tm.tm_isdst = -1;
     *ret = (double)(*end == 'Z' ? timegm(&tm) : mktime(&tm));
     return 0;
+}
+
+/* Slurm before 23.02 sets no SLURM_JOB_END_TIME: the end of the
+ * allocation as squeue prints it (%e), when it answers within 10 s. */
+static void
+slurm_end_time(void)
+{
+    struct strv argv = { 0 };
+    struct esd_err err;
+    struct buf out;
+    int status;
+
+    strv_push(&argv, "squeue");
+    strv_push(&argv, "-h");
+    strv_push(&argv, "-j");
+    strv_push(&argv, getenv("SLURM_JOB_ID"));
+    strv_push(&argv, "-o");
+    strv_push(&argv, "%e");
+    buf_init(&out);
+    if (spawn_capture(argv.v, "/", 10.0, 256, &out, &status, &err) == 0 && WIFEXITED(status) &&
+        WEXITSTATUS(status) == 0 && out.p) {
+        out.p[strcspn(out.p, " \t\r\n")] = '\0';
+        if (parse_deadline(out.p, &R.deadline) == 0)
+            R.deadline_from = "squeue -o %e (no SLURM_JOB_END_TIME)";
+    }
+    buf_free(&out);
+    strv_free(&argv);
 }
 
 static bool
@@ -2136,6 +2163,8 @@ oneshot_main(int argc, char **argv)
     if (!R.deadline_from && getenv("SLURM_JOB_END_TIME") &&
         parse_deadline(getenv("SLURM_JOB_END_TIME"), &R.deadline) == 0)
         R.deadline_from = "SLURM_JOB_END_TIME";
+    if (!R.deadline_from && getenv("SLURM_JOB_ID"))
+        slurm_end_time();
     sha256_buf(R.run_id, strlen(R.run_id), hex);
     memcpy(R.runkey, hex, 20);
     R.runkey[20] = '\0';

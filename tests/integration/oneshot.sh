@@ -294,6 +294,17 @@ check "(g) Slurm: an array task's run id, rank 0 works" 0 \
     $'run_id: 980_1\nrun_id_from: SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID'
 [[ $OUT == *"role: worker"* && $OUT == *"deadline: 2000000000 (SLURM_JOB_END_TIME)"* ]] ||
     fail "(g) Slurm: worker with the job's end time" "$OUT"
+# Slurm before 23.02 sets no SLURM_JOB_END_TIME: the end is squeue's
+mkdir -p "$W/sq"
+cat >"$W/sq/squeue" <<'SQ'
+#!/bin/sh
+[ "$*" = "-h -j 982 -o %e" ] && echo 2033-05-18T03:33:20
+SQ
+chmod +x "$W/sq/squeue"
+run explain PATH="$W/sq:$PATH" TZ=UTC SLURM_JOB_ID=982 SLURM_NTASKS=1 SLURM_PROCID=0 \
+    SLURM_LOCALID=0
+[[ $OUT == *"deadline: 2000000000 (squeue -o %e (no SLURM_JOB_END_TIME))"* ]] ||
+    fail "(g) Slurm without SLURM_JOB_END_TIME: the end of the job from squeue" "$OUT"
 if [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null; then
     run unshare -u sh -c 'hostname clean-job-7 && exec env JOB_COMPLETION_INDEX=7 "$0" run --job-dir "$1" --explain' "$ESD" "$W/job-x"
     check "(g) Kubernetes Indexed Job: the job name from the pod's host name" 0 \
