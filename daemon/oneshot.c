@@ -488,6 +488,9 @@ resolve_run_id(struct esd_err *err)
             R.run_id_from = "the Kubernetes job name in the pod's host name";
             return 0;
         }
+        return err_set(err, -EINVAL, "no run id: JOB_COMPLETION_INDEX is %s, but the host "
+                       "name \"%s\" is not <job name>-%s as an Indexed Job's pod's is: pass "
+                       "--run-id", idx, R.host, idx);
     }
     return err_set(err, -EINVAL, "no run id: pass --run-id, or run under a scheduler that sets "
                    "one of PAI_JOB_ID, DLC_JOB_ID, JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID or "

@@ -312,6 +312,9 @@ if [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null; then
 fi
 run env -u JOB_COMPLETION_INDEX "$ESD" run --job-dir "$W/job-x" --explain
 check "(g) no run id: refused" 2 "" "no run id: pass --run-id"
+run env JOB_COMPLETION_INDEX=7 "$ESD" run --job-dir "$W/job-x" --explain
+check "(g) JOB_COMPLETION_INDEX on a host not named as a pod: refused, naming the host" 2 "" \
+    "but the host name \"$(hostname)\" is not <job name>-7"
 [ ! -e "$W/job-x" ] && [ ! -e "$W/.job-x.dlc-coordination" ] || fail "(g) --explain creates nothing"
 ok "(g) launcher ranks: one worker a host, the other ranks wait and exit with its code"
 
