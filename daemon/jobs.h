@@ -83,6 +83,7 @@ struct job {
     size_t running;  /* attempts of this job running here */
     double proc_avg; /* this node's mean time of its processor (runner.c), 0: none yet */
     unsigned long done_here, failed_here; /* outcomes on this node */
+    unsigned long failed_by_class[3]; /* metrics.c: failed attempts here by class */
     unsigned merge_failures; /* merges here that failed for a transient cause in a row */
     unsigned fail_streak;  /* its attempts failed in a row here ... */
     double paused_until;   /* ... and the monotonic time before which it
