@@ -46,6 +46,7 @@
 #include "util.h"
 
 struct attempt_final;
+struct djversion;
 
 /* Shards failed here that are watched for a done record of another node. */
 #define JOBS_BADNODE_TRACK 16
@@ -183,6 +184,8 @@ struct fsid jobs_fs_owner(const struct job *j);
 /* The interpreter of this node's Data-Juicer processor (djversion's
  * python), or NULL when the processor is not Data-Juicer's own. */
 const char *jobs_dj_python(void);
+/* What this node's processor runs (jobs_init read it; reread at reload). */
+const struct djversion *jobs_djversion(void);
 struct fsid jobs_fs_self(void);
 /* Any uid and gid: the control socket resolves a caller's paths as the caller. */
 struct fsid jobs_fs_as(uid_t uid, gid_t gid);
