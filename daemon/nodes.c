@@ -717,6 +717,10 @@ nodes_json(void)
     size_t nv = 0, files = 0, omitted = 0;
     double now = server_now();
 
+    if (!N.conf) {
+        json_add_str(r, "error", "the nodes module is not running");
+        return r;
+    }
     strv_init(&lc.names);
     lockcount_read(&lc);
     json_add_str(r, "node", N.conf->node_name);

@@ -19,6 +19,8 @@
 #       shows that shard taken over by b.
 #   (d) a stops cleanly: b shows it stopped, not down, even once its file
 #       is older than three intervals.
+#   (e) a daemon d without spool_dir, given the job: esctl nodes on d
+#       shows d itself and b, known from the job's lock only.
 #
 # Environment: TOP, ESCTL, ESD, TOOLS (see lib.bash).
 set -euo pipefail
@@ -142,5 +144,19 @@ stop_daemon a
 OLD='n["a"]["state"] == "stopped" and n["a"]["age_secs"] > 4 and n["a"]["busy"] == 0'
 wait_for "b shows a stopped, its file older than three intervals" 20 nodes_true b "$OLD"
 ok "a stopped cleanly shows as stopped, not down"
+
+# (e) without a spool: the nodes the job's locks name
+daemon_conf d drain_timeout_secs=0 claim_ahead=false
+sed -i '/^spool_dir:/d' "$W/d/esd.yaml"
+MINI_DJ_HANG=1 start_daemon d
+"$ESCTL" --socket "$(dsock d)" submit "$J" >"$W/submit-d.out" 2>&1 || fail "submit on d" "$(cat "$W/submit-d.out")"
+NOSPOOL='"dir" not in r and n["d"].get("self") is True and
+  n["b"]["source"] == "jobs" and n["b"]["state"] == "unknown" and n["b"]["locks"]["running"] == 1'
+wait_for "d, without a spool, shows b from the job's locks" 20 nodes_true d "$NOSPOOL"
+"$ESCTL" --socket "$(dsock d)" nodes >"$W/d.table" 2>&1 || fail "esctl nodes on d" "$(cat "$W/d.table")"
+grep -q '^b: no status file; named by the jobs' "$W/d.table" && grep -q 'no spool_dir here' "$W/d.table" ||
+    fail "d's table says b is known from the jobs only" "$(cat "$W/d.table")"
+ok "a node without a spool_dir shows itself and the nodes its job's locks name"
+stop_daemon d
 stop_daemon b
 summary
