@@ -41,6 +41,7 @@ static struct {
     char *dir, *path;   /* <spool_dir>/nodes and our file in it; NULL: no spool */
     char *failed;       /* the last write error, said once */
     char *drain_why;
+    bool swept;         /* our leftover temporary files were removed */
     char started_at[40];
     char host[256];
 } N;
@@ -217,6 +218,33 @@ self_json(bool stopping)
     return o;
 }
 
+/* Removes the temporary files of our writes that an esd killed in the
+ * middle of one left behind (".<node>.json.<hex>.tmp", ours only). */
+static void
+sweep_temps(void)
+{
+    char *prefix = xasprintf(".%s.json.", N.conf->node_name);
+    size_t np = strlen(prefix);
+    int dfd = open(N.dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    struct dirent *e;
+
+    if (!d && dfd >= 0)
+        close(dfd);
+    while (d && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        struct stat st;
+
+        if (n > np + 4 && !strncmp(e->d_name, prefix, np) && !strcmp(e->d_name + n - 4, ".tmp") &&
+            fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+            st.st_uid == geteuid())
+            unlinkat(dirfd(d), e->d_name, 0);
+    }
+    if (d)
+        closedir(d);
+    free(prefix);
+}
+
 /* Our file: written if the nodes directory is a directory of root's or
  * ours (others may write the spool: they must not choose where it goes). */
 static void
@@ -236,6 +264,10 @@ publish(bool stopping)
         r = err_set(&err, -EPERM, "%s is not a directory of root's or esd's (uid %u)", N.dir,
                     (unsigned)geteuid());
     if (r == 0) {
+        if (!N.swept) {
+            sweep_temps();
+            N.swept = true;
+        }
         o = self_json(stopping);
         r = json_write_atomic(N.path, o, JSON_LINE, &err);
         cJSON_Delete(o);

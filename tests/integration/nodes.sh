@@ -17,8 +17,10 @@
 #   (c) c is SIGKILLed: a shows it down with the shard it was running;
 #       once b is resumed and takes the shard over (its lease ran out), a
 #       shows that shard taken over by b.
-#   (d) a stops cleanly: b shows it stopped, not down, even once its file
-#       is older than three intervals.
+#   (d) a restarted removes the temporary file a crash in the middle of
+#       one of its writes left behind; a stops cleanly: b shows it
+#       stopped, not down, even once its file is older than three
+#       intervals.
 #   (e) a daemon d without spool_dir, given the job: esctl nodes on d
 #       shows d itself and b, known from the job's lock only.
 #
@@ -127,6 +129,8 @@ kill -KILL "${DPID[c]}"
 DOWN='n["c"]["state"] == "down" and n["c"]["attempts"][0]["shard_id"] == "'"$CSHARD"'"'
 wait_for "a shows c down with its shard" 20 nodes_true a "$DOWN"
 ok "a shows c down, with the shard it was running ($CSHARD)"
+# a temporary file of a write of a that a crash left behind
+touch "$W/spool/nodes/.a.json.0123456789abcdef0123456789abcdef.tmp"
 "$ESCTL" --socket "$(dsock b)" resume >"$W/resume.out" 2>&1 || fail "resume b" "$(cat "$W/resume.out")"
 TAKEN='n["c"]["state"] == "down" and n["c"]["attempts"][0].get("taken_over") is True and
   n["c"]["attempts"][0]["by"] == "b" and n["c"]["taken_over"] == 1 and
@@ -138,7 +142,12 @@ grep -q "^c: down: its status file is [0-9.]*s old" "$W/a.table" &&
     fail "a's table says c is down and b took its shard over" "$(cat "$W/a.table")"
 ok "a shows c down and its shard taken over by b"
 
-# (d) a clean stop
+# (d) a clean stop, and a start that sweeps its leftover temporary file
+stop_daemon a
+[ "$DRC" -eq 0 ] || fail "esd a stops with status 0" "status $DRC"
+MINI_DJ_HANG=1 start_daemon a
+wait_for "a's leftover temporary file is removed at its start" 10 \
+    test ! -e "$W/spool/nodes/.a.json.0123456789abcdef0123456789abcdef.tmp"
 stop_daemon a
 [ "$DRC" -eq 0 ] || fail "esd a stops with status 0" "status $DRC"
 OLD='n["a"]["state"] == "stopped" and n["a"]["age_secs"] > 4 and n["a"]["busy"] == 0'
