@@ -98,6 +98,7 @@ enum cmd_id {
     CMD_CANCEL,
     CMD_DRAIN,
     CMD_RESUME,
+    CMD_NODES,
     CMD_LOGS,
     CMD_CONFIG,
     CMD_WORKER,

@@ -761,6 +761,38 @@ done_json(const struct status_view *v, const struct manifest *m, size_t i)
     return x;
 }
 
+enum shard_state
+status_view_shard(const struct status_view *v, size_t i, const char **ret_node)
+{
+    enum shard_state s;
+    size_t lo = 0, hi;
+
+    *ret_node = NULL;
+    if (!v->valid || i >= v->nshards)
+        return ST_PENDING;
+    s = (enum shard_state)((v->bits[i] & VB_CUR) >> VB_CUR_SHIFT);
+    if (s == ST_DONE) {
+        if (v->node && v->node[i])
+            *ret_node = v->names[v->node[i] - 1];
+        else if (v->host && v->host[i])
+            *ret_node = v->names[v->host[i] - 1];
+        return s;
+    }
+    /* the details are in shard order */
+    hi = v->ndetails;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (v->details[mid].index < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < v->ndetails && v->details[lo].index == i)
+        *ret_node = v->details[lo].node ? v->details[lo].node : v->details[lo].owner;
+    return s;
+}
+
 cJSON *
 status_view_json(const struct status_view *v, const struct manifest *m, bool all)
 {

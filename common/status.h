@@ -166,6 +166,14 @@ void status_view_pace(const struct status_view *v, double *ret_shards_per_sec,
                       double *ret_eta);
 
 /*
+ * Shard i's state in v's last complete reading (ST_PENDING when there is
+ * none or i is out of range), and in *ret_node the node its done record
+ * or lock names (esd's node name, else the host name; NULL when none is
+ * known; the string is v's).
+ */
+enum shard_state status_view_shard(const struct status_view *v, size_t i, const char **ret_node);
+
+/*
  * The status object of a job from its view (caller deletes): the fields of
  * status_json (total, counts, complete, terminal, merge, nodes, total_rows,
  * rows_done, ray_address) plus "read_at" (the reading's time), "read_age_secs"

@@ -453,6 +453,133 @@ render_resume(struct call *c, const cJSON *args, const cJSON *res)
     return EXIT_OK;
 }
 
+/* ---- esctl nodes ---- */
+
+/* "job shard#attempt" of attempt x into out. */
+static void
+attempt_text(const cJSON *x, char *out, size_t size)
+{
+    snprintf(out, size, "%s %s#%lld", str(x, "job_id"), str(x, "shard_id"), num(x, "attempt"));
+}
+
+/* What a node runs, for its table row: the first attempt and a count. */
+static void
+running_cell(const cJSON *node, char *out, size_t size)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(node, "attempts");
+    int n = cJSON_GetArraySize(a) + (int)num(node, "attempts_omitted");
+
+    if (!n) {
+        snprintf(out, size, "-");
+        return;
+    }
+    attempt_text(cJSON_GetArrayItem(a, 0), out, size);
+    if (n > 1) {
+        size_t k = strlen(out);
+
+        snprintf(out + k, size - k, " (+%d)", n - 1);
+    }
+}
+
+/* The details of a node under the table: why it is not up, what it runs
+ * and what became of it, its paused jobs. */
+static void
+node_details(const cJSON *x)
+{
+    const char *node = str(x, "node"), *state = str(x, "state"), *why = json_get_str(x, "reason");
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(x, "attempts"), *y;
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(x, "locks");
+    bool gone = !strcmp(state, "down") || !strcmp(state, "stopped");
+    double secs = 0;
+    char age[32];
+
+    json_get_num(x, "age_secs", &secs);
+    fmt_duration(secs, age);
+    if (!strcmp(str(x, "source"), "jobs")) {
+        printf("%s: no status file; named by the jobs' locks and done records here "
+               "(%lld running, %lld stale lock(s))%s\n", node, num(l, "running"),
+               num(l, "stale"), !strcmp(state, "down") ? ": its locks went stale" : "");
+        return;
+    }
+    if (!strcmp(state, "down"))
+        printf("%s: down: its status file is %s old (written every %llds; down after %d)\n",
+               node, age, num(x, "interval_secs"), 3);
+    else if (why)
+        printf("%s: %s: %s\n", node, state, why);
+    cJSON_ArrayForEach(y, a)
+    {
+        char what[512];
+
+        attempt_text(y, what, sizeof(what));
+        if (gone)
+            printf("  %s was running %s: now %s%s%s%s\n", node, what,
+                   json_get_str(y, "now") ? str(y, "now") : "unknown here (job not loaded)",
+                   json_get_str(y, "by") ? " on " : "", str(y, "by"),
+                   flag(y, "taken_over") ? " (taken over)" : "");
+        else
+            printf("  %s runs %s (%s, %s)\n", node, what, str(y, "phase"), str(y, "job_dir"));
+    }
+    if (gone && num(l, "stale"))
+        printf("  %s holds %lld stale lock(s): another node takes them over once free\n", node,
+               num(l, "stale"));
+    cJSON_ArrayForEach(y, cJSON_GetObjectItemCaseSensitive(x, "paused"))
+        printf("  %s does not claim from %s: %s\n", node, str(y, "job_id"), str(y, "why"));
+}
+
+static int
+render_nodes(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(res, "nodes"), *x;
+    const cJSON *bad = cJSON_GetObjectItemCaseSensitive(res, "invalid");
+    struct table t;
+
+    table_init(&t, 9);
+    table_add(&t, NULL, "NODE", "STATE", "AGE", "SLOTS", "RUNNING", "ESD", "DATA-JUICER", "RAY",
+              "HOST");
+    cJSON_ArrayForEach(x, list)
+    {
+        const cJSON *dj = cJSON_GetObjectItemCaseSensitive(x, "data_juicer");
+        const cJSON *ray = cJSON_GetObjectItemCaseSensitive(x, "ray");
+        bool file = strcmp(str(x, "source"), "jobs") != 0;
+        char node[256], age[32] = "-", slots[48] = "-", run[512];
+
+        snprintf(node, sizeof(node), "%s%s", str(x, "node"), flag(x, "self") ? "*" : "");
+        if (file) {
+            double secs = 0;
+
+            json_get_num(x, "age_secs", &secs);
+            fmt_duration(secs, age);
+            snprintf(slots, sizeof(slots), "%lld/%lld", num(x, "busy"), num(x, "slots"));
+        }
+        running_cell(x, run, sizeof(run));
+        table_add(&t, out_color(c, !strcmp(str(x, "state"), "down") ? "failed" : NULL), node,
+                  str(x, "state"), age, slots, run, file ? str(x, "esd_version") : "-",
+                  file ? str(dj, "version") : "-", file ? str(ray, "state") : "-",
+                  str(x, "hostname"));
+    }
+    table_print(c, &t);
+    table_free(&t);
+    cJSON_ArrayForEach(x, list)
+    {
+        /* the table shows one attempt of a node that runs */
+        bool more = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "attempts")) > 1;
+
+        if (strcmp(str(x, "state"), "running") || more || json_get_str(x, "reason") ||
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "paused")))
+            node_details(x);
+    }
+    cJSON_ArrayForEach(x, bad)
+        printf("invalid: %s: %s\n", str(x, "file"), str(x, "error"));
+    if (num(res, "files_omitted"))
+        printf("(%lld more node files not read)\n", num(res, "files_omitted"));
+    if (!json_get_str(res, "dir"))
+        printf("(* this node; no spool_dir here: only the nodes its jobs name)\n");
+    else
+        printf("(* this node; node files in %s, written every %llds)\n", str(res, "dir"),
+               num(res, "interval_secs"));
+    return EXIT_OK;
+}
+
 /* "key: value" lines, nested objects as "section.key: value". */
 static void
 config_lines(const char *prefix, const cJSON *o)
@@ -503,6 +630,7 @@ static int (*const renderers[CMD__COUNT])(struct call *, const cJSON *, const cJ
     [CMD_RETRY] = render_retry,     [CMD_MERGE] = render_merge,
     [CMD_VERIFY] = render_verify,   [CMD_CANCEL] = render_cancel,
     [CMD_DRAIN] = render_drain,     [CMD_RESUME] = render_resume,
+    [CMD_NODES] = render_nodes,
     [CMD_LOGS] = render_nothing,    [CMD_CONFIG] = render_config,
     [CMD_WORKER] = render_nothing,  [CMD_COMPLETION] = render_nothing,
     [CMD_FSCHECK] = render_nothing,

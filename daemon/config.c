@@ -187,6 +187,10 @@ static const struct key keys[] = {
     { .name = "spool_dir", .type = KT_PATH, .off = F(spool_dir),
       .help = "a shared directory where a job submitted on any node is registered for every "
               "node" },
+    { .name = "node_status_interval_secs", .type = KT_INT, .off = F(node_status_interval_secs),
+      .def = "30", .min = 1, .max = 300,
+      .help = "how often this node rewrites its status file <spool_dir>/nodes/<node>.json "
+              "(esctl nodes; a node silent for 3 of its intervals is down)" },
     { .name = "attempt_timeout_secs", .type = KT_INT, .off = F(attempt_timeout_secs),
       .def = "0", .min = 0, .max = 30 * DAY,
       .help = "an attempt running longer is killed and fails; 0: no limit" },

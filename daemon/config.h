@@ -59,6 +59,8 @@ struct esd_conf {
     char *socket_group;      /* socket_group: default "esd" */
     int socket_mode;         /* socket_mode: 0600, 0660 (default) or 0666 */
     char *spool_dir;         /* spool_dir: shared job registrations; NULL */
+    long node_status_interval_secs; /* node_status_interval_secs: how often this node's
+                                       <spool_dir>/nodes/<node>.json is rewritten; 30 */
     long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
     struct strv attempt_env; /* attempt_env: the variables of esd's environment that attempts
                                 get (NAME, or NAME* for a prefix); default: locale, TZ, GPU

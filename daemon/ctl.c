@@ -38,6 +38,7 @@
 #include "json.h"
 #include "log.h"
 #include "merge.h"
+#include "nodes.h"
 #include "opchild.h"
 #include "prepare.h"
 #include "proto.h"
@@ -494,10 +495,18 @@ cmd_drain(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct j
 {
     log_notice(NULL, "control: %s by uid %u pid %d", cmd->name, (unsigned)c->cred.uid,
                (int)c->cred.pid);
-    if (cmd->id == CMD_DRAIN)
+    if (cmd->id == CMD_DRAIN) {
+        char why[160], at[40];
+
+        time_iso_now(at, NULL);
+        snprintf(why, sizeof(why), "esctl drain%s by uid %u at %s",
+                 cmd_arg_flag(args, O_RELEASE) ? " --release" : "", (unsigned)c->cred.uid, at);
+        nodes_set_drain_reason(why);
         sched_hold(cmd_arg_flag(args, O_RELEASE));
-    else
+    } else {
+        nodes_set_drain_reason(NULL);
         sched_resume();
+    }
     return daemon_status(code, err);
 }
 
@@ -855,6 +864,9 @@ conn_answer(struct conn *c, const char *line, size_t len)
         break;
     case CMD_CANCEL:
         result = cmd_cancel(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_NODES:
+        result = nodes_json();
         break;
     case CMD_STATUS:
         /* a job's status is read in a child */

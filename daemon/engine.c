@@ -10,6 +10,7 @@
 #include "jobview.h"
 #include "log.h"
 #include "metrics.h"
+#include "nodes.h"
 #include "opchild.h"
 #include "ray.h"
 #include "runner.h"
@@ -45,6 +46,7 @@ engine_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
     metrics_init(loop, c);
     jobview_init(loop, c);
     sched_init(loop, c);
+    nodes_init(loop, c);
     ctl_set_status(engine_status);
     return 0;
 }
@@ -63,6 +65,7 @@ engine_reconfigure(const struct esd_conf *c)
     sched_reconfigure(c);
     opchild_reconfigure(c);
     metrics_reconfigure(c);
+    nodes_reconfigure(c);
     jobview_reconfigure(c);
     ctl_reconfigure(c);
 }
@@ -98,6 +101,7 @@ void
 engine_fini(void)
 {
     ctl_fini();
+    nodes_fini();
     opchild_fini();
     metrics_fini();
     jobview_fini();

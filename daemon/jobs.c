@@ -724,6 +724,12 @@ jobs_dj_python(void)
     return J.djv.python;
 }
 
+const struct djversion *
+jobs_djversion(void)
+{
+    return &J.djv;
+}
+
 int
 jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
 {

@@ -46,6 +46,7 @@
 #include "util.h"
 
 struct attempt_final;
+struct djversion;
 
 /* Shards failed here that are watched for a done record of another node. */
 #define JOBS_BADNODE_TRACK 16
@@ -83,6 +84,7 @@ struct job {
     size_t running;  /* attempts of this job running here */
     double proc_avg; /* this node's mean time of its processor (runner.c), 0: none yet */
     unsigned long done_here, failed_here; /* outcomes on this node */
+    unsigned long failed_by_class[3]; /* metrics.c: failed attempts here by class */
     unsigned merge_failures; /* merges here that failed for a transient cause in a row */
     unsigned fail_streak;  /* its attempts failed in a row here ... */
     double paused_until;   /* ... and the monotonic time before which it
@@ -182,6 +184,8 @@ struct fsid jobs_fs_owner(const struct job *j);
 /* The interpreter of this node's Data-Juicer processor (djversion's
  * python), or NULL when the processor is not Data-Juicer's own. */
 const char *jobs_dj_python(void);
+/* What this node's processor runs (jobs_init read it; reread at reload). */
+const struct djversion *jobs_djversion(void);
 struct fsid jobs_fs_self(void);
 /* Any uid and gid: the control socket resolves a caller's paths as the caller. */
 struct fsid jobs_fs_as(uid_t uid, gid_t gid);

@@ -41,7 +41,8 @@ static struct {
 } M;
 
 void
-metrics_attempt(const char *status, const char *cls, double secs, uint64_t rows, uint64_t bytes)
+metrics_attempt(struct job *j, const char *status, const char *cls, double secs, uint64_t rows,
+                uint64_t bytes)
 {
     size_t b;
 
@@ -57,8 +58,11 @@ metrics_attempt(const char *status, const char *cls, double secs, uint64_t rows,
         M.attempts_other++;
     }
     for (size_t i = 0; cls && i < NCLASSES; i++)
-        if (!strcmp(cls, classes[i]))
+        if (!strcmp(cls, classes[i])) {
             M.failures[i]++;
+            if (j)
+                j->failed_by_class[i]++;
+        }
     for (b = 0; b < NBUCKETS && secs > buckets[b]; b++)
         ;
     M.hist[b]++;
@@ -70,6 +74,16 @@ void
 metrics_takeover(void)
 {
     M.takeovers++;
+}
+
+/* The label of a job's series, esd_job="<key>" (not "job", which
+ * Prometheus sets itself at scrape time): the registration key, the same
+ * on every node and across restarts, loaded or not; esd_job_info joins it
+ * to the job's id and directory. */
+static void
+job_label(struct buf *b, const char *metric, const struct job *j)
+{
+    buf_printf(b, "%s{esd_job=\"%s\"", metric, j->key);
 }
 
 /* A label value: backslash, double quote and newline escaped. */
@@ -115,13 +129,25 @@ metrics_render(void)
     help(&b, "esd_attempts_running", "gauge", "attempts running on this node");
     buf_printf(&b, "esd_attempts_running %zu\n", runner_count());
 
+    help(&b, "esd_job_info", "gauge",
+         "1 for each job registered and loaded on this node: its key (esd_job), id and "
+         "directory");
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        if (!j->loaded)
+            continue;
+        job_label(&b, "esd_job_info", j);
+        buf_puts(&b, ",job_id=");
+        label(&b, j->m.job_id);
+        buf_puts(&b, ",job_dir=");
+        label(&b, j->job_dir);
+        buf_puts(&b, "} 1\n");
+    }
     help(&b, "esd_job_shards", "gauge",
          "shards of each job by state, read from its job directory (the same on every node; "
          "remaining: neither done nor failed)");
     for (struct job *j = jobs_first(); j; j = j->next) {
         const struct status_view *v = jobview_get(j);
         size_t done, total, failed = j->loaded ? j->claimer.nfailed : 0;
-        const char *id = j->loaded ? j->m.job_id : j->key;
         const char *st[] = { "done", "failed", "remaining", "running", "stale", "pending" };
         size_t val[6];
         int n = 3;
@@ -139,8 +165,7 @@ metrics_render(void)
         val[1] = failed;
         val[2] = total >= done + failed ? total - done - failed : 0;
         for (int k = 0; k < n; k++) {
-            buf_puts(&b, "esd_job_shards{job=");
-            label(&b, id);
+            job_label(&b, "esd_job_shards", j);
             buf_puts(&b, ",state=");
             label(&b, st[k]);
             buf_printf(&b, "} %zu\n", val[k]);
@@ -153,8 +178,7 @@ metrics_render(void)
 
         if (!v)
             continue;
-        buf_puts(&b, "esd_job_status_age_seconds{job=");
-        label(&b, j->m.job_id);
+        job_label(&b, "esd_job_status_age_seconds", j);
         buf_printf(&b, "} %.1f\n", jobview_age(v));
     }
     help(&b, "esd_job_eta_seconds", "gauge",
@@ -168,30 +192,33 @@ metrics_render(void)
         status_view_pace(v, &rate, &eta);
         if (eta < 0)
             continue;
-        buf_puts(&b, "esd_job_eta_seconds{job=");
-        label(&b, j->m.job_id);
+        job_label(&b, "esd_job_eta_seconds", j);
         buf_printf(&b, "} %.0f\n", eta);
     }
     help(&b, "esd_job_state", "gauge", "1 for each job's state on this node");
     for (struct job *j = jobs_first(); j; j = j->next) {
-        buf_puts(&b, "esd_job_state{job=");
-        label(&b, j->loaded ? j->m.job_id : j->key);
+        job_label(&b, "esd_job_state", j);
         buf_puts(&b, ",state=");
         label(&b, job_state_name[j->state]);
         buf_puts(&b, "} 1\n");
     }
     help(&b, "esd_job_shards_done_here_total", "counter", "shards of each job done by this node");
     for (struct job *j = jobs_first(); j; j = j->next) {
-        buf_puts(&b, "esd_job_shards_done_here_total{job=");
-        label(&b, j->loaded ? j->m.job_id : j->key);
+        job_label(&b, "esd_job_shards_done_here_total", j);
         buf_printf(&b, "} %lu\n", j->done_here);
     }
     help(&b, "esd_job_rows_done_here_total", "counter", "output rows of each job done by this node");
     for (struct job *j = jobs_first(); j; j = j->next) {
-        buf_puts(&b, "esd_job_rows_done_here_total{job=");
-        label(&b, j->loaded ? j->m.job_id : j->key);
+        job_label(&b, "esd_job_rows_done_here_total", j);
         buf_printf(&b, "} %llu\n", j->rows_here);
     }
+    help(&b, "esd_job_attempts_failed_total", "counter",
+         "failed attempts of each job on this node, by failure class");
+    for (struct job *j = jobs_first(); j; j = j->next)
+        for (size_t i = 0; i < NCLASSES; i++) {
+            job_label(&b, "esd_job_attempts_failed_total", j);
+            buf_printf(&b, ",class=\"%s\"} %lu\n", classes[i], j->failed_by_class[i]);
+        }
 
     help(&b, "esd_rows_done_total", "counter", "output rows of the attempts done by this node");
     buf_printf(&b, "esd_rows_done_total %llu\n", M.rows);

@@ -4,7 +4,9 @@
  * metrics.interval_secs when metrics.path is set: per job, shards by state
  * and what this node did (rows, bytes, attempts); attempt durations as a
  * histogram; failures by class; Ray head restarts; lease takeovers. The
- * counters start at zero when esd starts (Prometheus' rate() copes).
+ * counters start at zero when esd starts (Prometheus' rate() copes). A
+ * job's series carry the label esd_job (its registration key: stable and
+ * unique) and exist only while the job is in the registry.
  */
 #ifndef ESD_METRICS_H
 #define ESD_METRICS_H
@@ -20,10 +22,12 @@ void metrics_init(struct ev_loop *loop, const struct esd_conf *c);
 void metrics_reconfigure(const struct esd_conf *c);
 void metrics_fini(void);
 
-/* An attempt ended here: status "done", "failed", "released", …; cls
- * the failure class or NULL. */
-void metrics_attempt(const char *status, const char *cls, double secs, uint64_t rows,
-                     uint64_t bytes);
+struct job;
+
+/* An attempt of job j (NULL: none known) ended here: status "done",
+ * "failed", "released", …; cls the failure class or NULL. */
+void metrics_attempt(struct job *j, const char *status, const char *cls, double secs,
+                     uint64_t rows, uint64_t bytes);
 /* A claim took over a lock whose lease had run out. */
 void metrics_takeover(void);
 

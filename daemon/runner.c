@@ -978,7 +978,7 @@ run_report(struct run *r)
             log_warning(&r->ctx, "%s: %s", status, error ? error : "");
         }
         snprintf(fin.status, sizeof(fin.status), "%s", status);
-        metrics_attempt(status, cls, duration, (uint64_t)rows, (uint64_t)bytes);
+        metrics_attempt(j, status, cls, duration, (uint64_t)rows, (uint64_t)bytes);
     } else {
         const char *why = rep ? json_get_str(rep, "finish_error") : NULL;
         char how[96], what[160];

@@ -21,6 +21,7 @@
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
+#include "nodes.h"
 #include "notify.h"
 #include "proto.h"
 #include "ray.h"
@@ -339,6 +340,7 @@ sched_hold(bool release)
     else
         runner_stop_gated(); /* (claimed ahead: not started yet) */
     status_line();
+    nodes_kick();
 }
 
 void
@@ -349,6 +351,7 @@ sched_resume(void)
     S.held = false;
     write_held(false);
     sched_kick();
+    nodes_kick();
 }
 
 bool
@@ -388,6 +391,7 @@ attempt_done(struct job *j, const struct attempt_final *fin)
     /* a slot is free: claim again at once (this job first if it has more) */
     j->next_claim = 0;
     status_line();
+    nodes_kick();
     check_drained();
     sched_kick();
 }
@@ -397,6 +401,7 @@ job_finalized(struct job *j)
 {
     (void)j;
     status_line();
+    nodes_kick();
     check_drained();
     sched_kick();
 }
@@ -442,6 +447,7 @@ sched_drain(void (*drained)(void))
         }
     }
     status_line();
+    nodes_kick();
     check_drained();
 }
 

@@ -11,8 +11,16 @@
 #       and 0 remaining for the job, the job complete, 7 attempts (6 done,
 #       1 failed, class processor), the rows of the job, a histogram whose
 #       +Inf bucket equals its count, no temporary file left beside it.
+#       A job's series carry esd_job=<registration key> (never "job",
+#       which Prometheus sets itself), esd_job_info joins the key to the
+#       job's id and directory, and esd_job_attempts_failed_total counts
+#       the job's failed attempt by class.
 #   (c) the file is rewritten: esd_attempts_running follows a hanging
 #       attempt (1 while it runs) and the job's remaining shards.
+#   (d) the labels survive a restart (the first file after it names both
+#       jobs as before, loaded or not), and a job that leaves the registry
+#       leaves the file: after its registration is removed and esd
+#       restarted, no series names it, the other job's remain.
 #
 # Environment: TOP, ESCTL, ESD (see lib.bash).
 set -euo pipefail
@@ -50,8 +58,15 @@ prepare_job "$JOB" 6
 give_job "$JOB"
 "$ESCTL" --socket "$(dsock m)" submit "$JOB" >"$W/submit.out" 2>&1 || fail "submit" "$(cat "$W/submit.out")"
 ID=$(py 'j["job_id"]' "$JOB/manifest.json")
-done_in_file() { grep -q "^esd_job_shards{job=\"$ID\",state=\"done\"} 6$" "$PROM" &&
-    grep -q "^esd_job_state{job=\"$ID\",state=\"complete\"} 1$" "$PROM"; }
+# key JOB: its registration key (the label esd_job)
+key() {
+    "$ESCTL" --json --socket "$(dsock m)" list | python3 -c '
+import json, sys
+print([x["key"] for x in json.load(sys.stdin)["jobs"] if x["job_dir"] == sys.argv[1]][0])' "$1"
+}
+KEY=$(key "$JOB")
+done_in_file() { grep -q "^esd_job_shards{esd_job=\"$KEY\",state=\"done\"} 6$" "$PROM" &&
+    grep -q "^esd_job_state{esd_job=\"$KEY\",state=\"complete\"} 1$" "$PROM"; }
 wait_for "the metrics file shows the job complete" 60 done_in_file
 ok "the metrics say 6 shards done and the job complete"
 
@@ -60,9 +75,9 @@ import json, sys
 m = json.load(open(sys.argv[1]))
 print(sum(s["rows"] for s in m["shards"]))' "$JOB/manifest.json")
 KEPT=$(grep -c 1 "$W/kept.txt")
-python3 - "$PROM" "$ID" "$KEPT" <<'PYEOF' || fail "the metrics file is well-formed and right" "$(cat "$PROM")"
+python3 - "$PROM" "$KEY" "$KEPT" "$ID" "$JOB" <<'PYEOF' || fail "the metrics file is well-formed and right" "$(cat "$PROM")"
 import re, sys
-path, job, kept = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, job, kept, job_id, job_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 text = open(path).read()
 assert text.endswith("\n"), "ends with a newline"
 samples, types, helped = {}, {}, set()
@@ -86,12 +101,16 @@ for line in text.splitlines():
     samples[(name, labels)] = float(value)
 def get(name, labels=""):
     return samples[(name, labels)]
-j = '{job="%s",' % job
+assert not any(re.search(r'[{,]job=', l) for (n, l) in samples), "no label named job"
+j = '{esd_job="%s",' % job
+assert get("esd_job_info", j + 'job_id="%s",job_dir="%s"}' % (job_id, job_dir)) == 1
+assert get("esd_job_attempts_failed_total", j + 'class="processor"}') == 1
+assert get("esd_job_attempts_failed_total", j + 'class="output"}') == 0
 assert get("esd_job_shards", j + 'state="done"}') == 6
 assert get("esd_job_shards", j + 'state="failed"}') == 0
 assert get("esd_job_shards", j + 'state="remaining"}') == 0
-assert get("esd_job_shards_done_here_total", '{job="%s"}' % job) == 6
-assert get("esd_job_rows_done_here_total", '{job="%s"}' % job) == kept, kept
+assert get("esd_job_shards_done_here_total", '{esd_job="%s"}' % job) == 6
+assert get("esd_job_rows_done_here_total", '{esd_job="%s"}' % job) == kept, kept
 assert get("esd_rows_done_total") == kept
 assert get("esd_bytes_done_total") > 0
 assert get("esd_attempts_total", '{outcome="done"}') == 6
@@ -141,11 +160,32 @@ prepare_job "$JOB2" 2
 give_job "$JOB2"
 MINI_DJ_HANG=1 MINI_DJ_ONLY=hangjob start_daemon m
 "$ESCTL" --socket "$(dsock m)" submit "$JOB2" >"$W/submit2.out" 2>&1 || fail "submit the hanging job" "$(cat "$W/submit2.out")"
-ID2=$(py 'j["job_id"]' "$JOB2/manifest.json")
+KEY2=$(key "$JOB2")
 running() { grep -q '^esd_attempts_running 1$' "$PROM" &&
-    grep -q "^esd_job_shards{job=\"$ID2\",state=\"remaining\"} 2$" "$PROM"; }
+    grep -q "^esd_job_shards{esd_job=\"$KEY2\",state=\"remaining\"} 2$" "$PROM"; }
 wait_for "the metrics show the hanging attempt running" 20 running
 ok "the file is rewritten: one attempt running, 2 shards remaining"
+stop_daemon m
+[ "$DRC" -eq 0 ] || fail "esd m stops with status 0" "status $DRC"
+
+# (d) restarts: the same labels; a job that leaves the registry leaves the file
+labels() { grep -o 'esd_job="[0-9a-f]*"' "$PROM" | sort -u | tr '\n' ' '; }
+BEFORE=$(labels)
+[ "$BEFORE" = "$(printf 'esd_job="%s"\n' "$KEY" "$KEY2" | sort | tr '\n' ' ')" ] ||
+    fail "the file names both jobs by their keys before the restart" "$BEFORE"
+rm -f "$PROM"
+MINI_DJ_HANG=1 MINI_DJ_ONLY=hangjob start_daemon m
+wait_for "the metrics file is written after the restart" 10 test -s "$PROM"
+[ "$(labels)" = "$BEFORE" ] || fail "the labels are the same after a restart" "before: $BEFORE" "after: $(labels)"
+ok "after a restart the file names the same jobs with the same labels: $BEFORE"
+stop_daemon m
+rm "$W/m/state/jobs/$KEY.json"
+rm -f "$PROM"
+MINI_DJ_HANG=1 MINI_DJ_ONLY=hangjob start_daemon m
+wait_for "the metrics file is written after the second restart" 10 test -s "$PROM"
+! grep -q "esd_job=\"$KEY\"" "$PROM" || fail "no series of a job that left the registry" "$(grep "$KEY" "$PROM")"
+grep -q "^esd_job_state{esd_job=\"$KEY2\",state=" "$PROM" || fail "the other job's series remain" "$(cat "$PROM")"
+ok "a job that left the registry has no series any more; the other job's remain"
 stop_daemon m
 [ "$DRC" -eq 0 ] || fail "esd m stops with status 0" "status $DRC"
 grep -q '^esd_attempts_running 0$' "$PROM" || fail "the last write after the stop says nothing runs" "$(grep running "$PROM")"

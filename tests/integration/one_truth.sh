@@ -53,7 +53,7 @@ li = json.load(open(sys.argv[1]))["jobs"][0]
 st = json.load(open(sys.argv[2]))
 prom = open(sys.argv[3]).read() if __import__("os").path.exists(sys.argv[3]) else ""
 def m(state):
-    x = re.search(r'esd_job_shards\{job="job",state="%s"\} (\d+)' % state, prom)
+    x = re.search(r'esd_job_shards\{esd_job="%s",state="%s"\} (\d+)' % (li["key"], state), prom)
     return x.group(1) if x else "-"
 print("list", li["done"], li["failed"], li.get("running", "-"), li.get("pending", "-"),
       li.get("counts_from"))
@@ -86,7 +86,7 @@ for n in o1 o2 w; do
         fail "$n's status is answered from its view" "$(cat "$W/$n.counts")"
     py '"read_at" in j["jobs"][0] and j["jobs"][0]["read_age_secs"] >= 0' "$W/$n.list" | grep -q True ||
         fail "$n's list dates its reading" "$(cat "$W/$n.list")"
-    grep -q 'esd_job_status_age_seconds{job="job"}' "$W/$n/esd.prom" ||
+    grep -q 'esd_job_status_age_seconds{esd_job="' "$W/$n/esd.prom" ||
         fail "$n's metrics date the reading" "$(cat "$W/$n/esd.prom")"
 done
 ok "o1, o2 and w give the same counts in list, status and metrics: $WANT (done failed running pending)"
