@@ -691,3 +691,57 @@ render_status_line(const struct call *c, const cJSON *result)
     }
     cJSON_Delete(res);
 }
+
+void
+render_watch_nodes(struct call *c, const cJSON *result)
+{
+    cJSON *res = clean_copy(result);
+    const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(res, "nodes"), *x;
+    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(res, "shards");
+    const cJSON **v;
+    size_t n;
+    struct table t;
+    long long failed = 0;
+
+    v = sorted_members(nodes, &n);
+    table_init(&t, 3);
+    table_add(&t, NULL, "NODE", "DONE", "RUNNING NOW");
+    for (size_t i = 0; i < n; i++) {
+        struct buf now;
+        char d[24];
+
+        buf_init(&now);
+        cJSON_ArrayForEach(x, shards)
+        {
+            const char *st = str(x, "status"), *who = json_get_str(x, "node");
+            double age;
+            char a[32] = "";
+
+            if (!who)
+                who = json_get_str(x, "owner");
+            if (!who || strcmp(who, v[i]->string) || (strcmp(st, "running") && strcmp(st, "stale")))
+                continue;
+            if (json_get_num(x, "lock_age_secs", &age) == 0)
+                fmt_duration(age, a);
+            buf_printf(&now, "%s%s%s%s%s", now.len ? ", " : "", str(x, "shard_id"),
+                       strcmp(st, "stale") ? "" : " (stale)", *a ? " lock " : "", a);
+        }
+        snprintf(d, sizeof(d), "%lld", num(v[i], "done"));
+        table_add(&t, NULL, v[i]->string, d, now.p ? now.p : "-");
+        buf_free(&now);
+    }
+    free(v);
+    putchar('\n');
+    if (t.nrows > 1)
+        table_print(c, &t);
+    else
+        printf("no node has worked the job yet\n");
+    table_free(&t);
+    cJSON_ArrayForEach(x, shards)
+    if (!strcmp(str(x, "status"), "failed"))
+        failed++;
+    if (failed)
+        printf("\n%lld shards failed (esctl status --state failed DIR lists them)\n", failed);
+    pace_line(res);
+    cJSON_Delete(res);
+}

@@ -111,6 +111,100 @@ grep -Eq "^part-00000-of-00001 +pending +[0-9]+ .*exit" <<<"$OUT" ||
     fail "a pending shard shows its last error" "$OUT"
 ok "a shard pending after a failure shows its last error"
 
+# ---- esctl report: one HTML file, drawn by a headless chromium ----
+# A forged attempt whose node and error carry markup: the page must show it
+# as text.
+S2=part-00002-of-00004
+F=$JOB/attempts/$S2/0009-0123456789abcdef0123456789abcdef
+mkdir "$F"
+t=$(py 'j["claimed_at_epoch"]' "$(ls "$JOB"/attempts/"$S2"/0001-*/attempt.json)")
+cat >"$F/attempt.json" <<JSON
+{"shard_id": "$S2", "attempt_number": 9, "status": "failed", "failure_class": "processor",
+ "node": "<img src=x onerror=alert(1)>evil", "started_at_epoch": $t,
+ "finished_at": "2099-01-01T00:00:00+00:00", "duration_secs": 0.5,
+ "error": "</title><script>alert(1)</script><a href=\"javascript:alert(2)\">x</a>"}
+JSON
+run "$ESCTL" report "$JOB" -o "$W/report.html"
+check "esctl report -o" 0 "Wrote $W/report.html: 7 attempts of 4 shards on 3 nodes"
+H=$W/report.html
+! grep -Eiq '<(script|img|link|iframe|object|embed)|(src|href)="|@import|url\(|https?://' "$H" ||
+    fail "the report loads nothing and holds no markup from the job dir" "$(grep -Eio '.{40}(<script|<img|https?://).{40}' "$H" | head)"
+grep -q '&lt;img src=x onerror=alert(1)&gt;evil' "$H" && grep -q '&lt;/title&gt;&lt;script&gt;' "$H" ||
+    fail "the forged node and error are shown escaped" "$(grep -c evil "$H")"
+ok "the report holds no script, link, image or URL; the job dir's markup is escaped"
+CHROMIUM=$(command -v chromium || command -v chromium-browser || true)
+if [ -z "$CHROMIUM" ]; then
+    echo "# skip: chromium is not installed (scripts/deps --tools installs it)"
+else
+    # a proxy that refuses: any request the page made would fail, and is
+    # logged (--enable-logging) as a net error
+    chrome() {
+        timeout 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --no-first-run \
+            --user-data-dir="$W/chrome" --proxy-server=127.0.0.1:9 --hide-scrollbars \
+            --window-size=1200,900 "$@" "file://$H" 2>>"$W/chrome.err"
+    }
+    chrome --dump-dom >"$W/dom.html" || fail "chromium --dump-dom" "$(tail -n 5 "$W/chrome.err")"
+    n=$(grep -o '<rect class="attempt [a-z]*"' "$W/dom.html" | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+    [ "$(grep -c '<rect class="attempt ' "$W/dom.html")" -eq 7 ] ||
+        fail "the DOM has the 7 attempt rects" "$n"
+    [ "$n" = ' 4 <rect class="attempt done"; 2 <rect class="attempt failed"; 1 <rect class="attempt takenover";' ] ||
+        fail "the DOM's attempts: 4 done, 2 failed, 1 taken over" "$n"
+    [ "$(grep -o '<g class="node"' "$W/dom.html" | wc -l)" -eq 3 ] ||
+        fail "the DOM has a row group per node (n1, n2, the forged one)" "$(grep -o '<g class="node"[^>]*>' "$W/dom.html")"
+    grep -q '<title>shard '"$S0"', attempt 1 on node n1' "$W/dom.html" ||
+        fail "an attempt's tooltip names shard, attempt and node" "$(grep -o '<title>[^<]*' "$W/dom.html" | head -3)"
+    ! grep -q '<script\|<img' "$W/dom.html" || fail "no script or image element in the DOM"
+    ok "chromium's DOM: 7 attempt rects ($n), 3 node rows, tooltips, no injected element"
+    chrome --screenshot="$W/shot.png" >/dev/null || fail "chromium --screenshot" "$(tail -n 5 "$W/chrome.err")"
+    python3 - "$W/shot.png" >"$W/pixels" <<'PY' || fail "the screenshot decodes" "$(cat "$W/pixels")"
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+pos, idat = 8, b""
+while pos < len(data):
+    n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+    body = data[pos + 8:pos + 8 + n]
+    if kind == b"IHDR":
+        w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+    elif kind == b"IDAT":
+        idat += body
+    pos += 12 + n
+assert depth == 8 and ctype in (2, 6), (depth, ctype)
+bpp = 3 if ctype == 2 else 4
+raw, stride = zlib.decompress(idat), w * bpp
+prev, counts, i = bytearray(stride), {}, 0
+want = {"done": (46, 125, 50), "failed": (198, 40, 40), "takenover": (239, 108, 0)}
+for y in range(h):
+    f, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
+    i += 1 + stride
+    for x in range(stride):
+        a = line[x - bpp] if x >= bpp else 0
+        b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+        if f == 1: line[x] = (line[x] + a) & 255
+        elif f == 2: line[x] = (line[x] + b) & 255
+        elif f == 3: line[x] = (line[x] + (a + b) // 2) & 255
+        elif f == 4:
+            p = a + b - c
+            pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+            line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+    for x in range(0, stride, bpp):
+        px = tuple(line[x:x + 3])
+        for k, v in want.items():
+            if px == v:
+                counts[k] = counts.get(k, 0) + 1
+    prev = line
+print(" ".join("%s=%d" % (k, counts.get(k, 0)) for k in want))
+PY
+    px=$(cat "$W/pixels")
+    for k in done failed takenover; do
+        [[ $px =~ $k=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 50 ] ||
+            fail "the screenshot shows the $k colour" "$px"
+    done
+    ! grep -Eiq 'ERR_PROXY|ERR_(CONNECTION|TUNNEL)|net::ERR' "$W/chrome.err" ||
+        fail "the page asked the network for nothing" "$(grep -Ei 'net::ERR|ERR_PROXY' "$W/chrome.err" | head -3)"
+    ok "chromium's screenshot shows done, failed and taken-over attempts ($px); no network request"
+fi
+
 # ---- through esd ----
 if [ -x "${ESD:-}" ]; then
     declare -A DPID
