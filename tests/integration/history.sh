@@ -111,6 +111,35 @@ grep -Eq "^part-00000-of-00001 +pending +[0-9]+ .*exit" <<<"$OUT" ||
     fail "a pending shard shows its last error" "$OUT"
 ok "a shard pending after a failure shows its last error"
 
+# ---- status --watch: off a tty only changes; on a tty a per-node view ----
+"$ESCTL" status --local --watch "$J2" >"$W/watch.out" 2>&1 &
+WPID=$!
+BG+=("$WPID")
+one_line() { [ "$(wc -l <"$W/watch.out")" -ge 1 ]; }
+wait_for "status --watch prints its first line" 10 one_line
+# two more rounds (2 s apart) of the unchanged job print nothing more
+t0=$(date +%s)
+after() { [ "$(date +%s)" -ge "$1" ]; }
+wait_for "5 s pass" 10 after $((t0 + 5))
+[ "$(wc -l <"$W/watch.out")" -eq 1 ] || fail "status --watch off a tty: nothing while nothing changes" "$(cat "$W/watch.out")"
+"$ESCTL" worker --local --job-dir "$J2" --node n3 --processor "$MINI" >"$W/n3b.out" 2>&1 ||
+    fail "n3 finishes job2" "$(cat "$W/n3b.out")"
+wait_for "status --watch ends with the job" 10 dead "$WPID"
+wait "$WPID" || fail "status --watch of a complete job exits 0" "$(cat "$W/watch.out")"
+[ "$(wc -l <"$W/watch.out")" -eq 2 ] && grep -q '1/1 shards done' "$W/watch.out" ||
+    fail "status --watch off a tty: one line for the change, then it ends" "$(cat "$W/watch.out")"
+ok "status --watch off a tty: a line when something changed, none when not, ends with the job"
+if command -v script >/dev/null; then
+    script -q -c "$ESCTL status --local --watch $JOB" /dev/null >"$W/tty.out" 2>&1 </dev/null ||
+        fail "status --watch on a tty" "$(cat "$W/tty.out")"
+    tr -d '\r' <"$W/tty.out" | grep -Eq '^NODE +DONE +RUNNING NOW' &&
+        tr -d '\r' <"$W/tty.out" | grep -Eq '^n2 +2 +-' && grep -q '\[#' "$W/tty.out" ||
+        fail "status --watch on a tty: a bar and the per-node view" "$(cat -v "$W/tty.out")"
+    ok "status --watch on a tty (script): progress bar, nodes with what they run"
+else
+    echo "# skip: no script(1) for the tty case"
+fi
+
 # ---- esctl report: one HTML file, drawn by a headless chromium ----
 # A forged attempt whose node and error carry markup: the page must show it
 # as text.
