@@ -229,12 +229,11 @@ struct shard_key {
     long long attempts;
 };
 
-static enum sort_key sort_by;
-
 static int
-cmp_key(const void *x, const void *y)
+cmp_key(const void *x, const void *y, void *ctx)
 {
     const struct shard_key *a = x, *b = y;
+    enum sort_key sort_by = *(const enum sort_key *)ctx;
     int c = 0;
 
     switch (sort_by) {
@@ -333,6 +332,7 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
     size_t n = 0, cap = (size_t)cJSON_GetArraySize(shards), budget = HISTORY_LIST_BYTES;
     struct shard_key *keys;
     double now = time_wall();
+    enum sort_key sort_by = SORT_NONE;
     int r = 0, k;
 
     if (state) {
@@ -342,7 +342,6 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
             return err_set(err, -EINVAL, "--state %s: not a state (pending, running, stale, "
                            "done, failed)", state);
     }
-    sort_by = SORT_NONE;
     if (sort) {
         for (k = 1; k <= SORT_ATTEMPTS && strcmp(sort_names[k], sort); k++)
             ;
@@ -385,7 +384,7 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
         n++;
     }
     if (r == 0 && sort_by != SORT_NONE)
-        qsort(keys, n, sizeof(*keys), cmp_key);
+        qsort_r(keys, n, sizeof(*keys), cmp_key, &sort_by);
     for (size_t i = 0; i < n; i++) {
         struct history_shard h;
 
