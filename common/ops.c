@@ -366,6 +366,7 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
         if (sort_by != SORT_NONE && sort_by != SORT_SHARD) {
             if ((r = history_read(m, id, &h, err)) < 0) {
                 history_shard_free(&h);
+                cJSON_Delete(x);
                 break;
             }
             if (h.n) {
