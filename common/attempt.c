@@ -91,11 +91,7 @@ job_json_load(int dirfd, const char *path, size_t max, size_t *ret_len)
 
 /* ---- counting ---- */
 
-/*
- * The number of a well-formed attempt name "<digits>-<token>" (4 to 9
- * digits, a 32-character lowercase hex token), or -1 for any other name.
- */
-static long long
+long long
 attempt_name_number(const char *name)
 {
     long long v = 0;

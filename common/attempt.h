@@ -164,6 +164,12 @@ int attempt_finish(struct claimer *c, const struct claim *cl, const struct attem
                    const struct attempt_result *res, struct attempt_final *ret,
                    struct esd_err *err);
 
+/*
+ * The number of a well-formed attempt directory name "<digits>-<token>" (4
+ * to 9 digits, a 32-character lowercase hex token), or -1 for any other name.
+ */
+long long attempt_name_number(const char *name);
+
 /* Failures recorded in the attempts of a shard. */
 struct attempt_counts {
     long long attempts;  /* the last attempt number in use: the next is attempts + 1 */

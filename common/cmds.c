@@ -55,7 +55,7 @@ const struct opt_def cmd_opts[O__COUNT] = {
                      false },
     [O_OUTPUT] = { "output", K_STR, "PATH",
                    "merged output (default <job-dir>/merged.jsonl; through esd: inside the job "
-                   "dir)",
+                   "dir); report: the HTML file (default report.html; -o is short for it)",
                    "output", P },
     [O_OVERWRITE] = { "overwrite", K_FLAG, NULL, "replace an existing output atomically",
                       "overwrite", false },
@@ -109,6 +109,16 @@ const struct opt_def cmd_opts[O__COUNT] = {
     [O_RUN] = { "run", K_STR, "NAME",
                 "fscheck: the rendezvous name shared by the participants (default \"default\")",
                 "run", false },
+    [O_STATE] = { "state", K_STR, "STATE",
+                  "status: only the shards in this state (pending, running, stale, done, "
+                  "failed)",
+                  "state", false },
+    [O_SORT] = { "sort", K_STR, "KEY",
+                 "status: order the shards by elapsed (slowest first), start, shard, node or "
+                 "attempts (most first)",
+                 "sort", false },
+    [O_ATTEMPT] = { "attempt", K_POSITIVE, "N", "logs: this attempt's process.log (with --shard)",
+                    "attempt", false },
     [O_JSON] = { "json", K_FLAG, NULL, "print the raw result as JSON", NULL, false },
     [O_LOCAL] = { "local", K_FLAG, NULL, "run in-process on the job directory, without esd", NULL,
                   false },
@@ -136,9 +146,13 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                      AUTH_JOB, CMDF_DAEMON | CMDF_CHILD | CMDF_LONG },
     [CMD_LIST] = { CMD_LIST, "list", "", "the jobs on this node: state, progress, rows/s, ETA", 0,
                    0, false, AUTH_READ, CMDF_DAEMON },
-    [CMD_STATUS] = { CMD_STATUS, "status", "[[--job-dir] DIR [--all] [--watch]]",
-                     "without a job: the daemon, its slots and jobs; with one: the job's shards",
-                     OPT(O_JOB_DIR) | OPT(O_ALL) | OPT(O_LOCK_TIMEOUT) | OPT(O_WATCH), 0, true,
+    [CMD_STATUS] = { CMD_STATUS, "status",
+                     "[[--job-dir] DIR [--all] [--state STATE] [--sort KEY] [--watch]]",
+                     "without a job: the daemon, its slots and jobs; with one: the job's shards "
+                     "(--all: with every attempt)",
+                     OPT(O_JOB_DIR) | OPT(O_ALL) | OPT(O_LOCK_TIMEOUT) | OPT(O_WATCH) |
+                         OPT(O_STATE) | OPT(O_SORT),
+                     0, true,
                      AUTH_READ, CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD },
     [CMD_PREPARE] = { CMD_PREPARE, "prepare", "--config PATH --job-dir DIR --num-shards N [options]",
                       "validate a recipe and a JSONL dataset and split it into a job directory",
@@ -171,9 +185,11 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
     [CMD_NODES] = { CMD_NODES, "nodes", "",
                     "every node working the shared spool: state, slots, what it runs, versions",
                     0, 0, false, AUTH_READ, CMDF_DAEMON },
-    [CMD_LOGS] = { CMD_LOGS, "logs", "[--job-dir] DIR [--shard ID] [--lines N] [--follow]",
+    [CMD_LOGS] = { CMD_LOGS, "logs",
+                   "[--job-dir] DIR [--shard ID [--attempt N]] [--lines N] [--follow]",
                    "a shard's process.log, or without --shard this node's journal for the job",
-                   OPT(O_JOB_DIR) | OPT(O_SHARD) | OPT(O_FOLLOW) | OPT(O_LINES), OPT(O_JOB_DIR),
+                   OPT(O_JOB_DIR) | OPT(O_SHARD) | OPT(O_ATTEMPT) | OPT(O_FOLLOW) | OPT(O_LINES),
+                   OPT(O_JOB_DIR),
                    true, AUTH_READ, CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD },
     [CMD_CONFIG] = { CMD_CONFIG, "config", "", "esd's effective configuration", 0, 0, false,
                      AUTH_READ, CMDF_DAEMON },
@@ -192,6 +208,10 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                       "check the shared file system for exclusive claims (run on N nodes at once)",
                       OPT(O_JOB_DIR) | OPT(O_NODES) | OPT(O_WAIT_SECS) | OPT(O_RUN),
                       OPT(O_JOB_DIR), true, AUTH_READ, CMDF_LOCAL },
+    [CMD_REPORT] = { CMD_REPORT, "report", "[--job-dir] DIR [--output PATH]",
+                     "write the job's timeline, pace and summary as one self-contained HTML file",
+                     OPT(O_JOB_DIR) | OPT(O_OUTPUT) | OPT(O_LOCK_TIMEOUT), OPT(O_JOB_DIR),
+                     true, AUTH_READ, CMDF_LOCAL },
 };
 
 const struct cmd_def *

@@ -58,6 +58,9 @@ enum opt_id {
     O_NODES,
     O_WAIT_SECS,
     O_RUN,
+    O_STATE,
+    O_SORT,
+    O_ATTEMPT,
     /* Global options of esctl: never request arguments. */
     O_JSON,
     O_LOCAL,
@@ -104,6 +107,7 @@ enum cmd_id {
     CMD_WORKER,
     CMD_COMPLETION,
     CMD_FSCHECK,
+    CMD_REPORT,
     CMD__COUNT
 };
 

@@ -18,6 +18,7 @@
 #include "attempt.h"
 #include "djversion.h"
 #include "fsutil.h"
+#include "history.h"
 #include "json.h"
 #include "jsonl.h"
 #include "manifest.h"
@@ -207,6 +208,211 @@ out:
     return r;
 }
 
+/* ---- status with the shards' history (--all, --state, --sort) ---- */
+
+/* Shards listed with their attempts, and the bytes of attempt records a
+ * listing may hold: a reply stays well inside the protocol's 1 MiB. */
+#define HISTORY_LIST_MAX STATUS_VIEW_DETAILS
+#define HISTORY_LIST_BYTES (640 << 10)
+#define HISTORY_SHARD_ATTEMPTS 8 /* attempts listed per shard, the latest */
+#define HISTORY_ERROR_MAX 400    /* bytes of an error listed */
+
+enum sort_key { SORT_NONE, SORT_ELAPSED, SORT_START, SORT_SHARD, SORT_NODE, SORT_ATTEMPTS };
+static const char *const sort_names[] = { "", "elapsed", "start", "shard", "node", "attempts" };
+
+/* What sorting needs of a shard, from its history. */
+struct shard_key {
+    cJSON *item; /* its entry of "shards" (detached) */
+    const char *id;
+    double elapsed, start;
+    char *node;
+    long long attempts;
+};
+
+static int
+cmp_key(const void *x, const void *y, void *ctx)
+{
+    const struct shard_key *a = x, *b = y;
+    enum sort_key sort_by = *(const enum sort_key *)ctx;
+    int c = 0;
+
+    switch (sort_by) {
+    case SORT_ELAPSED:
+        c = (a->elapsed < b->elapsed) - (a->elapsed > b->elapsed);
+        break;
+    case SORT_START:
+        /* unknown starts (never tried) last */
+        c = (a->start <= 0) - (b->start <= 0);
+        if (!c)
+            c = (a->start > b->start) - (a->start < b->start);
+        break;
+    case SORT_NODE:
+        c = strcmp(a->node ? a->node : "\x7f", b->node ? b->node : "\x7f");
+        break;
+    case SORT_ATTEMPTS:
+        c = (a->attempts < b->attempts) - (a->attempts > b->attempts);
+        break;
+    case SORT_SHARD:
+    case SORT_NONE:
+        break;
+    }
+    return c ? c : sort_by == SORT_NONE ? 0 : strcmp(a->id, b->id);
+}
+
+/* The error of the latest attempt that recorded one, or NULL. */
+static const char *
+last_error(const struct history_shard *h)
+{
+    for (size_t k = h->n; k-- > 0;)
+        if (h->v[k].error)
+            return h->v[k].error;
+    return NULL;
+}
+
+static void
+add_clipped(cJSON *o, const char *key, const char *s)
+{
+    size_t n = strlen(s);
+
+    if (n <= HISTORY_ERROR_MAX) {
+        json_add_str(o, key, s);
+    } else {
+        char *c = xasprintf("%.*s...", HISTORY_ERROR_MAX, s);
+
+        json_add_str(o, key, c);
+        free(c);
+    }
+}
+
+/* Adds the attempts of h to the shard entry x, within *budget bytes. */
+static void
+attach_attempts(cJSON *x, const struct history_shard *h, size_t *budget)
+{
+    cJSON *list = cJSON_AddArrayToObject(x, "attempts");
+    size_t from = h->n > HISTORY_SHARD_ATTEMPTS ? h->n - HISTORY_SHARD_ATTEMPTS : 0;
+    size_t omitted = h->omitted + from;
+
+    for (size_t k = from; k < h->n; k++) {
+        cJSON *a = history_attempt_json(&h->v[k]);
+        char *text;
+        size_t len;
+
+        cJSON_DeleteItemFromObjectCaseSensitive(a, "error");
+        if (h->v[k].error)
+            add_clipped(a, "error", h->v[k].error);
+        text = cJSON_PrintUnformatted(a);
+        len = text ? strlen(text) : 0;
+        free(text);
+        if (len > *budget) {
+            cJSON_Delete(a);
+            omitted += h->n - k;
+            break;
+        }
+        *budget -= len;
+        cJSON_AddItemToArray(list, a);
+    }
+    json_add_int(x, "attempts_total", (long long)(h->n + h->omitted));
+    if (omitted)
+        json_add_int(x, "attempts_omitted", (long long)omitted);
+}
+
+/*
+ * Rewrites the "shards" of status j: only those in state (NULL: all),
+ * ordered by sort, each of the first HISTORY_LIST_MAX with its attempts
+ * and, for a shard not done that failed before, "last_error"; the rest
+ * counted in "shards_omitted". Each shard's attempts are read twice (once
+ * for the order, once for the listing) so that a job of any size is held
+ * as one small key a shard.
+ */
+static int
+status_history(const struct manifest *m, cJSON *j, const char *state, const char *sort,
+               struct esd_err *err)
+{
+    cJSON *shards = cJSON_GetObjectItemCaseSensitive(j, "shards"), *x;
+    size_t n = 0, cap = (size_t)cJSON_GetArraySize(shards), budget = HISTORY_LIST_BYTES;
+    struct shard_key *keys;
+    double now = time_wall();
+    enum sort_key sort_by = SORT_NONE;
+    int r = 0, k;
+
+    if (state) {
+        for (k = 0; k < ST__COUNT && strcmp(status_state_name[k], state); k++)
+            ;
+        if (k == ST__COUNT)
+            return err_set(err, -EINVAL, "--state %s: not a state (pending, running, stale, "
+                           "done, failed)", state);
+    }
+    if (sort) {
+        for (k = 1; k <= SORT_ATTEMPTS && strcmp(sort_names[k], sort); k++)
+            ;
+        if (k > SORT_ATTEMPTS)
+            return err_set(err, -EINVAL, "--sort %s: not a sort key (elapsed, start, shard, "
+                           "node, attempts)", sort);
+        sort_by = (enum sort_key)k;
+    }
+    keys = xcalloc(cap + 1, sizeof(*keys));
+    while ((x = cJSON_DetachItemFromArray(shards, 0))) {
+        const char *id = json_get_str(x, "shard_id");
+        struct history_shard h;
+
+        if (!id || (state && strcmp(json_get_str(x, "status") ? json_get_str(x, "status") : "",
+                                    state))) {
+            cJSON_Delete(x);
+            continue;
+        }
+        keys[n].item = x;
+        keys[n].id = id;
+        keys[n].elapsed = -1;
+        if (sort_by != SORT_NONE && sort_by != SORT_SHARD) {
+            if ((r = history_read(m, id, &h, err)) < 0) {
+                history_shard_free(&h);
+                cJSON_Delete(x);
+                break;
+            }
+            if (h.n) {
+                const struct history_attempt *last = &h.v[h.n - 1];
+
+                keys[n].start = h.v[0].start;
+                keys[n].elapsed = last->elapsed >= 0                           ? last->elapsed
+                                  : last->start > 0 && !last->end && now > last->start
+                                      ? now - last->start
+                                      : -1;
+                keys[n].node = last->node ? xstrdup(last->node) : NULL;
+            }
+            keys[n].attempts = (long long)(h.n + h.omitted);
+            history_shard_free(&h);
+        }
+        n++;
+    }
+    if (r == 0 && sort_by != SORT_NONE)
+        qsort_r(keys, n, sizeof(*keys), cmp_key, &sort_by);
+    for (size_t i = 0; i < n; i++) {
+        struct history_shard h;
+
+        if (r == 0 && i < HISTORY_LIST_MAX) {
+            if ((r = history_read(m, keys[i].id, &h, err)) == 0) {
+                const char *e = last_error(&h);
+                const char *st = json_get_str(keys[i].item, "status");
+
+                attach_attempts(keys[i].item, &h, &budget);
+                if (e && st && strcmp(st, "done") && !json_get_str(keys[i].item, "error"))
+                    add_clipped(keys[i].item, "last_error", e);
+            }
+            history_shard_free(&h);
+            cJSON_AddItemToArray(shards, keys[i].item);
+        } else {
+            cJSON_Delete(keys[i].item);
+        }
+        free(keys[i].node);
+    }
+    free(keys);
+    if (r < 0)
+        return r;
+    json_add_int(j, "shards_listed", (long long)(n < HISTORY_LIST_MAX ? n : HISTORY_LIST_MAX));
+    json_set(j, "shards_omitted", json_int((long long)(n > HISTORY_LIST_MAX ? n - HISTORY_LIST_MAX : 0)));
+    return 0;
+}
+
 static int
 op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err *err)
 {
@@ -263,9 +469,20 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
     json_add_int(j, "total_rows", m.total_rows);
     json_add_int(j, "rows_done", rows_done);
     json_add_str(j, "ray_address", m.ray_address);
-    /* through esd: a reply within the protocol's line limit */
-    if (env->confined)
+    if (cmd_arg_flag(args, O_ALL) || cmd_arg_has(args, O_STATE) || cmd_arg_has(args, O_SORT)) {
+        /* bounded whatever the mode: the attempts of 100,000 shards are
+         * more than anyone reads */
+        if ((r = status_history(&m, j, cmd_arg_str(args, O_STATE), cmd_arg_str(args, O_SORT),
+                                err)) < 0) {
+            cJSON_Delete(j);
+            status_free(&st);
+            manifest_free(&m);
+            return r;
+        }
+    } else if (env->confined) {
+        /* through esd: a reply within the protocol's line limit */
         status_json_bound(j, STATUS_VIEW_DETAILS);
+    }
     status_free(&st);
     manifest_free(&m);
     *ret = j;
@@ -535,6 +752,37 @@ tail_offset(int fd, off_t size, long long lines)
     return 0;
 }
 
+/* logs --attempt: the process.log of attempt number of shard, after a
+ * header naming the node, the attempt and the file. */
+static int
+attempt_log(const struct manifest *m, const char *shard, long long number,
+            const struct op_env *env, char **ret_path, struct esd_err *err)
+{
+    const struct history_attempt *a;
+    struct history_shard h;
+    struct buf b;
+    int r;
+
+    if ((r = history_read(m, shard, &h, err)) < 0) {
+        history_shard_free(&h);
+        return r;
+    }
+    if (!(a = history_find(&h, number))) {
+        r = err_set(err, -ENOENT, "shard %s of %s has no attempt %lld (%zu recorded)", shard,
+                    m->job_dir, number, h.n + h.omitted);
+        history_shard_free(&h);
+        return r;
+    }
+    buf_init(&b);
+    buf_printf(&b, "==> shard %s, attempt %lld on node %s (%s): %s/process.log <==\n", shard,
+               number, a->node ? a->node : "unknown", history_outcome(a), a->dir);
+    emit_data(env, b.p, b.len);
+    buf_free(&b);
+    *ret_path = xasprintf("%s/%s/process.log", m->job_dir, a->dir);
+    history_shard_free(&h);
+    return 0;
+}
+
 static int
 op_logs(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err *err)
 {
@@ -554,7 +802,10 @@ op_logs(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err
         manifest_free(&m);
         return r;
     }
-    r = op_latest_log(m.job_dir, shard, &path, err);
+    if (cmd_arg_has(args, O_ATTEMPT))
+        r = attempt_log(&m, shard, cmd_arg_num(args, O_ATTEMPT, 0), env, &path, err);
+    else
+        r = op_latest_log(m.job_dir, shard, &path, err);
     manifest_free(&m);
     if (r < 0)
         return r;

@@ -325,6 +325,8 @@ call_run(struct call *c)
         return worker_run(c);
     case CMD_FSCHECK:
         return fscheck_cmd(c);
+    case CMD_REPORT:
+        return report_run(c);
     case CMD_LOGS:
         if (!c->set[O_SHARD])
             return journal_show(c);

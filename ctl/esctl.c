@@ -121,6 +121,9 @@ parse_args(struct call *c, int argc, char **argv, int i)
             cmd_help(c->cmd);
             return -1;
         }
+        /* -o, the one short option: --output, as merge and report name it */
+        if (strcmp(a, "-o") == 0 && (c->cmd->opts & OPT(O_OUTPUT)))
+            a = "--output";
         if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
             if (c->cmd->positional_job && !positional_done && !c->set[O_JOB_DIR] && *a) {
                 c->str[O_JOB_DIR] = a;

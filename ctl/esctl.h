@@ -103,6 +103,9 @@ int render_version(struct call *c, const cJSON *result, const char *why);
 /* One line on a job's progress for status --watch: a bar on a terminal
  * ("[#####.....] 340/1024 shards, 1.2M rows"), else a summary. */
 void render_status_line(const struct call *c, const cJSON *result);
+/* status --watch on a terminal: per node its done shards and the shards
+ * it runs now (with their lock ages), then the shards that failed. */
+void render_watch_nodes(struct call *c, const cJSON *result);
 
 /* Client-side loops (ctl/watch.c); each returns the exit code. */
 
@@ -121,6 +124,9 @@ int completion_print(void);
 
 /* esctl worker (ctl/worker.c): claims and processes shards in-process. */
 int worker_run(struct call *c);
+
+/* esctl report (ctl/report.c): the job's HTML report. */
+int report_run(struct call *c);
 
 /* esctl fscheck (ctl/fscheck.c): the shared file system's verdict. */
 int fscheck_cmd(struct call *c);

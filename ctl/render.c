@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "esctl.h"
 #include "json.h"
@@ -164,7 +165,8 @@ nodes_table(struct call *c, const cJSON *nodes)
 static void
 shards_table(struct call *c, const cJSON *args, const cJSON *res)
 {
-    bool all = cmd_arg_flag(args, O_ALL);
+    bool all = cmd_arg_flag(args, O_ALL) || cmd_arg_has(args, O_STATE) ||
+               cmd_arg_has(args, O_SORT);
     const cJSON *x;
     struct table t;
 
@@ -173,7 +175,7 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))
     {
         const char *state = str(x, "status"), *owner = json_get_str(x, "owner");
-        const char *error = json_get_str(x, "error");
+        const char *error = json_get_str(x, "error"), *last = json_get_str(x, "last_error");
         bool bad_meta = flag(x, "metadata_error");
         char rows[32], age[32] = "", who[320] = "";
         double secs;
@@ -191,7 +193,58 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
         else if (owner)
             snprintf(who, sizeof(who), "%s", owner);
         table_add(&t, out_color(c, state), str(x, "shard_id"), state, rows, who, age,
-                  bad_meta ? "unreadable metadata" : error ? error : "");
+                  bad_meta ? "unreadable metadata" : error ? error : last ? last : "");
+    }
+    if (t.nrows > 1) {
+        putchar('\n');
+        table_print(c, &t);
+    }
+    table_free(&t);
+}
+
+/* An epoch time as local HH:MM:SS (with the date when not today), or "". */
+static void
+fmt_clock(double t, char out[32])
+{
+    time_t s = (time_t)t, now = time(NULL);
+    struct tm tm, today;
+
+    out[0] = '\0';
+    if (t <= 0 || !localtime_r(&s, &tm) || !localtime_r(&now, &today))
+        return;
+    strftime(out, 32, tm.tm_yday == today.tm_yday && tm.tm_year == today.tm_year
+                          ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+/* status --all: every listed shard's attempts, one line each (sacct's). */
+static void
+attempts_table(struct call *c, const cJSON *res)
+{
+    const cJSON *x, *a;
+    struct table t;
+
+    table_init(&t, 10);
+    table_add(&t, NULL, "SHARD", "ATTEMPT", "NODE", "START", "END", "ELAPSED", "OUTCOME",
+              "CLASS", "ROWS", "ERROR");
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))
+    {
+        cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(x, "attempts"))
+        {
+            const char *outcome = str(a, "outcome");
+            char n[24], start[32], end[32], el[32] = "", rows[24] = "";
+            double v;
+
+            snprintf(n, sizeof(n), "%lld", num(a, "attempt"));
+            fmt_clock(json_get_num(a, "start", &v) == 0 ? v : 0, start);
+            fmt_clock(json_get_num(a, "end", &v) == 0 ? v : 0, end);
+            if (json_get_num(a, "elapsed_secs", &v) == 0)
+                fmt_duration(v, el);
+            if (cJSON_GetObjectItemCaseSensitive(a, "rows"))
+                snprintf(rows, sizeof(rows), "%lld", num(a, "rows"));
+            table_add(&t, out_color(c, !strcmp(outcome, "taken over") ? "stale" : outcome),
+                      str(x, "shard_id"), n, str(a, "node"), start, end, el, outcome,
+                      str(a, "failure_class"), rows, str(a, "error"));
+        }
     }
     if (t.nrows > 1) {
         putchar('\n');
@@ -271,6 +324,7 @@ render_job_status(struct call *c, const cJSON *args, const cJSON *res)
     merge_line(cJSON_GetObjectItemCaseSensitive(res, "merge"));
     nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
     shards_table(c, args, res);
+    attempts_table(c, res);
     if (num(res, "shards_omitted") > 0)
         printf("  (%lld more shards not listed; esctl status --local --json lists every one)\n",
                num(res, "shards_omitted"));
@@ -633,7 +687,7 @@ static int (*const renderers[CMD__COUNT])(struct call *, const cJSON *, const cJ
     [CMD_NODES] = render_nodes,
     [CMD_LOGS] = render_nothing,    [CMD_CONFIG] = render_config,
     [CMD_WORKER] = render_nothing,  [CMD_COMPLETION] = render_nothing,
-    [CMD_FSCHECK] = render_nothing,
+    [CMD_FSCHECK] = render_nothing, [CMD_REPORT] = render_nothing,
 };
 
 int
@@ -763,5 +817,59 @@ render_status_line(const struct call *c, const cJSON *result)
                now, str(res, "job_id"), done, total, num(counts, "running"),
                num(counts, "stale"), num(counts, "failed"), rows);
     }
+    cJSON_Delete(res);
+}
+
+void
+render_watch_nodes(struct call *c, const cJSON *result)
+{
+    cJSON *res = clean_copy(result);
+    const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(res, "nodes"), *x;
+    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(res, "shards");
+    const cJSON **v;
+    size_t n;
+    struct table t;
+    long long failed = 0;
+
+    v = sorted_members(nodes, &n);
+    table_init(&t, 3);
+    table_add(&t, NULL, "NODE", "DONE", "RUNNING NOW");
+    for (size_t i = 0; i < n; i++) {
+        struct buf now;
+        char d[24];
+
+        buf_init(&now);
+        cJSON_ArrayForEach(x, shards)
+        {
+            const char *st = str(x, "status"), *who = json_get_str(x, "node");
+            double age;
+            char a[32] = "";
+
+            if (!who)
+                who = json_get_str(x, "owner");
+            if (!who || strcmp(who, v[i]->string) || (strcmp(st, "running") && strcmp(st, "stale")))
+                continue;
+            if (json_get_num(x, "lock_age_secs", &age) == 0)
+                fmt_duration(age, a);
+            buf_printf(&now, "%s%s%s%s%s", now.len ? ", " : "", str(x, "shard_id"),
+                       strcmp(st, "stale") ? "" : " (stale)", *a ? " lock " : "", a);
+        }
+        snprintf(d, sizeof(d), "%lld", num(v[i], "done"));
+        table_add(&t, NULL, v[i]->string, d, now.p ? now.p : "-");
+        buf_free(&now);
+    }
+    free(v);
+    putchar('\n');
+    if (t.nrows > 1)
+        table_print(c, &t);
+    else
+        printf("no node has worked the job yet\n");
+    table_free(&t);
+    cJSON_ArrayForEach(x, shards)
+    if (!strcmp(str(x, "status"), "failed"))
+        failed++;
+    if (failed)
+        printf("\n%lld shards failed (esctl status --state failed DIR lists them)\n", failed);
+    pace_line(res);
     cJSON_Delete(res);
 }

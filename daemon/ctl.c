@@ -445,8 +445,10 @@ view_status(struct conn *c, const cJSON *args, const struct jobref *jr)
     struct job *j = jr->exists ? jobs_find(jr->dir) : NULL;
     cJSON *r;
 
+    /* the shards' history (--all, --state, --sort) is read in a child */
     if (!j || !j->loaded || strcmp(j->job_dir, jr->dir) || j->ino != jr->st.st_ino ||
-        cmd_arg_has(args, O_LOCK_TIMEOUT))
+        cmd_arg_has(args, O_LOCK_TIMEOUT) || cmd_arg_flag(args, O_ALL) ||
+        cmd_arg_has(args, O_STATE) || cmd_arg_has(args, O_SORT))
         return NULL;
     if (c->cred.uid != 0 && c->cred.uid != jr->st.st_uid) {
         struct fsid prev = jobs_fs_as(c->cred.uid, c->cred.gid);
