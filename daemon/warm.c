@@ -573,7 +573,7 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
         w = xcalloc(1, sizeof(*w));
         w->job = j;
         w->job_id = xstrdup(j->m.job_id);
-        w->ctx.job = w->job_id;
+        w->ctx.job = &j->log;
         w->state = W_DEAD;
         w->sock = -1;
         w->sp.out_fd = w->sp.report_fd = -1;
