@@ -34,18 +34,30 @@
 #       a private mount namespace (unshare --mount, tmpfs on /run and
 #       /var/log there; esd, journalctl --sync and journalctl run in it
 #       through nsenter): daemon j (log.target journal, not -f) works a
-#       4-shard job. For every shard the lines "claimed (attempt 1)",
-#       "started ..." and "done: N rows ..." and the processor's own output
-#       that the runner forwards (mini-dj's "read N rows" on stdout and
-#       "kept N rows" on stderr) all carry ESD_NODE=j, ESD_JOB=<job id>,
-#       ESD_SHARD=<shard id>, ESD_ATTEMPT=1, SYSLOG_IDENTIFIER=esd,
-#       PRIORITY=6 and esd's own _PID; `journalctl ESD_SHARD=<id>` returns
-#       exactly that shard's lines; the start-up line carries ESD_NODE and
-#       no ESD_JOB/ESD_SHARD/ESD_ATTEMPT with PRIORITY=5; every PRIORITY
-#       is 3..7, debug lines (7) are there (log.level debug); nothing fell
-#       back to stderr. Daemons k (log.target auto, INVOCATION_ID set, as
-#       under systemd) and f (log.target journal but -f) only start and
-#       stop: k's lines are in the journal, f's on stderr only. (b) is
+#       4-shard job job-b and a 2-shard job of the same basename in another
+#       directory (other/job-b). For every shard the lines "claimed (attempt
+#       1)", "started ..." and "done: N rows ..." and the processor's own
+#       output that the runner forwards (mini-dj's "read N rows" on stdout
+#       and "kept N rows" on stderr) all start with "[job-b <shard>#1] " and
+#       carry ESD_NODE=j, ESD_JOB=job-b@<the first 8 hex digits of the
+#       SHA-256 of the job's directory> (distinct for the two jobs),
+#       ESD_JOB_DIR, ESD_SHARD=<shard id>, ESD_ATTEMPT=1, PRIORITY=6 and
+#       esd's own _PID; esd's lines SYSLOG_IDENTIFIER=esd, the processor's
+#       esd-processor; claimed and done carry the MESSAGE_IDs of
+#       daemon/msgid.h, started and the processor's lines none; each job's
+#       "job ... registered" and "merged" lines (prefix "[job-b] ") their
+#       MESSAGE_IDs; `journalctl ESD_SHARD=<id>` returns exactly that shard's
+#       lines, `journalctl ESD_JOB_DIR=<dir>` those of its ESD_JOB, and
+#       `esctl logs DIR` exactly the lines of that job, none of the other
+#       job-b; `journalctl -x` with only systemd/esd.catalog installed (tmpfs
+#       over the catalog directories in the namespace) explains a done line
+#       with its fields filled in; the start-up line carries ESD_NODE and no
+#       ESD_JOB/ESD_SHARD/ESD_ATTEMPT, no "[" prefix, with PRIORITY=5; every
+#       PRIORITY is 3..7, debug lines (7) are there (log.level debug);
+#       nothing fell back to stderr. Daemons k (log.target auto,
+#       INVOCATION_ID set, as under systemd) and f (log.target journal but
+#       -f) only start and stop: k's lines are in the journal, f's on stderr
+#       only. (b) is
 #       skipped with a "# skipped:" line unless the test runs as root with
 #       unshare, nsenter, journalctl and an executable $JOURNALD.
 #
@@ -351,6 +363,19 @@ journal k SYSLOG_IDENTIFIER=esd ESD_NODE=k
 journal f SYSLOG_IDENTIFIER=esd ESD_NODE=f
 SHARD1=$(py 'sorted(j["shards"], key=lambda s: s["index"])[0]["id"]' "$JB/manifest.json")
 journal shard "ESD_SHARD=$SHARD1"
+# journalctl -x with esd's catalog alone (tmpfs over the catalog directories,
+# in the namespace only)
+DONE_ID=$(sed -n 's/^#define MSGID_DONE "\(.*\)"$/\1/p' "$TOP/daemon/msgid.h")
+in_ns sh -c 'mount -t tmpfs tmpfs /usr/lib/systemd/catalog &&
+    mount -t tmpfs tmpfs /var/lib/systemd/catalog && cp "$1" /usr/lib/systemd/catalog/ &&
+    journalctl --update-catalog && journalctl --no-pager -x "MESSAGE_ID=$2" "ESD_SHARD=$3"' \
+    sh "$TOP/systemd/esd.catalog" "$DONE_ID" "$SHARD1" >"$W/x.out" 2>&1 ||
+    fail "journalctl -x with esd.catalog" "$(cat "$W/x.out")"
+ESD_JOB_B=job-b@$(printf %s "$JB" | sha256sum | cut -c1-8)
+grep -qF "Subject: esd finished shard $SHARD1 of job $ESD_JOB_B" "$W/x.out" &&
+    grep -qF "Attempt 1 of shard $SHARD1 succeeded on node j" "$W/x.out" ||
+    fail "journalctl -x explains the done line from esd.catalog" "$(cat "$W/x.out")"
+ok "journalctl -x explains a done line from systemd/esd.catalog, its fields filled in ($ESD_JOB_B)"
 kill -TERM "$JPID"
 wait_for "systemd-journald exits" 10 dead "$JPID"
 ok "read back $(wc -l <"$W/journal.json") esd lines from the journal"
