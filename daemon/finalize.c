@@ -148,9 +148,9 @@ fin_apply(struct fin *f)
     node = json_get_str(o, "node");
     json_get_int(o, "rows", &rows);
     if (status && !strcmp(status, "complete")) {
-        log_event(LOG_LVL_NOTICE, &f->ctx, MSGID_MERGED, "merged %lld rows into %s (by node %s)", rows,
-                   json_get_str(o, "output_path") ? json_get_str(o, "output_path") : j->output,
-                   node ? node : "?");
+        log_event(LOG_LVL_NOTICE, &f->ctx, MSGID_MERGED, "merged %lld rows into %s (by node %s)",
+                  rows, json_get_str(o, "output_path") ? json_get_str(o, "output_path") : j->output,
+                  node ? node : "?");
         jobs_set_state(j, JOB_COMPLETE, NULL);
     } else {
         char *why = xasprintf("the merge failed on node %s: %s", node ? node : "?",

@@ -421,8 +421,9 @@ add(const cJSON *o, const char *from, bool *ret_new)
     j->next = J.head;
     J.head = j;
     J.n++;
-    log_event(LOG_LVL_INFO, &(struct log_ctx){ .job = &j->log }, MSGID_JOB_REGISTERED, "job %s registered (%s), %s, owner uid %u",
-             j->job_dir, from, job_state_name[j->state], (unsigned)j->uid);
+    log_event(LOG_LVL_INFO, &(struct log_ctx){ .job = &j->log }, MSGID_JOB_REGISTERED,
+              "job %s registered (%s), %s, owner uid %u", j->job_dir, from,
+              job_state_name[j->state], (unsigned)j->uid);
     /* (a registration of an older esd, or adopted: bound from now on) */
     if (!have_uid || !ino || !dev)
         persist(j);
@@ -1179,8 +1180,8 @@ jobs_set_state(struct job *j, enum job_state state, const char *error)
     jobview_kick();
     if (error)
         log_event(LOG_LVL_NOTICE, &(struct log_ctx){ .job = &j->log },
-                  state == JOB_FAILED ? MSGID_JOB_FAILED : NULL, "job %s: %s: %s",
-                   j->job_dir, job_state_name[state], error);
+                  state == JOB_FAILED ? MSGID_JOB_FAILED : NULL, "job %s: %s: %s", j->job_dir,
+                  job_state_name[state], error);
     else
         log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: %s",
                    j->job_dir, job_state_name[state]);

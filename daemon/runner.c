@@ -962,16 +962,18 @@ run_report(struct run *r)
         error = json_get_str(rep, "error");
         cls = json_get_str(rep, "class");
         if (!strcmp(status, "done")) {
-            log_event(LOG_LVL_INFO, &r->ctx, MSGID_DONE, "done: %lld rows in %.1f s", rows, duration);
+            log_event(LOG_LVL_INFO, &r->ctx, MSGID_DONE, "done: %lld rows in %.1f s", rows,
+                      duration);
             j->done_here++;
             j->rows_here += (unsigned long long)rows;
         } else if (!strcmp(status, "failed")) {
-            log_event(LOG_LVL_WARNING, &r->ctx, MSGID_FAILED, "failed (%s)%s: %s", cls ? cls : "?",
-                        failed ? ", no retries left: the shard failed"
-                        : left ? ", its retries used up by this node alone: left to the other "
-                                 "nodes"
-                               : "",
-                        error ? error : "");
+            log_event(LOG_LVL_WARNING, &r->ctx, MSGID_FAILED, "failed (%s)%s: %s",
+                      cls ? cls : "?",
+                      failed ? ", no retries left: the shard failed"
+                      : left ? ", its retries used up by this node alone: left to the other "
+                               "nodes"
+                             : "",
+                      error ? error : "");
             j->failed_here++;
         } else if (!strcmp(status, "released")) {
             log_info(&r->ctx, "released: %s", error ? error : "stopped");

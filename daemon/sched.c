@@ -213,7 +213,8 @@ fill(void)
         if (cl.took_over)
             log_event(LOG_LVL_NOTICE, &(struct log_ctx){ .job = &j->log, .shard = cl.shard_id,
                                                          .attempt = cl.attempt_number },
-                      MSGID_TAKEN_OVER, "claimed (attempt %lld), taken over from node %s whose lease ran out",
+                      MSGID_TAKEN_OVER,
+                      "claimed (attempt %lld), taken over from node %s whose lease ran out",
                        cl.attempt_number, cl.taken_from);
         else
             log_event(LOG_LVL_INFO, &(struct log_ctx){ .job = &j->log, .shard = cl.shard_id,
