@@ -568,8 +568,9 @@ cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
             return NULL;
         }
     }
-    log_notice(NULL, "control: cancel %s%s by uid %u pid %d", jr->dir,
-               everywhere ? " on every node" : "", (unsigned)c->cred.uid, (int)c->cred.pid);
+    log_notice(j ? &(struct log_ctx){ .job = &j->log } : NULL,
+               "control: cancel %s%s by uid %u pid %d", jr->dir, everywhere ? " on every node" : "",
+               (unsigned)c->cred.uid, (int)c->cred.pid);
     if (j) {
         j->cancelled_everywhere = everywhere;
         jobs_set_state(j, JOB_CANCELLED, everywhere ? "cancelled on every node" : "cancelled");

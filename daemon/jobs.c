@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,6 +357,22 @@ jobs_check_bound(struct job *j, struct esd_err *err)
     return 0;
 }
 
+/* Logs why the registration of dir (no job yet) is refused, about that job. */
+static void __attribute__((format(printf, 2, 3)))
+refuse(const char *dir, const char *fmt, ...)
+{
+    struct log_job lj;
+    char msg[2048];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_job_init(&lj, dir);
+    log_warning(&(struct log_ctx){ .job = &lj }, "%s", msg);
+    log_job_free(&lj);
+}
+
 /* Adds a job from a registration object (or finds it); NULL if the
  * registration is unusable. *ret_new tells whether it was added. */
 static struct job *
@@ -387,14 +404,14 @@ add(const cJSON *o, const char *from, bool *ret_new)
         out = def = fs_join(dir, "merged.jsonl");
     if (validate(dir, have_uid, uid, ino, dev, out, &st, &err) < 0) {
         if (complain(from))
-            log_warning(NULL, "%s: %s; refusing the registration", from, err.msg);
+            refuse(dir, "%s: %s; refusing the registration", from, err.msg);
         free(def);
         return NULL;
     }
     j = xcalloc(1, sizeof(*j));
     if (spawn_cred_for_uid(st.st_uid, &j->owner, &err) < 0) {
         if (complain(from))
-            log_warning(NULL, "%s: job %s: %s; refusing the registration", from, dir, err.msg);
+            refuse(dir, "%s: job %s: %s; refusing the registration", from, dir, err.msg);
         free(def);
         free(j);
         return NULL;
