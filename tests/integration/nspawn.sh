@@ -320,7 +320,7 @@ secs=$(($(date +%s) - t))
 [ "$(count "$W/srv/hang-job/state/failed")" -eq 0 ] || fail "no shard failed"
 ! in_ct pgrep -x mini-dj >/dev/null || fail "no mini-dj is left"
 # (journald may file the last lines of a stopping service a moment later)
-wait_for "esd logs the release" 10 eval 'journal -o cat | grep -q "^released: "'
+wait_for "esd logs the release" 10 eval 'journal -o cat | grep -q "^\[hang-job part-[0-9]*-of-00002#1\] released: "'
 ok "systemctl stop with a hanging attempt: done in $secs s, Result=success, $LOCKS claim(s) released, no lock left, no failure, no mini-dj left"
 
 # ---- (g) the root variant of systemd/README.md ----
