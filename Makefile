@@ -8,7 +8,7 @@
 #   make bench               benchmarks in bench/ (print ratios)
 #   make valgrind            unit suites under valgrind
 #   make install             PREFIX, DESTDIR, BINDIR, SBINDIR, LIBEXECDIR, MANDIR, DATADIR, SYSCONFDIR,
-#                            UNITDIR, SYSUSERSDIR, BASHCOMPDIR (make uninstall: the same)
+#                            UNITDIR, SYSUSERSDIR, CATALOGDIR, BASHCOMPDIR (make uninstall: the same)
 #
 # Knobs: V=1 (echo commands), WERROR=1, SANITIZE=address,undefined,
 # CC, CFLAGS, LDFLAGS, PKG_CONFIG.
@@ -27,6 +27,9 @@ SYSCONFDIR  ?= /etc
 # systemd's own directories (systemd.pc), whatever PREFIX is.
 UNITDIR     ?= $(shell $(PKG_CONFIG) --variable=systemdsystemunitdir systemd 2>/dev/null || echo /lib/systemd/system)
 SYSUSERSDIR ?= $(shell $(PKG_CONFIG) --variable=sysusersdir systemd 2>/dev/null || echo /usr/lib/sysusers.d)
+# the journal's message catalog (journalctl -x); journalctl --update-catalog
+# reads it
+CATALOGDIR  ?= $(shell $(PKG_CONFIG) --variable=catalogdir systemd 2>/dev/null || echo /usr/lib/systemd/catalog)
 BASHCOMPDIR ?= $(DATADIR)/bash-completion/completions
 DESTDIR     ?=
 FUZZ_SECONDS ?= 60
@@ -250,7 +253,8 @@ bench: all tools $(BENCH_BINS)
 install: all
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 \
 		$(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSCONFDIR)/esd \
-		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(BASHCOMPDIR)
+		$(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(CATALOGDIR) \
+		$(DESTDIR)$(BASHCOMPDIR)
 	install -m 0755 $(ESCTL) $(DESTDIR)$(BINDIR)/esctl
 	install -m 0755 $(ESD) $(DESTDIR)$(SBINDIR)/esd
 	install -d $(DESTDIR)$(LIBEXECDIR)/esd
@@ -264,6 +268,7 @@ install: all
 	install -m 0644 $(BUILD)/esd.service $(DESTDIR)$(UNITDIR)/esd.service
 	install -m 0644 systemd/esd.socket $(DESTDIR)$(UNITDIR)/esd.socket
 	install -m 0644 systemd/esd.sysusers $(DESTDIR)$(SYSUSERSDIR)/esd.conf
+	install -m 0644 systemd/esd.catalog $(DESTDIR)$(CATALOGDIR)/esd.catalog
 	$(ESCTL) completion >$(BUILD)/esctl.bash
 	install -m 0644 $(BUILD)/esctl.bash $(DESTDIR)$(BASHCOMPDIR)/esctl
 
@@ -272,7 +277,7 @@ uninstall:
 		$(DESTDIR)$(MANDIR)/man1/esctl.1 $(DESTDIR)$(MANDIR)/man5/esd.yaml.5 \
 		$(DESTDIR)$(MANDIR)/man8/esd.8 $(DESTDIR)$(UNITDIR)/esd.service \
 		$(DESTDIR)$(UNITDIR)/esd.socket $(DESTDIR)$(SYSUSERSDIR)/esd.conf \
-		$(DESTDIR)$(BASHCOMPDIR)/esctl $(DESTDIR)$(LIBEXECDIR)/esd/esd-dj
+		$(DESTDIR)$(CATALOGDIR)/esd.catalog $(DESTDIR)$(BASHCOMPDIR)/esctl $(DESTDIR)$(LIBEXECDIR)/esd/esd-dj
 	rmdir $(DESTDIR)$(LIBEXECDIR)/esd 2>/dev/null || true
 	! cmp -s etc/esd.yaml $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml || \
 		rm -f $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml

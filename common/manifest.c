@@ -12,6 +12,7 @@
 
 #include "fsutil.h"
 #include "json.h"
+#include "sha256.h"
 
 bool
 manifest_id_ok(const char *id)
@@ -754,4 +755,23 @@ manifest_list_state(const struct manifest *m, const char *kind, const char *suff
     closedir(d);
     free(dir);
     return r;
+}
+
+void
+manifest_dir_key(const char *job_dir, char ret_key[17])
+{
+    char hex[SHA256_HEX_LEN + 1];
+
+    sha256_buf(job_dir, strlen(job_dir), hex);
+    memcpy(ret_key, hex, 16);
+    ret_key[16] = '\0';
+}
+
+char *
+manifest_log_id(const char *job_dir)
+{
+    char key[17];
+
+    manifest_dir_key(job_dir, key);
+    return xasprintf("%s@%.8s", fs_basename(job_dir), key);
 }

@@ -151,4 +151,13 @@ bool manifest_id_ok(const char *id);
  * other non-ASCII characters are fine: a job id is a directory's name. */
 bool manifest_job_id_ok(const char *id);
 
+/* The key of a resolved job directory: the first 16 hex digits of the
+ * SHA-256 of its path, the same on every node (esd's registry and spool
+ * file names). */
+void manifest_dir_key(const char *job_dir, char ret_key[17]);
+/* The journal's ESD_JOB of a resolved job directory, unique even when two
+ * jobs share a basename: "<basename>@<the first 8 digits of its key>".
+ * The caller frees it. */
+char *manifest_log_id(const char *job_dir);
+
 #endif

@@ -1,6 +1,8 @@
 /*
  * journal: `esctl logs DIR` without --shard shows what esd on this node
- * logged about the job: its journal entries carry ESD_JOB=<job id>, which
+ * logged about the job, and its processor's output: its journal entries
+ * carry ESD_JOB=<basename>@<8 hex digits of the directory's key>
+ * (manifest_log_id, unique even when two jobs share a basename), which
  * journalctl selects. esctl execs journalctl, so that --follow, paging
  * and the journal's own permissions behave as journalctl's do.
  */
@@ -19,7 +21,7 @@ journal_show(struct call *c)
 {
     struct manifest m;
     struct esd_err err;
-    char *dir = NULL, *match, *esc, lines[32];
+    char *dir = NULL, *match, *esc, *id, lines[32];
     const char *argv[9];
     int n = 0, r;
 
@@ -28,12 +30,14 @@ journal_show(struct call *c)
         free(dir);
         return render_error(c, "failed", err.msg, EXIT_ERROR);
     }
+    manifest_free(&m);
+    id = manifest_log_id(dir);
     free(dir);
     /* esd's log escapes the field's value (daemon/log.c): match it so */
-    esc = str_escape_dup(m.job_id);
+    esc = str_escape_dup(id);
+    free(id);
     match = xasprintf("ESD_JOB=%s", esc);
     free(esc);
-    manifest_free(&m);
     argv[n++] = "journalctl";
     argv[n++] = "--no-pager";
     argv[n++] = "-o";

@@ -579,8 +579,9 @@ cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
             return NULL;
         }
     }
-    log_notice(NULL, "control: cancel %s%s by uid %u pid %d", jr->dir,
-               everywhere ? " on every node" : "", (unsigned)c->cred.uid, (int)c->cred.pid);
+    log_notice(j ? &(struct log_ctx){ .job = &j->log } : NULL,
+               "control: cancel %s%s by uid %u pid %d", jr->dir, everywhere ? " on every node" : "",
+               (unsigned)c->cred.uid, (int)c->cred.pid);
     if (j) {
         j->cancelled_everywhere = everywhere;
         jobs_set_state(j, JOB_CANCELLED, everywhere ? "cancelled on every node" : "cancelled");
@@ -667,7 +668,7 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
      * fixed): loaded again at once, with the file system checked again */
     if (!j->loaded)
         j->load_after = 0;
-    log_notice(&(struct log_ctx){ .job = j->key }, "control: job %s submitted by uid %u pid %d%s",
+    log_notice(&(struct log_ctx){ .job = &j->log }, "control: job %s submitted by uid %u pid %d%s",
                j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid,
                cmd_arg_flag(args, O_EVERYWHERE) ? " for every node" : "");
     sched_kick();
@@ -692,7 +693,7 @@ merge_again(const struct conn *c, const struct jobref *jr)
         return NULL;
     if (!j->finalize && !finalize_retry(j))
         return NULL;
-    log_notice(&(struct log_ctx){ .job = j->key }, "control: merge of %s held again for uid %u "
+    log_notice(&(struct log_ctx){ .job = &j->log }, "control: merge of %s held again for uid %u "
                "pid %d", j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid);
     sched_kick();
     r = job_result(j);

@@ -20,6 +20,7 @@
 #include "json.h"
 #include "claim.h"
 #include "log.h"
+#include "msgid.h"
 #include "spawn.h"
 #include "merge.h"
 
@@ -147,9 +148,9 @@ fin_apply(struct fin *f)
     node = json_get_str(o, "node");
     json_get_int(o, "rows", &rows);
     if (status && !strcmp(status, "complete")) {
-        log_notice(&f->ctx, "merged %lld rows into %s (by node %s)", rows,
-                   json_get_str(o, "output_path") ? json_get_str(o, "output_path") : j->output,
-                   node ? node : "?");
+        log_event(LOG_LVL_NOTICE, &f->ctx, MSGID_MERGED, "merged %lld rows into %s (by node %s)",
+                  rows, json_get_str(o, "output_path") ? json_get_str(o, "output_path") : j->output,
+                  node ? node : "?");
         jobs_set_state(j, JOB_COMPLETE, NULL);
     } else {
         char *why = xasprintf("the merge failed on node %s: %s", node ? node : "?",
@@ -349,7 +350,7 @@ fin_merged_as_owner(struct fin *f)
                               "(or at once on esctl merge or submit)", F.conf->node_name,
                               error ? error : how, wait);
 
-        log_err(&f->ctx, "%s", why);
+        log_event(LOG_LVL_ERR, &f->ctx, MSGID_MERGE_FAILED, "%s", why);
         fin_free(f);
         jobs_set_state(j, JOB_ACTIVE, why);
         free(why);
@@ -565,7 +566,7 @@ finalize_start_as_owner(struct job *j)
     f->dir = xasprintf("%s/state/esd", j->job_dir);
     f->lock = fs_join(f->dir, "finalize.lock");
     f->result = fs_join(f->dir, "finalize.json");
-    f->ctx.job = j->m.job_id;
+    f->ctx.job = &j->log;
     buf_init(&f->out);
     ev_init(&f->beat_w, fin_beat_cb);
     f->beat_w.data = f;
@@ -631,7 +632,7 @@ finalize_retry(struct job *j)
         return false;
     j->next_claim = 0;
     if (moved)
-        log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key },
+        log_notice(&(struct log_ctx){ .job = &j->log },
                    "job %s: the record of its failed merge moved aside; merging again",
                    j->job_dir);
     return true;

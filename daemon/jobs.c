@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include "jobview.h"
 #include "json.h"
 #include "log.h"
+#include "msgid.h"
 #include "merge.h"
 #include "recipe.h"
 #include "sha256.h"
@@ -57,16 +59,6 @@ state_parse(const char *s)
         if (s && !strcmp(s, job_state_name[i]))
             return i;
     return -1;
-}
-
-static void
-job_key(const char *job_dir, char key[17])
-{
-    char hex[SHA256_HEX_LEN + 1];
-
-    sha256_buf(job_dir, strlen(job_dir), hex);
-    memcpy(key, hex, 16);
-    key[16] = '\0';
 }
 
 static struct job *
@@ -159,7 +151,7 @@ persist(struct job *j)
     json_add_str(o, "updated_at", now);
     struct fsid prev = jobs_fs_self();
     if (json_write_atomic(j->reg_path, o, JSON_PRETTY, &err) < 0)
-        log_warning(&(struct log_ctx){ .job = j->key }, "%s; the state is kept in memory",
+        log_warning(&(struct log_ctx){ .job = &j->log }, "%s; the state is kept in memory",
                     err.msg);
     jobs_fs_restore(prev);
     cJSON_Delete(o);
@@ -179,6 +171,7 @@ job_free(struct job *j)
     spawn_cred_free(&j->owner);
     free(j->refused);
     free(j->stopped);
+    log_job_free(&j->log);
     free(j->job_dir);
     free(j->output);
     free(j->reg_path);
@@ -335,7 +328,7 @@ jobs_check_bound(struct job *j, struct esd_err *err)
          * directory of the same owner on the same device, with no link on
          * its path, is what was submitted; esd acts there as that owner
          * only. A job once loaded is bound for good. */
-        log_notice(&(struct log_ctx){ .job = j->key }, "job %s: the directory was made again "
+        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: the directory was made again "
                    "before it was loaded; bound to the new one", j->job_dir);
         j->ino = st.st_ino;
         persist(j);
@@ -343,7 +336,7 @@ jobs_check_bound(struct job *j, struct esd_err *err)
     }
     if (r < 0) {
         if (!j->refused || strcmp(j->refused, err->msg))
-            log_warning(&(struct log_ctx){ .job = j->key }, "job %s: %s; not working it",
+            log_warning(&(struct log_ctx){ .job = &j->log }, "job %s: %s; not working it",
                         j->job_dir, err->msg);
         free(j->refused);
         j->refused = xstrdup(err->msg);
@@ -351,7 +344,7 @@ jobs_check_bound(struct job *j, struct esd_err *err)
     }
     if (j->refused) {
         /* (the very directory is back: a link swapped in and out again) */
-        log_notice(&(struct log_ctx){ .job = j->key }, "job %s: its directory matches its "
+        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: its directory matches its "
                    "registration again", j->job_dir);
         free(j->refused);
         j->refused = NULL;
@@ -362,6 +355,22 @@ jobs_check_bound(struct job *j, struct esd_err *err)
         persist(j);
     }
     return 0;
+}
+
+/* Logs why the registration of dir (no job yet) is refused, about that job. */
+static void __attribute__((format(printf, 2, 3)))
+refuse(const char *dir, const char *fmt, ...)
+{
+    struct log_job lj;
+    char msg[2048];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    log_job_init(&lj, dir);
+    log_warning(&(struct log_ctx){ .job = &lj }, "%s", msg);
+    log_job_free(&lj);
 }
 
 /* Adds a job from a registration object (or finds it); NULL if the
@@ -388,21 +397,21 @@ add(const cJSON *o, const char *from, bool *ret_new)
     }
     /* the registration names its job by the path it bound, never by
      * where that path may lead now */
-    job_key(dir, key);
+    manifest_dir_key(dir, key);
     if ((j = find(key)))
         return j;
     if (!out)
         out = def = fs_join(dir, "merged.jsonl");
     if (validate(dir, have_uid, uid, ino, dev, out, &st, &err) < 0) {
         if (complain(from))
-            log_warning(NULL, "%s: %s; refusing the registration", from, err.msg);
+            refuse(dir, "%s: %s; refusing the registration", from, err.msg);
         free(def);
         return NULL;
     }
     j = xcalloc(1, sizeof(*j));
     if (spawn_cred_for_uid(st.st_uid, &j->owner, &err) < 0) {
         if (complain(from))
-            log_warning(NULL, "%s: job %s: %s; refusing the registration", from, dir, err.msg);
+            refuse(dir, "%s: job %s: %s; refusing the registration", from, dir, err.msg);
         free(def);
         free(j);
         return NULL;
@@ -410,6 +419,7 @@ add(const cJSON *o, const char *from, bool *ret_new)
     *ret_new = true;
     memcpy(j->key, key, sizeof(key));
     j->job_dir = xstrdup(dir);
+    log_job_init(&j->log, dir);
     j->output = xstrdup(out);
     free(def);
     j->uid = st.st_uid;
@@ -428,8 +438,9 @@ add(const cJSON *o, const char *from, bool *ret_new)
     j->next = J.head;
     J.head = j;
     J.n++;
-    log_info(&(struct log_ctx){ .job = j->key }, "job %s registered (%s), %s, owner uid %u",
-             j->job_dir, from, job_state_name[j->state], (unsigned)j->uid);
+    log_event(LOG_LVL_INFO, &(struct log_ctx){ .job = &j->log }, MSGID_JOB_REGISTERED,
+              "job %s registered (%s), %s, owner uid %u", j->job_dir, from,
+              job_state_name[j->state], (unsigned)j->uid);
     /* (a registration of an older esd, or adopted: bound from now on) */
     if (!have_uid || !ino || !dev)
         persist(j);
@@ -498,7 +509,7 @@ scan(const char *dir, bool spool)
                     !jobs_cancelled_everywhere(j)) {
                     jobs_reset(j);
                     jobs_set_state(j, JOB_ACTIVE, NULL);
-                    log_notice(&(struct log_ctx){ .job = j->key }, "job %s: submitted again on "
+                    log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: submitted again on "
                                "every node", j->job_dir);
                 }
                 /* adopted from the spool: this node's own record from now on */
@@ -581,7 +592,7 @@ jobs_claim_record(struct job *j, const struct claim *cl)
     json_add_int(o, "attempt_number", cl->attempt_number);
     struct fsid prev = jobs_fs_self();
     if (json_write_atomic(path, o, JSON_PRETTY, &err) < 0)
-        log_warning(&(struct log_ctx){ .job = j->m.job_id, .shard = cl->shard_id },
+        log_warning(&(struct log_ctx){ .job = &j->log, .shard = cl->shard_id },
                     "%s (a restart then waits for this claim's lease)", err.msg);
     jobs_fs_restore(prev);
     cJSON_Delete(o);
@@ -626,16 +637,16 @@ recover_claims(struct job *j)
         r = json_load_object(path, 1 << 16, &o, &err);
         jobs_fs_restore(prev);
         if (r < 0) {
-            log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%s, removing it", err.msg);
+            log_warning(&(struct log_ctx){ .job = &j->log }, "%s, removing it", err.msg);
         } else if (!(shard = json_get_str(o, "shard_id")) || !(token = json_get_str(o, "token"))) {
-            log_warning(&(struct log_ctx){ .job = j->m.job_id },
+            log_warning(&(struct log_ctx){ .job = &j->log },
                         "%s lacks shard_id or token, removing it", path);
         } else if ((r = claim_recover(&j->claimer, shard, token, &err)) < 0) {
-            log_warning(&(struct log_ctx){ .job = j->m.job_id, .shard = shard },
+            log_warning(&(struct log_ctx){ .job = &j->log, .shard = shard },
                         "cannot recover this node's claim from its previous run: %s; it ends "
                         "with its lease", err.msg);
         } else {
-            log_notice(&(struct log_ctx){ .job = j->m.job_id, .shard = shard },
+            log_notice(&(struct log_ctx){ .job = &j->log, .shard = shard },
                        r ? "this node's claim from its previous run was taken back at once "
                            "(its attempt marked stale)"
                          : "this node's claim from its previous run had ended already");
@@ -983,7 +994,7 @@ load_done(struct job *j)
     if (why) {
         /* said once per reason, not at every rescan */
         if (!j->load_error || strcmp(j->load_error, why))
-            log_warning(&(struct log_ctx){ .job = j->key }, "cannot work job %s: %s", j->job_dir,
+            log_warning(&(struct log_ctx){ .job = &j->log }, "cannot work job %s: %s", j->job_dir,
                         why);
         free(j->load_error);
         j->load_error = why;
@@ -994,7 +1005,7 @@ load_done(struct job *j)
         j->loaded = true;
         j->next_claim = 0;
         jobview_kick();
-        log_info(&(struct log_ctx){ .job = j->m.job_id }, "working job %s: %zu shards",
+        log_info(&(struct log_ctx){ .job = &j->log }, "working job %s: %zu shards",
                  j->job_dir, j->m.nshards);
         prev = jobs_fs_owner(j);
         recover_claims(j);
@@ -1082,7 +1093,7 @@ load_start(struct job *j)
     }
     jobs_helper_id(j, &who);
     if ((pid = helper_fork("loading", &who, &fd, &err)) < 0) {
-        log_warning(&(struct log_ctx){ .job = j->key }, "job %s: %s; trying again later",
+        log_warning(&(struct log_ctx){ .job = &j->log }, "job %s: %s; trying again later",
                     j->job_dir, err.msg);
         j->load_after = time_mono() + (double)J.conf->poll_interval_secs;
         return;
@@ -1100,7 +1111,7 @@ load_start(struct job *j)
     ev_child_init(&l->child_w, load_child_cb, pid, 0);
     l->child_w.data = j;
     ev_child_start(J.loop, &l->child_w);
-    helper_guard_start(&l->guard, J.loop, pid, "loading", &(struct log_ctx){ .job = j->key },
+    helper_guard_start(&l->guard, J.loop, pid, "loading", &(struct log_ctx){ .job = &j->log },
                        (double)J.conf->helper_timeout_secs);
     j->load = l;
 }
@@ -1157,7 +1168,7 @@ badnode_check(struct job *j)
                            "its processor fails what works elsewhere, so it claims no more of "
                            "this job (submit it again or restart esd once the node is fixed)",
                            j->done_elsewhere);
-    log_warning(&(struct log_ctx){ .job = j->m.job_id }, "job %s: %s", j->job_dir, j->stopped);
+    log_warning(&(struct log_ctx){ .job = &j->log }, "job %s: %s", j->job_dir, j->stopped);
     return false;
 }
 
@@ -1191,10 +1202,11 @@ jobs_set_state(struct job *j, enum job_state state, const char *error)
     persist(j);
     jobview_kick();
     if (error)
-        log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key }, "job %s: %s: %s",
-                   j->job_dir, job_state_name[state], error);
+        log_event(LOG_LVL_NOTICE, &(struct log_ctx){ .job = &j->log },
+                  state == JOB_FAILED ? MSGID_JOB_FAILED : NULL, "job %s: %s: %s", j->job_dir,
+                  job_state_name[state], error);
     else
-        log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key }, "job %s: %s",
+        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: %s",
                    j->job_dir, job_state_name[state]);
 }
 
@@ -1223,7 +1235,7 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
     json_add_int(o, "ino", (long long)st->st_ino);
     json_add_int(o, "submitted_by", (long long)by);
     json_add_str(o, "node", J.conf->node_name);
-    job_key(job_dir, key);
+    manifest_dir_key(job_dir, key);
     if (spool) {
         if (!J.spool_dir) {
             cJSON_Delete(o);
@@ -1333,7 +1345,7 @@ jobs_find(const char *job_dir)
 {
     char key[17];
 
-    job_key(job_dir, key);
+    manifest_dir_key(job_dir, key);
     return find(key);
 }
 
@@ -1367,7 +1379,7 @@ jobs_cancel_everywhere(const char *job_dir, uid_t uid, gid_t gid, uid_t by, stru
     free(path);
     /* The spool registration would only be adopted to be cancelled. */
     if (r == 0 && J.spool_dir) {
-        job_key(job_dir, key);
+        manifest_dir_key(job_dir, key);
         path = xasprintf("%s/%s.json", J.spool_dir, key);
         prev = jobs_fs_self();
         if (unlink(path) < 0 && errno != ENOENT)
@@ -1399,7 +1411,7 @@ jobs_uncancel(struct job *j)
     struct fsid prev = jobs_fs_owner(j);
 
     if (unlink(path) == 0)
-        log_notice(&(struct log_ctx){ .job = j->key }, "job %s: submitted again, so no longer "
+        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: submitted again, so no longer "
                    "cancelled on every node", j->job_dir);
     jobs_fs_restore(prev);
     free(path);

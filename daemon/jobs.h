@@ -41,6 +41,7 @@
 #include "claim.h"
 #include "config.h"
 #include "helper.h"
+#include "log.h"
 #include "manifest.h"
 #include "spawn.h"
 #include "util.h"
@@ -64,6 +65,7 @@ struct job {
     char *job_dir;   /* resolved */
     char *output;    /* merged output; default <job_dir>/merged.jsonl */
     char *reg_path;  /* <state_dir>/jobs/<key>.json */
+    struct log_job log; /* how the log names it (log_job_init of job_dir) */
     enum job_state state;
     char *error;     /* why it failed */
     bool loaded;     /* manifest and claimer ready */

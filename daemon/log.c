@@ -1,7 +1,9 @@
 /*
  * log: journald through sd_journal_sendv with esd's fields, or one line on
- * stderr with a timestamp, the level and the same fields. The message and
- * every field value are escaped (str_escape): a line is always one line.
+ * stderr with a timestamp, the identifier, the node and the level. In both
+ * the message starts with what it is about, "[<job> <shard>#<attempt>] ".
+ * The message and every field value are escaped (str_escape): a line is
+ * always one line.
  */
 #include "log.h"
 
@@ -14,6 +16,9 @@
 #include <unistd.h>
 
 #include <systemd/sd-journal.h>
+
+#include "fsutil.h"
+#include "manifest.h"
 
 static bool to_journal;
 static int max_level = LOG_LVL_INFO;
@@ -58,6 +63,23 @@ log_set_node(const char *n)
     snprintf(node, sizeof(node), "%s", n ? n : "");
 }
 
+void
+log_job_init(struct log_job *lj, const char *dir)
+{
+    lj->name = xstrdup(fs_basename(dir));
+    lj->id = manifest_log_id(dir);
+    lj->dir = xstrdup(dir);
+}
+
+void
+log_job_free(struct log_job *lj)
+{
+    free(lj->name);
+    free(lj->id);
+    free(lj->dir);
+    lj->name = lj->id = lj->dir = NULL;
+}
+
 const char *
 log_target_name(void)
 {
@@ -73,19 +95,73 @@ field(struct buf *b, const char *name, const char *value)
     str_escape(value, strlen(value), b);
 }
 
-void
-log_msg(int level, const struct log_ctx *ctx, const char *fmt, ...)
+/* Appends "[<job> <shard>#<attempt>] " (the parts ctx has; nothing
+ * without any), escaped. */
+static void
+prefix(struct buf *b, const struct log_ctx *ctx)
 {
-    char msg[4096];
-    va_list ap;
-    struct buf m;
-    const char *job = ctx ? ctx->job : NULL, *shard = ctx ? ctx->shard : NULL;
+    const char *job = ctx && ctx->job ? ctx->job->name : NULL, *shard = ctx ? ctx->shard : NULL;
 
-    if (level > max_level)
+    if (!job && !shard && !(ctx && ctx->attempt))
         return;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    buf_putc(b, '[');
+    str_escape(job ? job : "-", strlen(job ? job : "-"), b);
+    if (shard || ctx->attempt) {
+        buf_putc(b, ' ');
+        str_escape(shard ? shard : "-", strlen(shard ? shard : "-"), b);
+    }
+    if (ctx->attempt)
+        buf_printf(b, "#%lld", ctx->attempt);
+    buf_puts(b, "] ");
+}
+
+#define NFIELDS 10
+
+/* Sends the line to journald; false if it is gone (the line still goes to
+ * stderr then). */
+static bool
+send_journal(int level, const struct log_ctx *ctx, const char *ident, const char *msgid,
+             const struct buf *m)
+{
+    const struct log_job *job = ctx ? ctx->job : NULL;
+    struct buf f[NFIELDS];
+    struct iovec iov[NFIELDS];
+    int n = 0, r;
+
+    for (int i = 0; i < NFIELDS; i++)
+        buf_init(&f[i]);
+    buf_puts(&f[n], "MESSAGE=");
+    buf_append(&f[n], m->p, m->len);
+    n++;
+    buf_printf(&f[n++], "PRIORITY=%d", level);
+    buf_printf(&f[n++], "SYSLOG_IDENTIFIER=%s", ident);
+    if (msgid)
+        buf_printf(&f[n++], "MESSAGE_ID=%s", msgid);
+    field(&f[n++], "ESD_NODE", node);
+    if (job) {
+        field(&f[n++], "ESD_JOB", job->id);
+        field(&f[n++], "ESD_JOB_DIR", job->dir);
+    }
+    if (ctx && ctx->shard)
+        field(&f[n++], "ESD_SHARD", ctx->shard);
+    if (ctx && ctx->attempt)
+        buf_printf(&f[n++], "ESD_ATTEMPT=%lld", ctx->attempt);
+    for (int i = 0; i < n; i++) {
+        iov[i].iov_base = f[i].p;
+        iov[i].iov_len = f[i].len;
+    }
+    r = sd_journal_sendv(iov, n);
+    for (int i = 0; i < NFIELDS; i++)
+        buf_free(&f[i]);
+    return r >= 0;
+}
+
+static void
+emit(int level, const struct log_ctx *ctx, const char *ident, const char *msgid,
+     const char *text, size_t len)
+{
+    struct buf m;
+
     /*
      * Ids, paths, errors and processor output in a message come from job
      * files, peers and clients. Escaped here, after formatting, none of
@@ -93,38 +169,9 @@ log_msg(int level, const struct log_ctx *ctx, const char *fmt, ...)
      * the terminal of whoever reads the log.
      */
     buf_init(&m);
-    str_escape(msg, strlen(msg), &m);
-    if (to_journal) {
-        struct buf f[7];
-        struct iovec iov[7];
-        int n = 0;
-
-        for (int i = 0; i < 7; i++)
-            buf_init(&f[i]);
-        field(&f[n++], "MESSAGE", m.p);
-        buf_printf(&f[n++], "PRIORITY=%d", level);
-        buf_puts(&f[n++], "SYSLOG_IDENTIFIER=esd");
-        field(&f[n++], "ESD_NODE", node);
-        if (job)
-            field(&f[n++], "ESD_JOB", job);
-        if (shard)
-            field(&f[n++], "ESD_SHARD", shard);
-        if (ctx && ctx->attempt)
-            buf_printf(&f[n++], "ESD_ATTEMPT=%lld", ctx->attempt);
-        for (int i = 0; i < n; i++) {
-            iov[i].iov_base = f[i].p;
-            iov[i].iov_len = f[i].len;
-        }
-        n = sd_journal_sendv(iov, n);
-        for (int i = 0; i < 7; i++)
-            buf_free(&f[i]);
-        /* A journald that is gone drops the line: stderr still has it. */
-        if (n >= 0) {
-            buf_free(&m);
-            return;
-        }
-    }
-    {
+    prefix(&m, ctx);
+    str_escape(text, len, &m);
+    if (!to_journal || !send_journal(level, ctx, ident, msgid, &m)) {
         char ts[32];
         struct timespec now;
         struct tm tm;
@@ -134,23 +181,49 @@ log_msg(int level, const struct log_ctx *ctx, const char *fmt, ...)
         localtime_r(&now.tv_sec, &tm);
         strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
         buf_init(&line);
-        buf_printf(&line, "%s.%03ld esd ", ts, now.tv_nsec / 1000000);
+        buf_printf(&line, "%s.%03ld %s ", ts, now.tv_nsec / 1000000, ident);
         str_escape(node, strlen(node), &line);
-        buf_printf(&line, " %s", level_names[level]);
-        if (job || shard || (ctx && ctx->attempt)) {
-            buf_puts(&line, " [");
-            str_escape(job ? job : "-", strlen(job ? job : "-"), &line);
-            if (shard || ctx->attempt) {
-                buf_putc(&line, ' ');
-                str_escape(shard ? shard : "-", strlen(shard ? shard : "-"), &line);
-            }
-            if (ctx->attempt)
-                buf_printf(&line, "#%lld", ctx->attempt);
-            buf_putc(&line, ']');
-        }
-        buf_printf(&line, ": %s\n", m.p);
+        buf_printf(&line, " %s: %s\n", level_names[level], m.p);
         fwrite(line.p, 1, line.len, stderr);
         buf_free(&line);
     }
     buf_free(&m);
+}
+
+static void
+vlog(int level, const struct log_ctx *ctx, const char *msgid, const char *fmt, va_list ap)
+{
+    char msg[4096];
+
+    if (level > max_level)
+        return;
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    emit(level, ctx, "esd", msgid, msg, strlen(msg));
+}
+
+void
+log_msg(int level, const struct log_ctx *ctx, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vlog(level, ctx, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void
+log_event(int level, const struct log_ctx *ctx, const char *msgid, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vlog(level, ctx, msgid, fmt, ap);
+    va_end(ap);
+}
+
+void
+log_processor(const struct log_ctx *ctx, const char *line, size_t len)
+{
+    if (LOG_LVL_INFO <= max_level)
+        emit(LOG_LVL_INFO, ctx, "esd-processor", NULL, line, len);
 }

@@ -108,6 +108,8 @@ static struct {
     bool stopping;
     int code;
     char *reason;
+    struct log_job log; /* every line of esd run is about its one job */
+    struct log_ctx ctx;
 } R;
 
 static volatile sig_atomic_t stop_sig;
@@ -289,7 +291,7 @@ result_publish(const char *name, const char *phase, long long code, const char *
     if (r == -EEXIST)
         result_read(name, &theirs, NULL);
     else if (r < 0)
-        log_err(NULL, "cannot publish %s: %s", name, err.msg);
+        log_err(&R.ctx, "cannot publish %s: %s", name, err.msg);
     return theirs;
 }
 
@@ -333,7 +335,7 @@ elect_try(struct elect *e)
     if (r == -EEXIST)
         return 0;
     if (r < 0) {
-        log_err(NULL, "%s", err.msg);
+        log_err(&R.ctx, "%s", err.msg);
         return -1;
     }
     e->held = true;
@@ -349,7 +351,7 @@ elect_beat(struct elect *e)
     if (!e->held)
         return 0;
     if (claim_lock_renew(e->path, e->token, &err) == -ESTALE) {
-        log_warning(NULL, "the %s election was taken over: %s", e->phase, err.msg);
+        log_warning(&R.ctx, "the %s election was taken over: %s", e->phase, err.msg);
         e->held = false;
         return -ESTALE;
     }
@@ -405,7 +407,7 @@ elect_judge(struct elect *e)
     if (!(r = claim_lock_move_stale(e->path, now, lease, &age)))
         return 0;
     if (r == 1) {
-        log_warning(NULL, "%s: %s stopped renewing it %.0f s ago (lease %.0f s): taking the %s "
+        log_warning(&R.ctx, "%s: %s stopped renewing it %.0f s ago (lease %.0f s): taking the %s "
                     "over", e->path, who, age, lease, e->phase);
         say("the %s coordinator, %s, stopped renewing %s: taking over", e->phase, who, e->path);
     }
@@ -579,7 +581,7 @@ rank_register(bool worker)
     json_add_str(o, "role", worker ? "worker" : "waiter");
     json_add_str(o, "at", now);
     if (json_write_atomic(path, o, JSON_LINE, &err) < 0)
-        log_warning(NULL, "%s", err.msg);
+        log_warning(&R.ctx, "%s", err.msg);
     cJSON_Delete(o);
     free(path);
     free(dir);
@@ -962,7 +964,7 @@ host_register(void)
     json_add_int(o, "rank", R.rank);
     json_add_str(o, "hostname", R.host);
     if (fs_mkdir_p(dir, 0755, &err) < 0 || json_write_atomic(path, o, JSON_LINE, &err) < 0)
-        log_warning(NULL, "%s", err.msg);
+        log_warning(&R.ctx, "%s", err.msg);
     cJSON_Delete(o);
     free(dir);
     free(path);
@@ -1140,7 +1142,7 @@ done_nodes(struct job *j, struct strv *names, size_t *ret_done, size_t *ret_fail
 
     *ret_done = *ret_failed = 0;
     if (status_compute(&j->m, 0, true, &st, &err) < 0) {
-        log_warning(NULL, "%s", err.msg);
+        log_warning(&R.ctx, "%s", err.msg);
         return 0;
     }
     for (size_t i = 0; i < st.total; i++) {
@@ -1192,7 +1194,7 @@ abort_run(long long code, const char *reason)
 
     /* the reference's election file, so that its nodes publish no other */
     if (fs_create_excl(lock, line, strlen(line), 0644, NULL, &err) < 0 && err.code != -EEXIST)
-        log_warning(NULL, "%s", err.msg);
+        log_warning(&R.ctx, "%s", err.msg);
     free(line);
     free(lock);
     code = result_publish("abort.json", "worker", code, reason, "reason");
@@ -1484,7 +1486,7 @@ stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
         engine_stop_now();
         return;
     }
-    log_notice(NULL, "signal %d: stopping; running attempts are stopped and their claims "
+    log_notice(&R.ctx, "signal %d: stopping; running attempts are stopped and their claims "
                "released without counting a failure", w->signum);
     finish(EXIT_SIGTERM, "stopped by a signal before the job ended");
 }
@@ -2155,6 +2157,8 @@ oneshot_main(int argc, char **argv)
         goto fatal;
     free(R.job_dir);
     R.job_dir = abs;
+    log_job_init(&R.log, R.job_dir);
+    R.ctx.job = &R.log;
     if (!strcmp(R.job_dir, "/")) {
         err_set(&err, -EINVAL, "--job-dir / is not a job directory");
         goto fatal;
@@ -2278,7 +2282,7 @@ oneshot_main(int argc, char **argv)
      * the Ray head's session and token, the registry (a run again under a
      * new run id has another directory) */
     if (!R.state_dir && fs_rm_rf(R.conf->state_dir) < 0)
-        log_warning(NULL, "cannot remove %s: %s", R.conf->state_dir, strerror(errno));
+        log_warning(&R.ctx, "cannot remove %s: %s", R.conf->state_dir, strerror(errno));
     return R.code;
 fatal:
     fprintf(stderr, "esd run: %s\n", err.msg);

@@ -29,6 +29,7 @@
 #include "fsutil.h"
 #include "json.h"
 #include "log.h"
+#include "msgid.h"
 #include "notify.h"
 #include "spawn.h"
 
@@ -341,7 +342,8 @@ ray_restart_cb(struct ev_loop *loop, ev_timer *w, int revents)
     struct ray *r = w->data;
 
     r->restarts++;
-    log_info(NULL, "restarting the ray head (restart %u)", r->restarts);
+    log_event(LOG_LVL_INFO, NULL, MSGID_RAY_RESTARTED, "restarting the ray head (restart %u)",
+              r->restarts);
     head_spawn(r);
 }
 

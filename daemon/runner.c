@@ -22,6 +22,7 @@
 #include "helper.h"
 #include "json.h"
 #include "log.h"
+#include "msgid.h"
 #include "metrics.h"
 #include "notify.h"
 #include "ray.h"
@@ -301,7 +302,7 @@ run_log_line(struct run *r, const char *p, size_t n)
                    "is only in %s", LOG_ATTEMPT_MAX, r->cmd.log_path);
         return;
     }
-    log_info(&r->ctx, "%.*s", (int)n, p);
+    log_processor(&r->ctx, p, n);
 }
 
 /* Logs complete lines of the processor's output. */
@@ -746,7 +747,7 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     r->job = j;
     r->cl = *cl;
     memset(cl, 0, sizeof(*cl));
-    r->ctx.job = j->m.job_id;
+    r->ctx.job = &j->log;
     r->ctx.shard = r->cl.shard_id;
     r->ctx.attempt = r->cl.attempt_number;
     r->log_fd = r->go_w = r->gate_w = -1;
@@ -961,16 +962,18 @@ run_report(struct run *r)
         error = json_get_str(rep, "error");
         cls = json_get_str(rep, "class");
         if (!strcmp(status, "done")) {
-            log_info(&r->ctx, "done: %lld rows in %.1f s", rows, duration);
+            log_event(LOG_LVL_INFO, &r->ctx, MSGID_DONE, "done: %lld rows in %.1f s", rows,
+                      duration);
             j->done_here++;
             j->rows_here += (unsigned long long)rows;
         } else if (!strcmp(status, "failed")) {
-            log_warning(&r->ctx, "failed (%s)%s: %s", cls ? cls : "?",
-                        failed ? ", no retries left: the shard failed"
-                        : left ? ", its retries used up by this node alone: left to the other "
-                                 "nodes"
-                               : "",
-                        error ? error : "");
+            log_event(LOG_LVL_WARNING, &r->ctx, MSGID_FAILED, "failed (%s)%s: %s",
+                      cls ? cls : "?",
+                      failed ? ", no retries left: the shard failed"
+                      : left ? ", its retries used up by this node alone: left to the other "
+                               "nodes"
+                             : "",
+                      error ? error : "");
             j->failed_here++;
         } else if (!strcmp(status, "released")) {
             log_info(&r->ctx, "released: %s", error ? error : "stopped");

@@ -2,8 +2,8 @@
  * runner: one attempt in flight, start to end, driven by libev. The
  * processor runs in its own process group (as the job directory's owner
  * when esd runs as root, never as root); every line it prints goes to the
- * attempt's process.log and to the log with ESD_JOB, ESD_SHARD,
- * ESD_ATTEMPT and ESD_NODE; the lease is renewed every lease/4; the
+ * attempt's process.log and to the log (log_processor: as esd-processor)
+ * with ESD_JOB, ESD_SHARD, ESD_ATTEMPT and ESD_NODE; the lease is renewed every lease/4; the
  * attempt timeout, a lost lease or a stop kill the whole group (SIGTERM,
  * SIGKILL after a grace). Validation and publication of the result (heavy:
  * whole files) run in a child process that reports one JSON line; the

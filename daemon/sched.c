@@ -20,6 +20,7 @@
 #include "jobview.h"
 #include "json.h"
 #include "log.h"
+#include "msgid.h"
 #include "metrics.h"
 #include "nodes.h"
 #include "notify.h"
@@ -190,7 +191,7 @@ fill(void)
         r = claim_acquire(&j->claimer, &cl, &j->idle, &err);
         jobs_fs_restore(prev);
         if (r < 0) {
-            log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%s; trying again later",
+            log_warning(&(struct log_ctx){ .job = &j->log }, "%s; trying again later",
                         err.msg);
             j->next_claim = now + jitter((double)S.conf->poll_interval_secs);
             continue;
@@ -211,14 +212,15 @@ fill(void)
         if (cl.took_over)
             metrics_takeover();
         if (cl.took_over)
-            log_notice(&(struct log_ctx){ .job = j->m.job_id, .shard = cl.shard_id,
-                                          .attempt = cl.attempt_number },
-                       "claimed (attempt %lld), taken over from node %s whose lease ran out",
+            log_event(LOG_LVL_NOTICE, &(struct log_ctx){ .job = &j->log, .shard = cl.shard_id,
+                                                         .attempt = cl.attempt_number },
+                      MSGID_TAKEN_OVER,
+                      "claimed (attempt %lld), taken over from node %s whose lease ran out",
                        cl.attempt_number, cl.taken_from);
         else
-            log_info(&(struct log_ctx){ .job = j->m.job_id, .shard = cl.shard_id,
-                                        .attempt = cl.attempt_number },
-                     "claimed (attempt %lld)", cl.attempt_number);
+            log_event(LOG_LVL_INFO, &(struct log_ctx){ .job = &j->log, .shard = cl.shard_id,
+                                                       .attempt = cl.attempt_number },
+                      MSGID_CLAIMED, "claimed (attempt %lld)", cl.attempt_number);
         if (ahead)
             runner_start_ahead(j, &cl);
         else
@@ -297,7 +299,7 @@ sched_check_cancelled(void)
         j->cancelled_everywhere = true;
         jobs_set_state(j, JOB_CANCELLED, "cancelled on every node (esctl cancel --everywhere)");
         if (j->running) {
-            log_notice(&(struct log_ctx){ .job = j->loaded ? j->m.job_id : j->key },
+            log_notice(&(struct log_ctx){ .job = &j->log },
                        "stopping %zu attempt(s) of the cancelled job; their claims are released",
                        j->running);
             runner_stop_job(j);
@@ -384,7 +386,7 @@ attempt_done(struct job *j, const struct attempt_final *fin)
         if (pause > PAUSE_MAX)
             pause = PAUSE_MAX;
         j->paused_until = time_mono() + pause;
-        log_warning(&(struct log_ctx){ .job = j->m.job_id }, "%u attempts of job %s in a row "
+        log_warning(&(struct log_ctx){ .job = &j->log }, "%u attempts of job %s in a row "
                     "failed on this node: no claims of it for %.0f s", j->fail_streak,
                     j->job_dir, pause);
     }

@@ -38,7 +38,6 @@ struct wreq {
 struct warm {
     struct warm *next;
     const struct job *job;
-    char *job_id; /* (the manifest may go before the warm processor) */
     struct log_ctx ctx;
     enum wstate state;
     struct spawned sp; /* sp.pid 0: no process */
@@ -189,7 +188,6 @@ warm_free(struct warm *w)
     if (w->sp.pid > 0)
         kill(w->sp.pid, SIGKILL); /* (reaped by libev's handler) */
     buf_free(&w->line);
-    free(w->job_id);
     free(w);
 }
 
@@ -572,8 +570,7 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
     if (!w) {
         w = xcalloc(1, sizeof(*w));
         w->job = j;
-        w->job_id = xstrdup(j->m.job_id);
-        w->ctx.job = w->job_id;
+        w->ctx.job = &j->log;
         w->state = W_DEAD;
         w->sock = -1;
         w->sp.out_fd = w->sp.report_fd = -1;

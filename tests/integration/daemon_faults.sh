@@ -87,8 +87,8 @@ KILLED_AT=$(date +%s.%N)
 { wait "${DPID[a]}"; } 2>/dev/null || true
 wait_for "a's attempt dies with a" 10 dead "$CHILD"
 ok "killed a (SIGKILL) while it ran $SHARD; its attempt (pid $CHILD) died with it"
-wait_for "b takes $SHARD over" 30 grep -q "$SHARD#2\]: claimed (attempt 2), taken over from node a" "$W/b/log"
-CLAIMED_AT=$(grep "$SHARD#2\]: claimed (attempt 2), taken over" "$W/b/log" | cut -d' ' -f1)
+wait_for "b takes $SHARD over" 30 grep -q "$SHARD#2\] claimed (attempt 2), taken over from node a" "$W/b/log"
+CLAIMED_AT=$(grep "$SHARD#2\] claimed (attempt 2), taken over" "$W/b/log" | cut -d' ' -f1)
 python3 - "$KILLED_AT" "$CLAIMED_AT" <<'EOF'
 import datetime, sys
 killed = float(sys.argv[1])
@@ -133,7 +133,7 @@ start_daemon s MINI_DJ_SLEEP_MS=5
 daemon_conf s2 lease_secs=60 state_dir="$W/s/state"
 run timeout 20 "$ESD" -f -c "$W/s2/esd.yaml"
 check "a second esd on the same state_dir is refused" 1 "" "another esd with pid ${DPID[s]}"
-wait_for "s takes its claim back" 10 grep -q "$SHARD\]: this node's claim from its previous run was taken back at once" "$W/s/log"
+wait_for "s takes its claim back" 10 grep -q "$SHARD\] this node's claim from its previous run was taken back at once" "$W/s/log"
 wait_for "job r is merged" 20 finalized "$W/job-r"
 echo "# job r complete $(($(date +%s) - RESTART)) s after the restart (lease 60 s)"
 [ "$(py 'j["attempt_number"]' "$W/job-r/state/done/$SHARD.json")" -eq 2 ] || fail "$SHARD done by attempt 2"

@@ -34,18 +34,30 @@
 #       a private mount namespace (unshare --mount, tmpfs on /run and
 #       /var/log there; esd, journalctl --sync and journalctl run in it
 #       through nsenter): daemon j (log.target journal, not -f) works a
-#       4-shard job. For every shard the lines "claimed (attempt 1)",
-#       "started ..." and "done: N rows ..." and the processor's own output
-#       that the runner forwards (mini-dj's "read N rows" on stdout and
-#       "kept N rows" on stderr) all carry ESD_NODE=j, ESD_JOB=<job id>,
-#       ESD_SHARD=<shard id>, ESD_ATTEMPT=1, SYSLOG_IDENTIFIER=esd,
-#       PRIORITY=6 and esd's own _PID; `journalctl ESD_SHARD=<id>` returns
-#       exactly that shard's lines; the start-up line carries ESD_NODE and
-#       no ESD_JOB/ESD_SHARD/ESD_ATTEMPT with PRIORITY=5; every PRIORITY
-#       is 3..7, debug lines (7) are there (log.level debug); nothing fell
-#       back to stderr. Daemons k (log.target auto, INVOCATION_ID set, as
-#       under systemd) and f (log.target journal but -f) only start and
-#       stop: k's lines are in the journal, f's on stderr only. (b) is
+#       4-shard job job-b and a 2-shard job of the same basename in another
+#       directory (other/job-b). For every shard the lines "claimed (attempt
+#       1)", "started ..." and "done: N rows ..." and the processor's own
+#       output that the runner forwards (mini-dj's "read N rows" on stdout
+#       and "kept N rows" on stderr) all start with "[job-b <shard>#1] " and
+#       carry ESD_NODE=j, ESD_JOB=job-b@<the first 8 hex digits of the
+#       SHA-256 of the job's directory> (distinct for the two jobs),
+#       ESD_JOB_DIR, ESD_SHARD=<shard id>, ESD_ATTEMPT=1, PRIORITY=6 and
+#       esd's own _PID; esd's lines SYSLOG_IDENTIFIER=esd, the processor's
+#       esd-processor; claimed and done carry the MESSAGE_IDs of
+#       daemon/msgid.h, started and the processor's lines none; each job's
+#       "job ... registered" and "merged" lines (prefix "[job-b] ") their
+#       MESSAGE_IDs; `journalctl ESD_SHARD=<id>` returns exactly that shard's
+#       lines, `journalctl ESD_JOB_DIR=<dir>` those of its ESD_JOB, and
+#       `esctl logs DIR` exactly the lines of that job, none of the other
+#       job-b; `journalctl -x` with only systemd/esd.catalog installed (tmpfs
+#       over the catalog directories in the namespace) explains a done line
+#       with its fields filled in; the start-up line carries ESD_NODE and no
+#       ESD_JOB/ESD_SHARD/ESD_ATTEMPT, no "[" prefix, with PRIORITY=5; every
+#       PRIORITY is 3..7, debug lines (7) are there (log.level debug);
+#       nothing fell back to stderr. Daemons k (log.target auto,
+#       INVOCATION_ID set, as under systemd) and f (log.target journal but
+#       -f) only start and stop: k's lines are in the journal, f's on stderr
+#       only. (b) is
 #       skipped with a "# skipped:" line unless the test runs as root with
 #       unshare, nsenter, journalctl and an executable $JOURNALD.
 #
@@ -292,6 +304,11 @@ JB="$W/job-b"
 prepare_job "$JB" 4
 give_job "$JB"
 JOB_B=$(py 'j["job_id"]' "$JB/manifest.json")
+# a second job of the same basename in another directory
+JB2="$W/other/job-b"
+mkdir -p "$W/other"
+prepare_job "$JB2" 2
+give_job "$JB2"
 rm -f "$W/spool/job-a.json"
 # start_in_ns NAME [ENV=VALUE...] [-- OPTION...]: esd on NAME's config in
 # journald's namespace; nsenter (no --fork) and env exec it, so the pid is
@@ -313,10 +330,13 @@ start_in_ns() {
 daemon_conf j log.target=journal
 start_in_ns j
 spool_job "$JB"
+printf '{"job_dir": "%s"}\n' "$JB2" >"$W/spool/.other.tmp"
+mv "$W/spool/.other.tmp" "$W/spool/other-job-b.json"
 wait_for "esd j finishes job b" 40 finalized "$JB"
+wait_for "esd j finishes the other job b" 40 finalized "$JB2"
 stop_daemon j
 [ "$DRC" -eq 0 ] || fail "esd j exits 0" "exit status $DRC" "$(tail -n 20 "$W/j/log")"
-ok "esd j (log.target journal) worked job b and exited 0"
+ok "esd j (log.target journal) worked both jobs job-b and exited 0"
 # log.target auto: the journal when systemd started esd (INVOCATION_ID);
 # -f: stderr even with log.target journal. Neither works a job.
 daemon_conf k spool_dir="$W/spool-k" log.target=auto
@@ -333,11 +353,29 @@ journal() {
     in_ns journalctl --no-pager -o json "$@" >"$W/$name.json" 2>"$W/journal.err" ||
         fail "journalctl $*" "$(cat "$W/journal.err")"
 }
-journal journal SYSLOG_IDENTIFIER=esd ESD_NODE=j
+journal journal ESD_NODE=j
+journal jobdir "ESD_JOB_DIR=$JB"
+for d in "$JB" "$JB2"; do
+    in_ns "$ESCTL" logs "$d" >"$W/logs.$(basename "$(dirname "$d")").out" 2>"$W/logs.err" ||
+        fail "esctl logs $d" "$(cat "$W/logs.err")"
+done
 journal k SYSLOG_IDENTIFIER=esd ESD_NODE=k
 journal f SYSLOG_IDENTIFIER=esd ESD_NODE=f
 SHARD1=$(py 'sorted(j["shards"], key=lambda s: s["index"])[0]["id"]' "$JB/manifest.json")
 journal shard "ESD_SHARD=$SHARD1"
+# journalctl -x with esd's catalog alone (tmpfs over the catalog directories,
+# in the namespace only)
+DONE_ID=$(sed -n 's/^#define MSGID_DONE "\(.*\)"$/\1/p' "$TOP/daemon/msgid.h")
+in_ns sh -c 'mount -t tmpfs tmpfs /usr/lib/systemd/catalog &&
+    mount -t tmpfs tmpfs /var/lib/systemd/catalog && cp "$1" /usr/lib/systemd/catalog/ &&
+    journalctl --update-catalog && journalctl --no-pager -x "MESSAGE_ID=$2" "ESD_SHARD=$3"' \
+    sh "$TOP/systemd/esd.catalog" "$DONE_ID" "$SHARD1" >"$W/x.out" 2>&1 ||
+    fail "journalctl -x with esd.catalog" "$(cat "$W/x.out")"
+ESD_JOB_B=job-b@$(printf %s "$JB" | sha256sum | cut -c1-8)
+grep -qF "Subject: esd finished shard $SHARD1 of job $ESD_JOB_B" "$W/x.out" &&
+    grep -qF "Attempt 1 of shard $SHARD1 succeeded on node j" "$W/x.out" ||
+    fail "journalctl -x explains the done line from esd.catalog" "$(cat "$W/x.out")"
+ok "journalctl -x explains a done line from systemd/esd.catalog, its fields filled in ($ESD_JOB_B)"
 kill -TERM "$JPID"
 wait_for "systemd-journald exits" 10 dead "$JPID"
 ok "read back $(wc -l <"$W/journal.json") esd lines from the journal"
@@ -353,45 +391,81 @@ fi
 ok "esd -f with log.target journal: stderr, nothing in the journal"
 
 python3 - "$W/journal.json" "$W/shard.json" "$JB/manifest.json" "$JOB_B" "${DPID[j]}" "$SHARD1" \
-    <<'EOF' || fail "the journal fields of esd j's lines"
-import json, sys
+    "$JB" "$JB2" "$JB2/manifest.json" "$W/jobdir.json" "$W/logs.$(basename "$W").out" \
+    "$W/logs.other.out" "$TOP/daemon/msgid.h" <<'EOF' || fail "the journal fields of esd j's lines"
+import hashlib, json, re, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 by_shard = [json.loads(l) for l in open(sys.argv[2])]
 shards = [s["id"] for s in json.load(open(sys.argv[3]))["shards"]]
-job, pid, shard1 = sys.argv[4], sys.argv[5], sys.argv[6]
+job, pid, shard1, jb, jb2 = sys.argv[4:9]
+shards2 = [s["id"] for s in json.load(open(sys.argv[9]))["shards"]]
+by_dir = [json.loads(l) for l in open(sys.argv[10])]
+logs, logs2 = open(sys.argv[11]).read().splitlines(), open(sys.argv[12]).read().splitlines()
+ids = dict(re.findall(r'#define MSGID_(\w+) "([0-9a-f]{32})"', open(sys.argv[13]).read()))
 msg = lambda e: e.get("MESSAGE", "")
+# ESD_JOB: <basename>@<the first 8 hex digits of sha256(resolved dir)>
+esd_job = {d: "job-b@" + hashlib.sha256(d.encode()).hexdigest()[:8] for d in (jb, jb2)}
+assert job == "job-b" and esd_job[jb] != esd_job[jb2], esd_job
 assert lines, "no esd line in the journal"
 for e in lines:
-    assert e.get("SYSLOG_IDENTIFIER") == "esd" and e.get("ESD_NODE") == "j", e
+    assert e.get("ESD_NODE") == "j", e
+    assert e.get("SYSLOG_IDENTIFIER") == ("esd-processor" if msg(e).split("] ", 1)[-1]
+                                          .startswith("mini-dj: ") else "esd"), e
     assert e.get("PRIORITY") in ("3", "4", "5", "6", "7"), e
     assert e.get("_PID") == pid, (e.get("_PID"), pid, msg(e))
     if "ESD_SHARD" in e or "ESD_ATTEMPT" in e:
-        assert e.get("ESD_JOB") == job and e.get("ESD_SHARD") in shards, e
+        d = jb if e.get("ESD_SHARD") in shards else jb2
+        assert e.get("ESD_SHARD") in shards + shards2, e
+        assert e.get("ESD_JOB") == esd_job[d] and e.get("ESD_JOB_DIR") == d, e
         assert e.get("ESD_ATTEMPT") == "1", e
+        assert msg(e).startswith("[job-b %s#1] " % e["ESD_SHARD"]), e
+    elif "ESD_JOB" in e:
+        assert e["ESD_JOB"] == esd_job[e.get("ESD_JOB_DIR")], e
+        assert msg(e).startswith("[job-b] "), e
+    else:
+        assert not msg(e).startswith("["), e
 assert any(e["PRIORITY"] == "7" for e in lines), "no debug line"
 start = [e for e in lines if msg(e).startswith("esd ") and " started: node j" in msg(e)]
 assert len(start) == 1 and start[0]["PRIORITY"] == "5", start
 assert not {"ESD_JOB", "ESD_SHARD", "ESD_ATTEMPT"} & set(start[0]), start[0]
-want = {"claimed": lambda m: m == "claimed (attempt 1)",
-        "started": lambda m: m.startswith("started "),
-        "done": lambda m: m.startswith("done: ") and " rows in " in m,
-        "mini-dj stdout": lambda m: m.startswith("mini-dj: read ") and " rows from " in m,
-        "mini-dj stderr": lambda m: m.startswith("mini-dj: kept ")}
-for s in shards:
+want = {"claimed": (lambda m: m == "claimed (attempt 1)", ids["CLAIMED"]),
+        "started": (lambda m: m.startswith("started "), None),
+        "done": (lambda m: m.startswith("done: ") and " rows in " in m, ids["DONE"]),
+        "mini-dj stdout": (lambda m: m.startswith("mini-dj: read ") and " rows from " in m, None),
+        "mini-dj stderr": (lambda m: m.startswith("mini-dj: kept "), None)}
+for s in shards + shards2:
     mine = [e for e in lines if e.get("ESD_SHARD") == s]
-    for what, match in want.items():
-        got = [e for e in mine if match(msg(e))]
+    for what, (match, mid) in want.items():
+        got = [e for e in mine if match(msg(e).split("] ", 1)[1])]
         assert len(got) == 1, (s, what, [msg(e) for e in mine])
         assert got[0]["PRIORITY"] == "6", (s, what, got[0])
-        assert got[0]["ESD_JOB"] == job and got[0]["ESD_ATTEMPT"] == "1", got[0]
+        assert got[0]["ESD_ATTEMPT"] == "1", got[0]
+        assert got[0].get("MESSAGE_ID") == mid, (what, got[0])
+for d in (jb, jb2):
+    for what, mid in (("] job %s registered" % d, ids["JOB_REGISTERED"]), ("] merged ", ids["MERGED"])):
+        got = [e for e in lines if e.get("ESD_JOB_DIR") == d and what in msg(e)]
+        assert len(got) == 1 and got[0].get("MESSAGE_ID") == mid, (d, what, got)
 key = lambda e: e["__CURSOR"]
 assert sorted(map(key, by_shard)) == sorted(key(e) for e in lines if e.get("ESD_SHARD") == shard1), \
     "journalctl ESD_SHARD= returns that shard's lines"
+assert sorted(map(key, by_dir)) == sorted(key(e) for e in lines if e.get("ESD_JOB") == esd_job[jb]), \
+    "journalctl ESD_JOB_DIR= returns the lines of ESD_JOB"
+# esctl logs DIR: exactly that job's lines, not those of the other job-b
+for out, d, mine, other in ((logs, jb, shards, shards2), (logs2, jb2, shards2, shards)):
+    out = [l for l in out if not l.startswith("-- ")]
+    want_n = sum(e.get("ESD_JOB") == esd_job[d] for e in lines)
+    assert len(out) == want_n, (d, len(out), want_n, out[:5])
+    assert all(any(s + "#1] " in l for l in out) for s in mine), (d, out[:5])
+    assert not any(s in l for l in out for s in other), (d, [l for l in out if "#1]" in l][:3])
 print("# %d lines, %d with ESD_SHARD; e.g. %s" % (len(lines), sum("ESD_SHARD" in e for e in lines),
       json.dumps({k: v for k, v in by_shard[-1].items() if k.startswith("ESD_") or k in
                   ("MESSAGE", "PRIORITY")}, sort_keys=True)))
 EOF
-ok "every shard's claimed/started/done lines and mini-dj's stdout and stderr lines carry ESD_NODE, ESD_JOB, ESD_SHARD, ESD_ATTEMPT=1, PRIORITY=6"
+ok "every shard's claimed/started/done lines and mini-dj's stdout and stderr lines carry ESD_NODE, ESD_JOB, ESD_JOB_DIR, ESD_SHARD, ESD_ATTEMPT=1, PRIORITY=6 and start with [job-b SHARD#1]"
+ok "two jobs named job-b in different directories: ESD_JOB job-b@<8 hex digits of each directory's key>, distinct"
+ok "MESSAGE_ID on claimed, done (not on started or the processor's lines), job registered and merged"
+ok "the processor's lines have SYSLOG_IDENTIFIER=esd-processor, esd's own esd"
+ok "esctl logs DIR shows exactly that job's lines, not the other job-b's"
 ok "journalctl ESD_SHARD=$SHARD1 returns exactly that shard's lines"
 ok "the start-up line: PRIORITY=5, ESD_NODE only; every PRIORITY 3..7; debug lines present"
 

@@ -7,6 +7,7 @@
 # lintian on the .changes and fails on any error or warning that is not
 # overridden, and checks the package: esd, esctl, their man pages, the
 # configuration as a conffile, the units of systemd/ when there are any,
+# the journal catalog in /usr/lib/systemd/catalog,
 # every file `make install` installs, the shared libraries in Depends, a
 # sysusers snippet's postinst call, and that installing does not start esd.
 # Prints the build time and "deb size: N KiB".
@@ -88,7 +89,7 @@ dpkg-deb -c "$DEB" | awk '{ print $6 }' | sed 's,^\./,/,; s,/$,,' | sort >"$W/co
 has() { grep -qxF "$1" "$W/contents"; }
 want=(/usr/sbin/esd /usr/bin/esctl /usr/share/man/man1/esctl.1.gz /usr/share/man/man5/esd.yaml.5.gz
     /usr/share/man/man8/esd.8.gz /etc/esd/esd.yaml /usr/share/doc/esd/copyright
-    /usr/share/doc/esd/README.Debian /usr/lib/esd/esd-dj)
+    /usr/share/doc/esd/README.Debian /usr/lib/esd/esd-dj /usr/lib/systemd/catalog/esd.catalog)
 # The units of systemd/, where Debian 12's dh_installsystemd takes them.
 for u in "$SRC"/systemd/*.service "$SRC"/systemd/*.socket; do
     [ -e "$u" ] && want+=("/lib/systemd/system/${u##*/}")
@@ -108,7 +109,8 @@ ok "/etc/esd/esd.yaml is a conffile"
 # (man pages compressed): installed into a staging directory from the tree
 # the package was built from, with debian/rules' directories.
 (cd "$SRC" && make install DESTDIR="$W/stage" PREFIX=/usr SYSCONFDIR=/etc \
-    UNITDIR=/lib/systemd/system SYSUSERSDIR=/usr/lib/sysusers.d) >"$W/stage.log" 2>&1 ||
+    UNITDIR=/lib/systemd/system SYSUSERSDIR=/usr/lib/sysusers.d CATALOGDIR=/usr/lib/systemd/catalog) \
+    >"$W/stage.log" 2>&1 ||
     fail "make install into a staging directory" "$(tail -n 20 "$W/stage.log")"
 (cd "$W/stage" && find . \( -type f -o -type l \) -printf '/%P\n' | sort) >"$W/staged"
 missing=()

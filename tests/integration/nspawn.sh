@@ -17,7 +17,8 @@
 #   (b) a 3-shard job, prepared by user esd in /srv/esd and submitted with
 #       esctl by root, is worked and merged (the merge as computed
 #       independently); `journalctl -u esd ESD_SHARD=<id>` returns exactly
-#       that shard's lines, claimed, started and done among them;
+#       that shard's lines, "[job-a <shard>#1] claimed", "... started" and
+#       "... done:" among them, claimed and done with their MESSAGE_ID;
 #   (c) `systemctl reload esd` with ray.mode persistent (the stand-in
 #       fake-ray): the journal says "reloaded", the main pid stays, and the
 #       Ray head comes up under the hardened unit (TCP on loopback);
@@ -233,10 +234,13 @@ assert sorted(e["__CURSOR"] for e in mine) == sorted(e["__CURSOR"] for e in ever
                                                      if e.get("ESD_SHARD") == shard)
 msgs = [e["MESSAGE"] for e in mine]
 for want in ("claimed (attempt 1)", "started ", "done: "):
-    assert any(m.startswith(want) for m in msgs), (want, msgs)
+    assert any(m.startswith("[job-a %s#1] %s" % (shard, want)) for m in msgs), (want, msgs)
+ids = {e["MESSAGE"].split("] ", 1)[1].split(" ")[0]: e.get("MESSAGE_ID") for e in mine}
+assert ids["claimed"] == "fe0b67e82adc492d8cf83fe9a14a4b41", ids
+assert ids["done:"] == "5d97e15df8304591b4804a68c5b5444e", ids
 print("# %d lines, e.g. %r" % (len(mine), msgs[0]))
 EOF
-ok "journalctl -u esd ESD_SHARD=$SHARD: exactly that shard's lines (claimed, started, done)"
+ok "journalctl -u esd ESD_SHARD=$SHARD: exactly that shard's lines ([job-a SHARD#1] claimed, started, done; MESSAGE_ID of claimed and done)"
 
 # ---- (c) reload ----
 conf persistent
@@ -316,7 +320,7 @@ secs=$(($(date +%s) - t))
 [ "$(count "$W/srv/hang-job/state/failed")" -eq 0 ] || fail "no shard failed"
 ! in_ct pgrep -x mini-dj >/dev/null || fail "no mini-dj is left"
 # (journald may file the last lines of a stopping service a moment later)
-wait_for "esd logs the release" 10 eval 'journal -o cat | grep -q "^released: "'
+wait_for "esd logs the release" 10 eval 'journal -o cat | grep -q "^\[hang-job part-[0-9]*-of-00002#1\] released: "'
 ok "systemctl stop with a hanging attempt: done in $secs s, Result=success, $LOCKS claim(s) released, no lock left, no failure, no mini-dj left"
 
 # ---- (g) the root variant of systemd/README.md ----

@@ -13,13 +13,14 @@
 #       systemd/security-exposure; both are printed, and the root
 #       variant's figure too, for the record.
 #   (c) `make install DESTDIR=$W/d PREFIX=/usr` installs exactly the
-#       expected files, with their modes; the units as in systemd/ with
+#       expected files, with their modes (the journal catalog esd.catalog
+#       among them); the units as in systemd/ with
 #       ExecStart=/usr/sbin/esd; the bash completion as `esctl completion`
 #       prints it; esd.yaml as etc/esd.yaml. A second install keeps an
 #       edited esd.yaml. `make uninstall` removes every file but the edited
 #       esd.yaml, and, once that is the sample again, everything.
 #   (d) the directory knobs: PREFIX=/opt/esd SYSCONFDIR=/opt/esd/etc
-#       UNITDIR=... SYSUSERSDIR=... BASHCOMPDIR=... put every file where
+#       UNITDIR=... SYSUSERSDIR=... CATALOGDIR=... BASHCOMPDIR=... put every file where
 #       they say, and the unit's ExecStart follows SBINDIR.
 # (a) and (b) are skipped with "# skip:" without systemd-analyze.
 #
@@ -110,6 +111,7 @@ fi
 files() { (cd "$1" && find . ! -type d -printf '%m %P\n' | sort); }
 unitdir=$(pkg-config --variable=systemdsystemunitdir systemd 2>/dev/null || echo /lib/systemd/system)
 sysusersdir=$(pkg-config --variable=sysusersdir systemd 2>/dev/null || echo /usr/lib/sysusers.d)
+catalogdir=$(pkg-config --variable=catalogdir systemd 2>/dev/null || echo /usr/lib/systemd/catalog)
 # make_in DIR TARGET [VAR=VALUE...]
 make_in() {
     local dest=$1 target=$2
@@ -127,6 +129,7 @@ make_in "$D" install PREFIX=/usr
     echo "644 ${unitdir#/}/esd.service"
     echo "644 ${unitdir#/}/esd.socket"
     echo "644 ${sysusersdir#/}/esd.conf"
+    echo "644 ${catalogdir#/}/esd.catalog"
     echo "644 usr/share/bash-completion/completions/esctl"
     echo "644 usr/share/man/man1/esctl.1"
     echo "644 usr/share/man/man5/esd.yaml.5"
@@ -135,7 +138,7 @@ make_in "$D" install PREFIX=/usr
 files "$D" >"$W/got"
 diff "$W/want" "$W/got" >"$W/diff" || fail "make install PREFIX=/usr installs the expected files" \
     "$(cat "$W/diff")"
-ok "make install DESTDIR=\$W/d PREFIX=/usr: the $(wc -l <"$W/want") expected files and modes ($unitdir, $sysusersdir)"
+ok "make install DESTDIR=\$W/d PREFIX=/usr: the $(wc -l <"$W/want") expected files and modes ($unitdir, $sysusersdir, $catalogdir)"
 sed 's|@SBINDIR@|/usr/sbin|g' "$S/esd.service" | cmp -s - "$D/$unitdir/esd.service" ||
     fail "the installed esd.service is systemd/esd.service with @SBINDIR@ = /usr/sbin"
 grep -qx 'ExecStart=/usr/sbin/esd' "$D/$unitdir/esd.service" || fail "ExecStart=/usr/sbin/esd"
@@ -166,8 +169,10 @@ ok "make uninstall: every file gone but an edited esd.yaml; the sample esd.yaml 
 # ---- (d) the directory knobs ----
 D2="$W/d2"
 make_in "$D2" install PREFIX=/opt/esd SYSCONFDIR=/opt/esd/etc UNITDIR=/opt/esd/units \
-    SYSUSERSDIR=/opt/esd/sysusers BASHCOMPDIR=/opt/esd/completions MANDIR=/opt/esd/man
+    SYSUSERSDIR=/opt/esd/sysusers BASHCOMPDIR=/opt/esd/completions MANDIR=/opt/esd/man \
+    CATALOGDIR=/opt/esd/catalog
 cat >"$W/want2" <<'EOF'
+644 opt/esd/catalog/esd.catalog
 644 opt/esd/completions/esctl
 644 opt/esd/etc/esd/esd.yaml
 644 opt/esd/man/man1/esctl.1
@@ -186,8 +191,9 @@ diff "$W/want2" "$W/got2" >"$W/diff" || fail "the directory knobs are honoured" 
 grep -qx 'ExecStart=/opt/esd/sbin/esd' "$D2/opt/esd/units/esd.service" ||
     fail "ExecStart follows SBINDIR" "$(grep ExecStart "$D2/opt/esd/units/esd.service")"
 make_in "$D2" uninstall PREFIX=/opt/esd SYSCONFDIR=/opt/esd/etc UNITDIR=/opt/esd/units \
-    SYSUSERSDIR=/opt/esd/sysusers BASHCOMPDIR=/opt/esd/completions MANDIR=/opt/esd/man
+    SYSUSERSDIR=/opt/esd/sysusers BASHCOMPDIR=/opt/esd/completions MANDIR=/opt/esd/man \
+    CATALOGDIR=/opt/esd/catalog
 [ -z "$(files "$D2")" ] || fail "make uninstall with the same knobs removes everything" "$(files "$D2")"
-ok "PREFIX, SYSCONFDIR, UNITDIR, SYSUSERSDIR, BASHCOMPDIR, MANDIR honoured by install and uninstall (ExecStart=/opt/esd/sbin/esd)"
+ok "PREFIX, SYSCONFDIR, UNITDIR, SYSUSERSDIR, CATALOGDIR, BASHCOMPDIR, MANDIR honoured by install and uninstall (ExecStart=/opt/esd/sbin/esd)"
 
 summary
