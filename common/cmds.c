@@ -189,6 +189,9 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                       "check the shared file system for exclusive claims (run on N nodes at once)",
                       OPT(O_JOB_DIR) | OPT(O_NODES) | OPT(O_WAIT_SECS) | OPT(O_RUN),
                       OPT(O_JOB_DIR), true, AUTH_READ, CMDF_LOCAL },
+    [CMD_RELOAD] = { CMD_RELOAD, "reload", "",
+                     "reread esd.yaml; an invalid file is refused and the running one kept", 0, 0,
+                     false, AUTH_NODE, CMDF_DAEMON },
 };
 
 const struct cmd_def *

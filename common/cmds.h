@@ -103,6 +103,7 @@ enum cmd_id {
     CMD_WORKER,
     CMD_COMPLETION,
     CMD_FSCHECK,
+    CMD_RELOAD,
     CMD__COUNT
 };
 

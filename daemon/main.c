@@ -96,21 +96,21 @@ main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
     engine_drain();
 }
 
-static void
-main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
+/* Reloads esd.yaml: a file that does not load is refused (err says why)
+ * and the running configuration stays. SIGHUP and the control socket's
+ * "reload" (esctl reload, the unit's ExecReload=) both come here. */
+static int
+main_reload(struct esd_err *err)
 {
     struct esd_conf *next = xcalloc(1, sizeof(*next)), *old = M.conf;
-    struct esd_err err;
+    int r;
 
-    (void)loop;
-    (void)w;
-    (void)revents;
     notify_reloading();
-    if (load_config(next, &err) < 0) {
-        log_err(NULL, "reload: %s; keeping the current configuration", err.msg);
+    if ((r = load_config(next, err)) < 0) {
+        log_err(NULL, "reload: %s; keeping the current configuration", err->msg);
         free(next);
         notify_ready();
-        return;
+        return r;
     }
     if (strcmp(next->state_dir, old->state_dir) || strcmp(next->socket_path, old->socket_path) ||
         strcmp(next->node_name, old->node_name) ||
@@ -136,6 +136,18 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
     free(old);
     log_notice(NULL, "reloaded %s", M.path);
     notify_ready();
+    return 0;
+}
+
+static void
+main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    struct esd_err err;
+
+    (void)loop;
+    (void)w;
+    (void)revents;
+    main_reload(&err);
 }
 
 /* Room for every control connection, attempt and child: the soft limit
@@ -267,6 +279,7 @@ main(int argc, char **argv)
     }
     if (hang_watchdog)
         notify_test_stop_watchdog();
+    ctl_set_reload(main_reload);
     if (engine_init(M.loop, M.conf, notify_listen_fd(), &err) < 0) {
         log_err(NULL, "%s", err.msg);
         fprintf(stderr, "esd: %s\n", err.msg);
