@@ -63,7 +63,6 @@ unit_sandbox_load(const char *unit, struct unit_sandbox *ret, struct esd_err *er
         strv_push_owned(&argv, xasprintf("--property=%s", props[i]));
     strv_push(&argv, "--");
     strv_push(&argv, unit);
-    strv_push(&argv, NULL);
     buf_init(&out);
     r = spawn_capture(argv.v, "/", 30, 1 << 20, &out, &status, err);
     strv_free(&argv);
