@@ -253,7 +253,10 @@ check_exec(const char *what, const char *cmd, const struct unit_sandbox *sb,
     if (access(found, X_OK) < 0)
         strv_push_owned(problems, xasprintf("%s %s: user %s cannot run it: %s", what, found,
                                             me(), strerror(errno)));
-    else if (sb && (why = unit_sandbox_why(sb, real, false)))
+    /* the path as named (a link under a hidden directory cannot be
+     * followed) and where it leads */
+    else if (sb && ((why = unit_sandbox_why(sb, found, false)) ||
+                    (why = unit_sandbox_why(sb, real, false))))
         strv_push_owned(problems, xasprintf("%s %s: %s", what, found, why));
     free(why);
     free(real);
@@ -288,7 +291,7 @@ check_dir(const char *what, const char *shown, const char *dir, const struct uni
         return;
     if (fs_realpath_lax(dir, &real, &err) < 0)
         real = xstrdup(dir);
-    if ((why = unit_sandbox_why(sb, real, true)))
+    if ((why = unit_sandbox_why(sb, dir, true)) || (why = unit_sandbox_why(sb, real, true)))
         strv_push_owned(problems, xasprintf("%s %s: %s", what, shown, why));
     free(why);
     free(real);

@@ -10,6 +10,19 @@
 # the test stand-in mini-dj as processor, drain_timeout_secs 1) are bound
 # in. Every command inside runs through nsenter; every wait polls with a
 # deadline.
+#   (t) the README's "A five-minute tour", its commands as written (read
+#       from README.md with its esd.yaml and drop-in; the stand-ins as
+#       /opt/esd/venv/bin/dj-process and ray, /mnt/shared a directory of
+#       the test), on units not yet enabled: the spool and jobs directories
+#       made esd's, `esd --check-config` as root checks as user esd under
+#       the unit's sandbox, `systemctl enable --now esd`, `systemctl reload
+#       esd` after a change (slots 3 in effect) and after an unknown key
+#       (the reload fails, esd runs on with slots 3), a 64-shard job
+#       submitted --everywhere, watched to its end, retried, verified and
+#       merged twice (as computed independently); then `esd --check-config
+#       --unit esd.service` reports a metrics.path under ProtectSystem=strict
+#       with its ReadWritePaths= drop-in, and a processor under /home with
+#       ProtectHome=yes; the units are disabled again and the state removed;
 #   (a) `systemctl enable --now esd.socket esd.service`: esd.service is
 #       active, runs as user esd, serves the socket passed by esd.socket,
 #       restricts no device (no DeviceAllow=: GPUs stay reachable), and
@@ -19,7 +32,7 @@
 #       independently); `journalctl -u esd ESD_SHARD=<id>` returns exactly
 #       that shard's lines, claimed, started and done among them;
 #   (c) `systemctl reload esd` with ray.mode persistent (the stand-in
-#       fake-ray): the journal says "reloaded", the main pid stays, and the
+#       fake-ray): the journal says "reloaded" once more, the main pid stays, and the
 #       Ray head comes up under the hardened unit (TCP on loopback);
 #   (d) `systemctl stop esd.service` exits cleanly (Result=success, status
 #       0) and leaves esd.socket's socket in place; the next `esctl ping`
@@ -389,9 +402,11 @@ ok "journalctl -u esd ESD_SHARD=$SHARD: exactly that shard's lines (claimed, sta
 
 # ---- (c) reload ----
 conf persistent
+reloads() { journal -o cat | grep -c "^reloaded /etc/esd/esd.yaml$" || true; }
+RELOADS=$(reloads)
 run in_ct systemctl reload esd.service
 check "systemctl reload esd" 0
-wait_for "esd logs the reload" 10 eval 'journal -o cat | grep -q "^reloaded /etc/esd/esd.yaml$"'
+wait_for "esd logs the reload" 10 eval '[ "$(reloads)" -gt "$RELOADS" ]'
 [ "$(show esd.service MainPID)" = "$MAINPID" ] || fail "the reload keeps the main pid"
 wait_for "the Ray head (fake-ray, persistent) comes up under the unit" 20 status_line \
     "0/1 slots busy; no active job; ray up"
