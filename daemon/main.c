@@ -130,16 +130,18 @@ check_config(const char *unit, const char *user)
     strv_init(&problems);
     unitcheck_paths(&c, have_sb ? &sb : NULL, &problems);
     shown = M.path_given || access(M.path, F_OK) == 0 ? M.path : "defaults";
+    /* without a unit (a file of one's own, -c) what the paths lack is
+     * only a warning: they may be right where the file will be used */
     for (size_t i = 0; i < problems.n; i++)
-        fprintf(stderr, "esd: %s: %s\n", shown, problems.v[i]);
-    if (!problems.n) {
+        fprintf(stderr, "esd: %s: %s%s\n", shown, have_sb ? "" : "warning: ", problems.v[i]);
+    rc = have_sb && problems.n ? 1 : 0;
+    if (!rc) {
         if (have_sb)
             printf("%s: ok (as user %s, under %s's sandbox)\n", shown,
                    getpwuid(geteuid()) ? getpwuid(geteuid())->pw_name : "?", sb.unit);
         else
             printf("%s: ok\n", shown);
     }
-    rc = problems.n ? 1 : 0;
     config_free(&c);
     if (have_sb)
         unit_sandbox_free(&sb);
