@@ -264,7 +264,8 @@ install: all
 	install -m 0644 man/esd.8 $(DESTDIR)$(MANDIR)/man8/esd.8
 	[ -e $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml ] || \
 		install -m 0644 etc/esd.yaml $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml
-	sed 's|@SBINDIR@|$(SBINDIR)|g' systemd/esd.service >$(BUILD)/esd.service
+	sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|@BINDIR@|$(BINDIR)|g' systemd/esd.service \
+		>$(BUILD)/esd.service
 	install -m 0644 $(BUILD)/esd.service $(DESTDIR)$(UNITDIR)/esd.service
 	install -m 0644 systemd/esd.socket $(DESTDIR)$(UNITDIR)/esd.socket
 	install -m 0644 systemd/esd.sysusers $(DESTDIR)$(SYSUSERSDIR)/esd.conf

@@ -212,6 +212,9 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                      "write the job's timeline, pace and summary as one self-contained HTML file",
                      OPT(O_JOB_DIR) | OPT(O_OUTPUT) | OPT(O_LOCK_TIMEOUT), OPT(O_JOB_DIR),
                      true, AUTH_READ, CMDF_LOCAL },
+    [CMD_RELOAD] = { CMD_RELOAD, "reload", "",
+                     "reread esd.yaml; an invalid file is refused and the running one kept", 0, 0,
+                     false, AUTH_NODE, CMDF_DAEMON },
 };
 
 const struct cmd_def *

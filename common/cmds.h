@@ -108,6 +108,7 @@ enum cmd_id {
     CMD_COMPLETION,
     CMD_FSCHECK,
     CMD_REPORT,
+    CMD_RELOAD,
     CMD__COUNT
 };
 

@@ -1080,3 +1080,24 @@ fs_touch_fd(int fd)
 {
     return syscall(SYS_utimensat, fd, NULL, NULL, 0) < 0 ? -errno : 0;
 }
+
+char *
+fs_which(const char *cmd, const char *path, int mode)
+{
+    if (!cmd || !*cmd)
+        return NULL;
+    if (strchr(cmd, '/'))
+        return access(cmd, mode) == 0 ? xstrdup(cmd) : NULL;
+    while (path && *path) {
+        size_t n = strcspn(path, ":");
+        char *p = xasprintf("%.*s/%s", (int)n, n ? path : ".", cmd);
+
+        if (access(p, mode) == 0)
+            return p;
+        free(p);
+        path += n;
+        if (*path == ':')
+            path++;
+    }
+    return NULL;
+}

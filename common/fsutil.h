@@ -172,6 +172,11 @@ void fs_entries_free(struct fs_entries *e);
  */
 int fs_touch_fd(int fd);
 
+/* An executable as execvp(3) finds it: cmd itself if it holds a '/',
+ * else the first entry of the PATH-like list path where access(mode)
+ * succeeds. NULL when there is none. Caller frees. */
+char *fs_which(const char *cmd, const char *path, int mode);
+
 /* The final component of path (pointer into path); "" for "/". */
 const char *fs_basename(const char *path);
 /* The directory part of path (allocated); "/" for "/x", "." for "x". */

@@ -670,6 +670,15 @@ render_config(struct call *c, const cJSON *args, const cJSON *res)
 }
 
 static int
+render_reload(struct call *c, const cJSON *args, const cJSON *res)
+{
+    const char *path = json_get_str(res, "path");
+
+    printf("reloaded %s\n", path ? path : "esd.yaml");
+    return EXIT_OK;
+}
+
+static int
 render_nothing(struct call *c, const cJSON *args, const cJSON *res)
 {
     return EXIT_OK;
@@ -688,6 +697,7 @@ static int (*const renderers[CMD__COUNT])(struct call *, const cJSON *, const cJ
     [CMD_LOGS] = render_nothing,    [CMD_CONFIG] = render_config,
     [CMD_WORKER] = render_nothing,  [CMD_COMPLETION] = render_nothing,
     [CMD_FSCHECK] = render_nothing, [CMD_REPORT] = render_nothing,
+    [CMD_RELOAD] = render_reload,
 };
 
 int

@@ -101,6 +101,7 @@ static struct {
 } server = { .fd = -1 };
 
 static cJSON *(*status_fn)(void);
+static int (*reload_fn)(struct esd_err *err);
 static double idle_secs = PROTO_IDLE_SECS;
 static bool no_children; /* ctl_test_answer: commands never fork */
 
@@ -491,6 +492,29 @@ cmd_config(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
     return config_json(server.conf);
 }
 
+/* The same reload as SIGHUP's, answered: systemd's ExecReload= (esctl
+ * reload) fails with the error when the new file is refused. */
+static cJSON *
+cmd_reload(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+           const char **code, struct esd_err *err)
+{
+    cJSON *r;
+
+    (void)cmd;
+    (void)args;
+    (void)jr;
+    log_notice(NULL, "control: reload by uid %u pid %d", (unsigned)c->cred.uid, (int)c->cred.pid);
+    if (!reload_fn || reload_fn(err) < 0) {
+        *code = PROTO_E_FAILED;
+        if (!reload_fn)
+            err_set(err, -ENOTSUP, "this esd does not reload");
+        return NULL;
+    }
+    r = must(cJSON_CreateObject());
+    json_add_str(r, "path", server.conf && server.conf->path ? server.conf->path : "defaults");
+    return r;
+}
+
 static cJSON *
 cmd_drain(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
           const char **code, struct esd_err *err)
@@ -860,6 +884,9 @@ conn_answer(struct conn *c, const char *line, size_t len)
         break;
     case CMD_CONFIG:
         result = cmd_config(c, cmd, req.args, &jr, &code, &err);
+        break;
+    case CMD_RELOAD:
+        result = cmd_reload(c, cmd, req.args, &jr, &code, &err);
         break;
     case CMD_DRAIN:
     case CMD_RESUME:
@@ -1451,6 +1478,12 @@ void
 ctl_set_status(cJSON *(*fn)(void))
 {
     status_fn = fn;
+}
+
+void
+ctl_set_reload(int (*fn)(struct esd_err *err))
+{
+    reload_fn = fn;
 }
 
 /* Inode numbers are reused at once on some file systems; a file created

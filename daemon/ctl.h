@@ -30,6 +30,9 @@ int ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
 
 /* The daemon's status for the "status" command (the caller owns it). */
 void ctl_set_status(cJSON *(*fn)(void));
+/* How the "reload" command reloads esd.yaml: 0, or a negative errno with
+ * err set when the file is refused (the running configuration stays). */
+void ctl_set_reload(int (*fn)(struct esd_err *err));
 
 /* A reloaded configuration: the control group is looked up again. */
 void ctl_reconfigure(const struct esd_conf *c);

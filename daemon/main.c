@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 #include "oneshot.h"
 #include "ray.h"
 #include "spawn.h"
+#include "unitcheck.h"
 
 static struct {
     struct ev_loop *loop;
@@ -43,11 +45,15 @@ static struct {
 static void
 usage(FILE *f)
 {
-    fprintf(f, "usage: esd [-f] [-c FILE] [--check-config] [--help-config] [--version]\n"
+    fprintf(f, "usage: esd [-f] [-c FILE] [--check-config [--unit UNIT] [--user USER]] "
+               "[--help-config] [--version]\n"
                "       esd run --job-dir DIR [OPTION...]   (one job on every node: esd run --help)\n"
                "  -f, --foreground     log to stderr instead of the journal\n"
                "  -c, --config FILE    configuration (default %s)\n"
-               "  --check-config       validate the configuration and exit\n"
+               "  --check-config       validate the configuration and exit: as the unit's\n"
+               "                       User= and under its sandbox (esd.service without -c)\n"
+               "  --unit UNIT          --check-config: the unit to check for\n"
+               "  --user USER          --check-config: the user to check as (root only)\n"
                "  --help-config        list every configuration key and its default\n"
                "  --version            print the version\n"
                "See esd(8) and esd.yaml(5).\n",
@@ -79,6 +85,70 @@ load_config(struct esd_conf *c, struct esd_err *err)
     return 0;
 }
 
+/* esd --check-config: the file as the unit's esd will load it (its User=
+ * and sandbox, unitcheck.h): esd.service's when no -c is given and
+ * systemd knows it, or unit's; as the caller without a unit. */
+static int
+check_config(const char *unit, const char *user)
+{
+    struct unit_sandbox sb;
+    struct esd_conf c;
+    struct strv problems;
+    struct esd_err err;
+    bool have_sb = false;
+    const char *as = user, *shown;
+    int rc;
+
+    if (unit || !M.path_given) {
+        if (unit_sandbox_load(unit ? unit : "esd.service", &sb, &err) == 0)
+            have_sb = true;
+        else if (unit) {
+            fprintf(stderr, "esd: %s\n", err.msg);
+            return 1;
+        }
+    }
+    if (!as && have_sb) {
+        as = sb.user ? sb.user : "root";
+        if (geteuid() != 0 && (!getpwnam(as) || getpwnam(as)->pw_uid != geteuid())) {
+            fprintf(stderr, "esd: checking as uid %u, not as %s's user %s (run it as root to "
+                            "check as %s)\n", (unsigned)geteuid(), sb.unit, as, as);
+            as = NULL;
+        }
+    }
+    if (as && unitcheck_become(as, &err) < 0) {
+        fprintf(stderr, "esd: %s\n", err.msg);
+        if (have_sb)
+            unit_sandbox_free(&sb);
+        return 1;
+    }
+    if (load_config(&c, &err) < 0) {
+        fprintf(stderr, "esd: %s\n", err.msg);
+        if (have_sb)
+            unit_sandbox_free(&sb);
+        return 1;
+    }
+    strv_init(&problems);
+    unitcheck_paths(&c, have_sb ? &sb : NULL, &problems);
+    shown = M.path_given || access(M.path, F_OK) == 0 ? M.path : "defaults";
+    /* without a unit (a file of one's own, -c) what the paths lack is
+     * only a warning: they may be right where the file will be used */
+    for (size_t i = 0; i < problems.n; i++)
+        fprintf(stderr, "esd: %s: %s%s\n", shown, have_sb ? "" : "warning: ", problems.v[i]);
+    rc = have_sb && problems.n ? 1 : 0;
+    if (!rc) {
+        if (have_sb)
+            printf("%s: ok (as user %s, under %s's sandbox)\n", shown,
+                   getpwuid(geteuid()) ? getpwuid(geteuid())->pw_name : "?", sb.unit);
+        else
+            printf("%s: ok\n", shown);
+    }
+    config_free(&c);
+    if (have_sb)
+        unit_sandbox_free(&sb);
+    strv_free(&problems);
+    return rc;
+}
+
 static void
 main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
 {
@@ -96,21 +166,21 @@ main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
     engine_drain();
 }
 
-static void
-main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
+/* Reloads esd.yaml: a file that does not load is refused (err says why)
+ * and the running configuration stays. SIGHUP and the control socket's
+ * "reload" (esctl reload, the unit's ExecReload=) both come here. */
+static int
+main_reload(struct esd_err *err)
 {
     struct esd_conf *next = xcalloc(1, sizeof(*next)), *old = M.conf;
-    struct esd_err err;
+    int r;
 
-    (void)loop;
-    (void)w;
-    (void)revents;
     notify_reloading();
-    if (load_config(next, &err) < 0) {
-        log_err(NULL, "reload: %s; keeping the current configuration", err.msg);
+    if ((r = load_config(next, err)) < 0) {
+        log_err(NULL, "reload: %s; keeping the current configuration", err->msg);
         free(next);
         notify_ready();
-        return;
+        return r;
     }
     if (strcmp(next->state_dir, old->state_dir) || strcmp(next->socket_path, old->socket_path) ||
         strcmp(next->node_name, old->node_name) ||
@@ -136,6 +206,18 @@ main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
     free(old);
     log_notice(NULL, "reloaded %s", M.path);
     notify_ready();
+    return 0;
+}
+
+static void
+main_reload_cb(struct ev_loop *loop, ev_signal *w, int revents)
+{
+    struct esd_err err;
+
+    (void)loop;
+    (void)w;
+    (void)revents;
+    main_reload(&err);
 }
 
 /* Room for every control connection, attempt and child: the soft limit
@@ -160,9 +242,11 @@ main(int argc, char **argv)
         { "check-config", no_argument, NULL, 'C' }, { "help-config", no_argument, NULL, 'K' },
         { "version", no_argument, NULL, 'V' },      { "help", no_argument, NULL, 'h' },
         { "test-hang-watchdog", no_argument, NULL, 'W' },
+        { "unit", required_argument, NULL, 'U' },   { "user", required_argument, NULL, 'u' },
         { NULL, 0, NULL, 0 },
     };
     bool foreground = false, check = false, hang_watchdog = false;
+    const char *unit = NULL, *user = NULL;
     struct esd_err err;
     int opt;
 
@@ -196,6 +280,12 @@ main(int argc, char **argv)
         case 'W':
             hang_watchdog = true;
             break;
+        case 'U':
+            unit = optarg;
+            break;
+        case 'u':
+            user = optarg;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -204,21 +294,17 @@ main(int argc, char **argv)
             return 2;
         }
     }
-    if (optind < argc) {
+    if (optind < argc || ((unit || user) && !check)) {
         usage(stderr);
         return 2;
     }
+    if (check)
+        return check_config(unit, user);
     /* Start-up errors end the program with a clear message. */
     M.conf = xcalloc(1, sizeof(*M.conf));
     if (load_config(M.conf, &err) < 0) {
         fprintf(stderr, "esd: %s\n", err.msg);
         return 1;
-    }
-    if (check) {
-        printf("%s: ok\n", M.path_given || access(M.path, F_OK) == 0 ? M.path : "defaults");
-        config_free(M.conf);
-        free(M.conf);
-        return 0;
     }
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit();
@@ -267,6 +353,7 @@ main(int argc, char **argv)
     }
     if (hang_watchdog)
         notify_test_stop_watchdog();
+    ctl_set_reload(main_reload);
     if (engine_init(M.loop, M.conf, notify_listen_fd(), &err) < 0) {
         log_err(NULL, "%s", err.msg);
         fprintf(stderr, "esd: %s\n", err.msg);

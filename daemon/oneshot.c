@@ -1903,23 +1903,10 @@ parse_args(int argc, char **argv)
 static bool
 command_found(const char *cmd)
 {
-    const char *path = getenv("PATH");
-    bool found = false;
+    char *p = fs_which(cmd, getenv("PATH"), X_OK);
+    bool found = p != NULL;
 
-    if (!cmd || !*cmd)
-        return false;
-    if (strchr(cmd, '/'))
-        return access(cmd, X_OK) == 0;
-    while (path && *path && !found) {
-        size_t n = strcspn(path, ":");
-        char *p = xasprintf("%.*s/%s", (int)n, n ? path : ".", cmd);
-
-        found = access(p, X_OK) == 0;
-        free(p);
-        path += n;
-        if (*path == ':')
-            path++;
-    }
+    free(p);
     return found;
 }
 

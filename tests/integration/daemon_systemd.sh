@@ -23,7 +23,11 @@
 #         WATCHDOG_* and LISTEN_* (a processor that speaks sd_notify must
 #         not speak for esd);
 #       - SIGHUP gives RELOADING=1, then READY=1 (also when the new file
-#         is bad: the daemon logs that it keeps its configuration), and
+#         is bad: the daemon logs that it keeps its configuration); `esctl
+#         reload` (the unit's ExecReload=) exits 2 with the file's error
+#         for the bad file and 0 once it is fixed; `esd --check-config -c`
+#         passes the file, warns of a missing metrics.path directory, and
+#         with --unit fails where systemd does not run; and
 #         WATCHDOG=1 goes on after the reloads;
 #       - SIGTERM gives STOPPING=1 after the last READY=1 and the daemon
 #         exits 0 (a and h); a's STATUS= then says "draining; ...".
@@ -217,6 +221,25 @@ ev = [e for e in ev if e in ("READY=1", "RELOADING=1")]
 assert ev == ["READY=1", "RELOADING=1", "READY=1", "RELOADING=1", "READY=1"], ev
 EOF
 ok "SIGHUP: RELOADING=1 then READY=1 (good file), again with a bad file (kept)"
+# esctl reload (the unit's ExecReload=): the same reload, answered
+run "$ESCTL" --socket "$(dsock a)" reload
+check "esctl reload with a bad file fails with esd's error" 2 "" "esd.yaml:15: duplicate key"
+wait_for "esctl reload: READY=1 again" 10 at_least a READY=1 4
+sed -i '$d' "$W/a/esd.yaml"
+run "$ESCTL" --socket "$(dsock a)" reload
+check "esctl reload with the file fixed" 0 "reloaded $W/a/esd.yaml"
+# --check-config of a file of one's own (-c): no unit; a missing
+# metrics.path directory is a warning only
+run "$ESD" --check-config -c "$W/a/esd.yaml"
+check "esd --check-config -c a's file" 0 "$W/a/esd.yaml: ok"
+printf 'ray:\n  mode: off\nmetrics:\n  path: %s/nowhere/esd.prom\n' "$W" >"$W/metrics.yaml"
+run "$ESD" --check-config -c "$W/metrics.yaml"
+check "esd --check-config: a missing metrics directory is a warning without a unit" 0 "ok" \
+    "warning: metrics.path $W/nowhere/esd.prom: $W/nowhere: no such directory"
+if [ ! -e /run/systemd/system ]; then
+    run "$ESD" --check-config -c "$W/a/esd.yaml" --unit esd.service
+    check "esd --check-config --unit where systemd does not run" 1 "" "systemd does not run here"
+fi
 ping_now a
 wd=$(notes a WATCHDOG=1)
 wait_for "WATCHDOG=1 goes on after the reloads" 10 at_least a WATCHDOG=1 $((wd + 1))

@@ -10,6 +10,19 @@
 # the test stand-in mini-dj as processor, drain_timeout_secs 1) are bound
 # in. Every command inside runs through nsenter; every wait polls with a
 # deadline.
+#   (t) the README's "A five-minute tour", its commands as written (read
+#       from README.md with its esd.yaml and drop-in; the stand-ins as
+#       /opt/esd/venv/bin/dj-process and ray, /mnt/shared a directory of
+#       the test), on units not yet enabled: the spool and jobs directories
+#       made esd's, `esd --check-config` as root checks as user esd under
+#       the unit's sandbox, `systemctl enable --now esd`, `systemctl reload
+#       esd` after a change (slots 3 in effect) and after an unknown key
+#       (the reload fails, esd runs on with slots 3), a 64-shard job
+#       submitted --everywhere, watched to its end, retried, verified and
+#       merged twice (as computed independently); then `esd --check-config
+#       --unit esd.service` reports a metrics.path under ProtectSystem=strict
+#       with its ReadWritePaths= drop-in, and a processor under /home with
+#       ProtectHome=yes; the units are disabled again and the state removed;
 #   (a) `systemctl enable --now esd.socket esd.service`: esd.service is
 #       active, runs as user esd, serves the socket passed by esd.socket,
 #       restricts no device (no DeviceAllow=: GPUs stay reachable), and
@@ -20,7 +33,7 @@
 #       that shard's lines, "[job-a <shard>#1] claimed", "... started" and
 #       "... done:" among them, claimed and done with their MESSAGE_ID;
 #   (c) `systemctl reload esd` with ray.mode persistent (the stand-in
-#       fake-ray): the journal says "reloaded", the main pid stays, and the
+#       fake-ray): the journal says "reloaded" once more, the main pid stays, and the
 #       Ray head comes up under the hardened unit (TCP on loopback);
 #   (d) `systemctl stop esd.service` exits cleanly (Result=success, status
 #       0) and leaves esd.socket's socket in place; the next `esctl ping`
@@ -113,6 +126,14 @@ RequiresMountsFor=/srv/esd
 ReadWritePaths=/srv/esd
 Environment=MINI_DJ_HANG=1 MINI_DJ_ONLY=hang-job ASAN_OPTIONS=detect_leaks=0
 EOF
+# the tour's data, recipe and stand-ins (section t)
+text_dataset 320
+mkdir -p "$W/shared/raw" "$W/shared/recipes" "$W/tour-data" "$W/venv/bin"
+cp "$W/data.jsonl" "$W/shared/raw/"
+cp "$W/recipe.yaml" "$W/shared/recipes/clean.yaml"
+cp "$W/data.jsonl" "$W/kept.txt" "$W/expected.jsonl" "$W/tour-data/"
+ln -s /opt/esd-test/tools/mini-dj "$W/venv/bin/dj-process"
+ln -s /opt/esd-test/stand-ins/fake-ray "$W/venv/bin/ray"
 text_dataset 60
 cp "$W/data.jsonl" "$W/recipe.yaml" "$W/srv/"
 
@@ -129,6 +150,7 @@ systemd-nspawn --quiet --volatile=yes -D / --keep-unit --register=no --machine="
     --console=read-only --overlay-ro="/usr:$R/usr:/usr" \
     --bind-ro="$TOOLS:/opt/esd-test/tools" --bind-ro="$TOP/tests/tools:/opt/esd-test/stand-ins" \
     --bind="$W/srv:/srv/esd" --bind="$R/etc/esd:/etc/esd" \
+    --bind="$W/shared:/mnt/shared" --bind-ro="$W/venv:/opt/esd/venv" \
     --bind="$DROPIN:/etc/systemd/system/esd.service.d" \
     -b systemd.firstboot=off </dev/null >"$W/boot.log" 2>&1 &
 NSPAWN=$!
@@ -176,6 +198,146 @@ ok "a container booted systemd from the host's /usr in $(elapsed)"
 ESD_UID=$(in_ct id -u esd) || fail "systemd-sysusers made the user esd from the installed snippet"
 [ "$(in_ct id -gn esd)" = esd ] || fail "the user esd's group is esd" "$(in_ct id esd)"
 ok "the user esd (uid $ESD_UID, group esd) was made at boot from esd.conf in sysusers.d"
+
+# ---- (t) the README's tour, as written ----
+# The commands of the README's "A five-minute tour" (its ```sh blocks, a
+# line ending in a backslash joined to the next, comments left out), its
+# esd.yaml block and its drop-in block, extracted here as readme.sh reads
+# them: a change to the tour changes what runs. Each runs in order as root
+# in the container (bash -c, under timeout), except the ones TOUR_NOT_RUN
+# names with the reason; TOUR_INSTEAD runs another command in a command's
+# place. /mnt/shared is a directory of the test; /opt/esd/venv/bin holds
+# the stand-ins as dj-process (mini-dj) and ray (fake-ray). sudo has no
+# /etc/sudoers in a --volatile container (nor runuser its PAM files):
+# there `sudo -u USER` is setpriv.
+python3 - "$TOP/README.md" "$W/tour" <<'EOF' || fail "README.md has the tour's commands, esd.yaml and drop-in"
+import re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+tour = text.split("\n## A five-minute tour\n", 1)[1].split("\n## ", 1)[0]
+cmds, blocks = [], {}
+for info, body in re.findall(r"^```(\w*)\n(.*?)^```", tour, re.M | re.S):
+    if info == "sh":
+        pending = ""
+        for line in body.splitlines():
+            if line.endswith("\\"):
+                pending += line[:-1].rstrip() + " "
+                continue
+            line, pending = pending + line, ""
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                cmds.append(line)
+    else:
+        blocks.setdefault(info, body)
+assert cmds and "yaml" in blocks and "ini" in blocks, (cmds, list(blocks))
+open(sys.argv[2] + ".cmds", "w").write("\n".join(cmds) + "\n")
+open(sys.argv[2] + ".yaml", "w").write(blocks["yaml"])
+open(sys.argv[2] + ".ini", "w").write(blocks["ini"])
+EOF
+show() { in_ct systemctl show -P "$2" "$1"; }
+journal() { in_ct journalctl --no-pager -u esd.service "$@"; }
+# as on a node where make install has just put the units: the first boot's
+# presets enabled and started them here
+in_ct systemctl disable --now esd.socket esd.service >/dev/null 2>&1
+in_ct rm -rf /var/lib/esd
+declare -A TOUR_NOT_RUN=(
+    ["make install PREFIX=/usr"]="installed above (make install DESTDIR=, laid over the container's /usr)"
+    ["dpkg-buildpackage -us -uc -b && apt install ../esd_*.deb"]="the package: deb.sh"
+)
+declare -A TOUR_INSTEAD=(
+    ["esctl fscheck /mnt/shared/esd --nodes 4"]="esctl fscheck /mnt/shared/esd" # one node here
+)
+# what the drop-in and esd.yaml of the tour say, as written; the Ray port
+# one free here (the container shares the host's network)
+cp "$W/tour.ini" "$DROPIN/override.conf"
+tour_conf() {
+    sed "s/^ray:\$/ray:\n  port: $RAY_PORT/" "$W/tour.yaml" >"$R/etc/esd/esd.yaml"
+    printf 'poll_interval_secs: 1\n%s' "${1:-}" >>"$R/etc/esd/esd.yaml"
+}
+tour_conf
+SUDO='command -v sudo >/dev/null && [ -e /etc/sudoers ] ||
+    sudo() { if [ "$1" = -u ]; then local u=$2; shift 2
+        setpriv --reuid="$u" --regid="$(id -g "$u")" --init-groups -- "$@"; else "$@"; fi; }'
+tour_run() { run in_ct timeout 120 bash -c "$SUDO"$'\n'"$1"; }
+TOUR_RAN=0
+while IFS= read -r cmd; do
+    if [ -n "${TOUR_NOT_RUN[$cmd]:-}" ]; then
+        echo "# not run: $cmd: ${TOUR_NOT_RUN[$cmd]}"
+        continue
+    fi
+    [ -z "${TOUR_INSTEAD[$cmd]:-}" ] || echo "# instead of $cmd: ${TOUR_INSTEAD[$cmd]}"
+    line=${TOUR_INSTEAD[$cmd]:-$cmd}
+    case "$cmd" in
+    "systemctl reload esd")
+        # a change, then a file esd refuses: the reload fails, esd runs on
+        MAINPID=$(show esd.service MainPID)
+        sed -i 's/^slots: 2 /slots: 3 /' "$R/etc/esd/esd.yaml"
+        tour_run "$line"
+        check "tour: $cmd (slots 2 -> 3)" 0
+        run in_ct esctl config
+        check "tour: esctl config after the reload" 0 "slots: 3"
+        echo "slot: 4" >>"$R/etc/esd/esd.yaml"
+        tour_run "$line"
+        refused=$RC
+        [ "$RC" -ne 0 ] || fail "tour: $cmd fails for a file esd refuses" "stdout: $OUT" "stderr: $ERR"
+        { [ "$(show esd.service ActiveState)" = active ] &&
+            [ "$(show esd.service MainPID)" = "$MAINPID" ]; } ||
+            fail "esd runs on after the refused reload" "$(in_ct systemctl status --no-pager esd)"
+        run in_ct esctl config
+        check "tour: esd keeps the configuration it had" 0 "slots: 3"
+        journal -o cat | grep -q "unknown key 'slot'; did you mean 'slots'?; keeping the current" ||
+            fail "the journal says why the reload was refused" "$(journal -o cat | tail -n 5)"
+        sed -i '$d' "$R/etc/esd/esd.yaml"
+        ok "tour: $cmd: 0 for slots 3; non-zero ($refused) for an unknown key, esd still active (pid $MAINPID), slots still 3"
+        ;;
+    *)
+        tour_run "$line"
+        check "tour: $line" 0
+        ;;
+    esac
+    TOUR_RAN=$((TOUR_RAN + 1))
+    case "$cmd" in
+    install\ -d*)
+        [ "$(in_ct stat -c '%U:%G %a' /mnt/shared/esd/spool /mnt/shared/jobs | sort -u)" = "esd:esd 755" ] ||
+            fail "the spool and jobs directories are esd's" "$(ls -la "$W/shared" "$W/shared/esd")" ;;
+    "esd --check-config") [[ $OUT == "/etc/esd/esd.yaml: ok (as user esd, under esd.service's sandbox)" ]] ||
+        fail "esd --check-config as root checks as the unit's user" "$OUT" ;;
+    "esctl ping") [[ $OUT == *"on node gpu-07"* ]] || fail "esd is gpu-07" "$OUT" ;;
+    journalctl*) [[ $OUT == *"done: "* ]] || fail "the shard's journal lines" "$OUT" ;;
+    esac
+done <"$W/tour.cmds"
+[ "$TOUR_RAN" -ge 15 ] || fail "the tour's commands ran" "only $TOUR_RAN"
+J="$W/shared/jobs/clean-001"
+W="$W/tour-data" expect_merged "$J" "$W/expected-tour.jsonl"
+{ cmp -s "$J/merged.jsonl" "$W/expected-tour.jsonl" && cmp -s "$W/shared/clean.jsonl" "$W/expected-tour.jsonl"; } ||
+    fail "the tour's merges are as computed independently"
+ok "the README's tour: $TOUR_RAN commands as written, clean-001's 64 shards merged as expected"
+
+# --check-config under the unit's sandbox: a metrics.path the unit may not
+# write, a processor that ProtectHome=yes hides
+in_ct install -d -o esd /var/lib/node-exporter /home/tour
+ln -s /opt/esd-test/tools/mini-dj "$W/shared/mini-dj"
+in_ct cp -P /mnt/shared/mini-dj /home/tour/dj-process
+sed 's|^processor: .*|processor: /home/tour/dj-process|' "$R/etc/esd/esd.yaml" >"$R/etc/esd/home.yaml"
+cp "$R/etc/esd/esd.yaml" "$R/etc/esd/metrics.yaml"
+printf 'metrics:\n  path: /var/lib/node-exporter/esd.prom\n' >>"$R/etc/esd/metrics.yaml"
+run in_ct esd --check-config -c /etc/esd/metrics.yaml --unit esd.service
+check "--check-config: metrics.path where the unit may not write" 1 "" \
+    "esd.service may not write /var/lib/node-exporter (ProtectSystem=strict): add it in a drop-in, systemctl edit esd.service: [Service] ReadWritePaths=/var/lib/node-exporter"
+printf '[Service]\nProtectHome=yes\n' >"$DROPIN/zz-home.conf"
+in_ct systemctl daemon-reload
+run in_ct esd --check-config -c /etc/esd/home.yaml --unit esd.service
+check "--check-config: a processor under /home with ProtectHome=yes" 1 "" \
+    "processor /home/tour/dj-process: esd.service hides /home (ProtectHome=yes)"
+rm -f "$DROPIN/zz-home.conf" "$R/etc/esd/home.yaml" "$R/etc/esd/metrics.yaml"
+in_ct systemctl daemon-reload
+ok "--check-config names the ReadWritePaths= drop-in for metrics.path, and ProtectHome=yes hiding the processor"
+
+# the rest starts from a node that never ran esd
+run in_ct systemctl disable --now esd.service
+check "systemctl disable --now esd" 0
+in_ct rm -rf /var/lib/esd
+in_ct journalctl --rotate --vacuum-files=1 >/dev/null 2>&1 || true
+conf off
 
 # ---- (a) enable, start ----
 run in_ct systemctl enable --now esd.socket esd.service
@@ -244,9 +406,11 @@ ok "journalctl -u esd ESD_SHARD=$SHARD: exactly that shard's lines ([job-a SHARD
 
 # ---- (c) reload ----
 conf persistent
+reloads() { journal -o cat | grep -c "^reloaded /etc/esd/esd.yaml$" || true; }
+RELOADS=$(reloads)
 run in_ct systemctl reload esd.service
 check "systemctl reload esd" 0
-wait_for "esd logs the reload" 10 eval 'journal -o cat | grep -q "^reloaded /etc/esd/esd.yaml$"'
+wait_for "esd logs the reload" 10 eval '[ "$(reloads)" -gt "$RELOADS" ]'
 [ "$(show esd.service MainPID)" = "$MAINPID" ] || fail "the reload keeps the main pid"
 wait_for "the Ray head (fake-ray, persistent) comes up under the unit" 20 status_line \
     "0/1 slots busy; no active job; ray up"

@@ -39,7 +39,7 @@ RECORD="$S/security-exposure"
 # ---- (a) verify ----
 U="$W/units"
 mkdir -p "$U" "$W/man/man1" "$W/man/man5" "$W/man/man8"
-sed "s|@SBINDIR@|$(dirname "$ESD")|g" "$S/esd.service" >"$U/esd.service"
+sed -e "s|@SBINDIR@|$(dirname "$ESD")|g" -e "s|@BINDIR@|$(dirname "$ESCTL")|g" "$S/esd.service" >"$U/esd.service"
 sed "s|@SBINDIR@|$(dirname "$ESD")|g" "$S/esd.socket" >"$U/esd.socket"
 grep -qx "ExecStart=$(dirname "$ESD")/esd" "$U/esd.service" || fail "esd.service has ExecStart=@SBINDIR@/esd"
 cp "$TOP/man/esctl.1" "$W/man/man1/"
@@ -139,8 +139,9 @@ files "$D" >"$W/got"
 diff "$W/want" "$W/got" >"$W/diff" || fail "make install PREFIX=/usr installs the expected files" \
     "$(cat "$W/diff")"
 ok "make install DESTDIR=\$W/d PREFIX=/usr: the $(wc -l <"$W/want") expected files and modes ($unitdir, $sysusersdir, $catalogdir)"
-sed 's|@SBINDIR@|/usr/sbin|g' "$S/esd.service" | cmp -s - "$D/$unitdir/esd.service" ||
-    fail "the installed esd.service is systemd/esd.service with @SBINDIR@ = /usr/sbin"
+sed -e 's|@SBINDIR@|/usr/sbin|g' -e 's|@BINDIR@|/usr/bin|g' "$S/esd.service" |
+    cmp -s - "$D/$unitdir/esd.service" ||
+    fail "the installed esd.service is systemd/esd.service with @SBINDIR@ = /usr/sbin, @BINDIR@ = /usr/bin"
 grep -qx 'ExecStart=/usr/sbin/esd' "$D/$unitdir/esd.service" || fail "ExecStart=/usr/sbin/esd"
 ! grep -rI '@[A-Z]*@' "$D" >/dev/null || fail "no @VAR@ is left" "$(grep -rIl '@[A-Z]*@' "$D")"
 cmp -s "$S/esd.socket" "$D/$unitdir/esd.socket" || fail "esd.socket installed as is"
