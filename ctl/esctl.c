@@ -14,6 +14,7 @@
 #include "esctl.h"
 #include "json.h"
 #include "proto.h"
+#include "suggest.h"
 
 static void
 usage(FILE *f)
@@ -57,6 +58,19 @@ find_opt(const char *name, size_t len)
         if (strlen(cmd_opts[o].name) == len && strncmp(cmd_opts[o].name, name, len) == 0)
             return o;
     return -1;
+}
+
+/* The option of mask closest to the mistyped name[0..len), or NULL. */
+static const char *
+closest_opt(uint64_t mask, const char *name, size_t len)
+{
+    struct suggest s;
+
+    suggest_init(&s, name, len);
+    for (int o = 0; o < O__COUNT; o++)
+        if (mask & OPT(o))
+            suggest_add(&s, cmd_opts[o].name);
+    return suggest_result(&s);
 }
 
 /* Stores one option value; returns EXIT_OK or EXIT_ERROR with a message. */
@@ -135,8 +149,14 @@ parse_args(struct call *c, int argc, char **argv, int i)
         len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
         o = find_opt(a + 2, len);
         if (o < 0 || !((c->cmd->opts | OPT_GLOBAL) & OPT(o))) {
-            out_error("%s: unknown option '%.*s' (see esctl %s --help)", c->cmd->name,
-                      (int)len + 2, a, c->cmd->name);
+            const char *near = closest_opt(c->cmd->opts | OPT_GLOBAL, a + 2, len);
+
+            if (near)
+                out_error("%s: unknown option '%.*s'; did you mean '--%s'?", c->cmd->name,
+                          (int)len + 2, a, near);
+            else
+                out_error("%s: unknown option '%.*s' (see esctl %s --help)", c->cmd->name,
+                          (int)len + 2, a, c->cmd->name);
             return EXIT_ERROR;
         }
         if (cmd_opts[o].kind == K_FLAG) {
@@ -177,35 +197,50 @@ parse_globals(struct call *c, int argc, char **argv, int *ret_exit)
     int i = 1;
 
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
-        const char *a = argv[i];
+        const char *a = argv[i], *eq = strchr(a + 2, '='), *value = NULL;
+        size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+        int o = find_opt(a + 2, len);
 
-        if (!strcmp(a, "--json")) {
-            c->set[O_JSON] = true;
-        } else if (!strcmp(a, "--local")) {
-            c->set[O_LOCAL] = true;
-        } else if (!strcmp(a, "--socket") || !strncmp(a, "--socket=", 9)) {
-            const char *v = a[8] == '=' ? a + 9 : i + 1 < argc ? argv[++i] : NULL;
-
-            if (!v) {
-                out_error("--socket needs a value");
-                *ret_exit = EXIT_ERROR;
-                return -1;
-            }
-            if (set_opt(c, O_SOCKET, v) != EXIT_OK) {
-                *ret_exit = EXIT_ERROR;
-                return -1;
-            }
-        } else if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help")) {
             usage(stdout);
             *ret_exit = EXIT_OK;
             return -1;
-        } else if (!strcmp(a, "--version")) {
+        }
+        if (!strcmp(a, "--version")) {
             printf("esctl %s\n", ESD_VERSION);
             *ret_exit = EXIT_OK;
             return -1;
-        } else {
-            out_error("unknown option '%s'", a);
-            usage(stderr);
+        }
+        if (o < 0 || !(OPT_GLOBAL & OPT(o))) {
+            struct suggest s;
+
+            suggest_init(&s, a + 2, len);
+            for (o = 0; o < O__COUNT; o++)
+                if (OPT_GLOBAL & OPT(o))
+                    suggest_add(&s, cmd_opts[o].name);
+            suggest_add(&s, "help");
+            suggest_add(&s, "version");
+            if (suggest_result(&s)) {
+                out_error("unknown option '%.*s'; did you mean '--%s'?", (int)len + 2, a,
+                          suggest_result(&s));
+            } else {
+                out_error("unknown option '%s'", a);
+                usage(stderr);
+            }
+            *ret_exit = EXIT_ERROR;
+            return -1;
+        }
+        if (cmd_opts[o].kind == K_FLAG && eq) {
+            out_error("--%s takes no value", cmd_opts[o].name);
+            *ret_exit = EXIT_ERROR;
+            return -1;
+        }
+        if (cmd_opts[o].kind != K_FLAG && !(value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL)) {
+            out_error("--%s needs a value", cmd_opts[o].name);
+            *ret_exit = EXIT_ERROR;
+            return -1;
+        }
+        if (set_opt(c, o, value) != EXIT_OK) {
             *ret_exit = EXIT_ERROR;
             return -1;
         }
@@ -238,8 +273,18 @@ main(int argc, char **argv)
         return EXIT_OK;
     }
     if (!(c.cmd = cmd_find(argv[i]))) {
-        out_error("unknown command '%s'", argv[i]);
-        usage(stderr);
+        struct suggest s;
+
+        suggest_init(&s, argv[i], strlen(argv[i]));
+        for (size_t k = 0; k < CMD__COUNT; k++)
+            suggest_add(&s, cmd_table[k].name);
+        suggest_add(&s, "help");
+        if (suggest_result(&s)) {
+            out_error("unknown command '%s'; did you mean '%s'?", argv[i], suggest_result(&s));
+        } else {
+            out_error("unknown command '%s'", argv[i]);
+            usage(stderr);
+        }
         return EXIT_ERROR;
     }
     r = parse_args(&c, argc, argv, i + 1);

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# papercuts: small things of esctl's and esd's command lines, without a
+# daemon: the did-you-mean of mistyped commands and options (esctl, esd,
+# esd run).
+#
+# Environment: ESCTL, ESD (absolute paths of the binaries), TOP.
+set -euo pipefail
+
+ESCTL=${ESCTL:-./esctl}
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
+new_workdir
+[ -x "$ESCTL" ] || fail "esctl exists" "not executable: $ESCTL (run make first)"
+[ -x "$ESD" ] || fail "esd exists" "not executable: $ESD (run make first)"
+
+# ---- did you mean ----
+run "$ESCTL" stauts
+check "a mistyped command: did you mean" 2 "" "esctl: unknown command 'stauts'; did you mean 'status'?"
+[[ $ERR != *usage:* ]] || fail "a suggestion comes without the usage" "stderr: $ERR"
+ok "a suggestion comes without the usage"
+run "$ESCTL" frobnicate
+check "a command far from every name: the usage, no suggestion" 2 "" "usage: esctl"
+[[ $ERR != *"did you mean"* ]] || fail "no suggestion for frobnicate" "stderr: $ERR"
+run "$ESCTL" status --wath
+check "a mistyped option: did you mean" 2 "" \
+    "esctl: status: unknown option '--wath'; did you mean '--watch'?"
+run "$ESCTL" merge "$W" --overwirte
+check "a swap in an option: did you mean" 2 "" "did you mean '--overwrite'?"
+run "$ESCTL" retry "$W" --all-faild=1
+check "a mistyped option with a value: did you mean" 2 "" \
+    "unknown option '--all-faild'; did you mean '--all-failed'?"
+run "$ESCTL" --sokcet /x status
+check "a mistyped global option: did you mean" 2 "" \
+    "unknown option '--sokcet'; did you mean '--socket'?"
+run "$ESCTL" status --frobnicate
+check "an option far from every name: see --help" 2 "" \
+    "status: unknown option '--frobnicate' (see esctl status --help)"
+run "$ESD" --forground
+check "esd: a mistyped option: did you mean" 2 "" \
+    "esd: unknown option '--forground'; did you mean '--foreground'?"
+run "$ESD" --config
+check "esd: an option without its value" 2 "" "esd: option '--config' needs a value"
+run "$ESD" run --job-dri "$W/job"
+check "esd run: a mistyped option: did you mean" 2 "" \
+    "esd run: unknown option '--job-dri'; did you mean '--job-dir'?"
+run "$ESD" run --explain=yes
+check "esd run: a flag with a value" 2 "" "esd run: option '--explain' takes no value"
+run "$ESD" run --frobnicate
+check "esd run: an option far from every name" 2 "" "esd run: unknown or ambiguous option '--frobnicate'"
+
+summary
