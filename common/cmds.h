@@ -83,6 +83,7 @@ struct opt_def {
     const char *help;
     const char *key;  /* request argument: name with '-' as '_' */
     bool path;        /* the value is a file or directory (completion) */
+    const char *alias; /* another spelling esctl accepts for it, or NULL */
 };
 
 enum cmd_id {

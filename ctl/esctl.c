@@ -47,15 +47,33 @@ cmd_help(const struct cmd_def *cmd)
             continue;
         snprintf(left, sizeof(left), "--%s%s%s", d->name, d->metavar ? " " : "",
                  d->metavar ? d->metavar : "");
-        printf("  %-28s %s%s\n", left, d->help, cmd->required & OPT(o) ? " (required)" : "");
+        printf("  %-28s %s%s", left, d->help, cmd->required & OPT(o) ? " (required)" : "");
+        if (d->alias)
+            printf(" (alias --%s)", d->alias);
+        putchar('\n');
     }
 }
 
+static bool
+name_is(const char *known, const char *name, size_t len)
+{
+    return known && strlen(known) == len && strncmp(known, name, len) == 0;
+}
+
+/* The option called name[0..len): one of mask by its name, else one of
+ * mask by its alias (logs --shard-id is logs --shard), else any by its
+ * name (for the error); -1 if there is none. */
 static int
-find_opt(const char *name, size_t len)
+find_opt(uint64_t mask, const char *name, size_t len)
 {
     for (int o = 0; o < O__COUNT; o++)
-        if (strlen(cmd_opts[o].name) == len && strncmp(cmd_opts[o].name, name, len) == 0)
+        if ((mask & OPT(o)) && name_is(cmd_opts[o].name, name, len))
+            return o;
+    for (int o = 0; o < O__COUNT; o++)
+        if ((mask & OPT(o)) && name_is(cmd_opts[o].alias, name, len))
+            return o;
+    for (int o = 0; o < O__COUNT; o++)
+        if (name_is(cmd_opts[o].name, name, len))
             return o;
     return -1;
 }
@@ -147,7 +165,7 @@ parse_args(struct call *c, int argc, char **argv, int i)
         }
         eq = strchr(a + 2, '=');
         len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-        o = find_opt(a + 2, len);
+        o = find_opt(c->cmd->opts | OPT_GLOBAL, a + 2, len);
         if (o < 0 || !((c->cmd->opts | OPT_GLOBAL) & OPT(o))) {
             const char *near = closest_opt(c->cmd->opts | OPT_GLOBAL, a + 2, len);
 
@@ -199,7 +217,7 @@ parse_globals(struct call *c, int argc, char **argv, int *ret_exit)
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
         const char *a = argv[i], *eq = strchr(a + 2, '='), *value = NULL;
         size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-        int o = find_opt(a + 2, len);
+        int o = find_opt(OPT_GLOBAL, a + 2, len);
 
         if (!strcmp(a, "--help")) {
             usage(stdout);

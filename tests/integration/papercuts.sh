@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # papercuts: small things of esctl's and esd's command lines, without a
 # daemon: the did-you-mean of mistyped commands and options (esctl, esd,
-# esd run).
+# esd run); --shard and --shard-id alike for logs and retry.
 #
 # Environment: ESCTL, ESD (absolute paths of the binaries), TOP.
 set -euo pipefail
@@ -47,5 +47,25 @@ run "$ESD" run --explain=yes
 check "esd run: a flag with a value" 2 "" "esd run: option '--explain' takes no value"
 run "$ESD" run --frobnicate
 check "esd run: an option far from every name" 2 "" "esd run: unknown or ambiguous option '--frobnicate'"
+
+# ---- --shard and --shard-id ----
+text_dataset 20
+prepare_job "$W/job" 2
+ID=$(py 'j["shards"][0]["id"]' "$W/job/manifest.json")
+run "$ESCTL" --local logs "$W/job" --shard-id "$ID"
+check "logs takes --shard-id as --shard" 2 "" "shard $ID of $W/job has no attempt yet"
+run "$ESCTL" --local retry "$W/job" --shard nosuch --shard "$ID"
+check "retry takes --shard as --shard-id (repeatable)" 2 "" "Unknown shard IDs: nosuch"
+run "$ESCTL" --local retry "$W/job" --shard "$ID"
+check "retry --shard of a pending shard" 0 "No failed shards selected"
+run "$ESCTL" logs "$W/job" --shard a --shard-id b
+check "logs: --shard and its alias are one option" 2 "" "logs: --shard given twice"
+run "$ESCTL" logs --help
+check "logs --help names the alias" 0 "(alias --shard-id)"
+run "$ESCTL" completion
+[[ $OUT == *'opts=" --job-dir --all-failed --shard-id"'* ]] &&
+    [[ $OUT == *'opts=" --job-dir --shard --follow --lines"'* ]] ||
+    fail "completion offers retry --shard-id and logs --shard" "$OUT"
+ok "completion offers retry --shard-id and logs --shard"
 
 summary
