@@ -114,6 +114,10 @@ const struct opt_def cmd_opts[O__COUNT] = {
                   false },
     [O_SOCKET] = { "socket", K_STR, "PATH", "esd's control socket (default /run/esd/esd.sock)",
                    NULL, P },
+    [O_COLOR] = { "color", K_STR, "WHEN",
+                  "colour: auto (default: on a terminal whose TERM is not dumb, unless NO_COLOR "
+                  "is set and not empty), always or never",
+                  NULL, false },
 };
 
 #define LIMITS (OPT(O_MAX_LINE_BYTES) | OPT(O_MAX_DEPTH))

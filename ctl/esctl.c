@@ -24,7 +24,7 @@ usage(FILE *f)
     for (size_t i = 0; i < CMD__COUNT; i++)
         if ((int)strlen(cmd_table[i].name) > width)
             width = (int)strlen(cmd_table[i].name);
-    fprintf(f, "usage: esctl [--json] [--local] [--socket PATH] <command> [options]\n"
+    fprintf(f, "usage: esctl [--json] [--local] [--socket PATH] [--color WHEN] <command> [options]\n"
                "       esctl <command> --help\n\ncommands:\n");
     for (size_t i = 0; i < CMD__COUNT; i++)
         fprintf(f, "  %-*s  %s\n", width, cmd_table[i].name, cmd_table[i].summary);
@@ -271,6 +271,31 @@ parse_globals(struct call *c, int argc, char **argv, int *ret_exit)
     return i;
 }
 
+/*
+ * Colour on stdout: --color always or never, else (auto) on a terminal
+ * whose TERM is not "dumb", unless NO_COLOR is set to a non-empty value
+ * (no-color.org: an empty NO_COLOR does not count; the command line
+ * overrides it). Returns EXIT_OK or EXIT_ERROR with a message.
+ */
+static int
+decide_color(struct call *c)
+{
+    const char *when = c->set[O_COLOR] ? c->str[O_COLOR] : "auto";
+    const char *no_color = getenv("NO_COLOR"), *term = getenv("TERM");
+
+    if (!strcmp(when, "always")) {
+        c->color = true;
+    } else if (!strcmp(when, "never")) {
+        c->color = false;
+    } else if (!strcmp(when, "auto")) {
+        c->color = c->tty_out && !(no_color && *no_color) && !(term && !strcmp(term, "dumb"));
+    } else {
+        out_error("--color must be auto, always or never, got '%s'", when);
+        return EXIT_ERROR;
+    }
+    return EXIT_OK;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -310,8 +335,8 @@ main(int argc, char **argv)
         c.json = c.set[O_JSON];
         c.tty_out = isatty(STDOUT_FILENO);
         c.tty_err = isatty(STDERR_FILENO);
-        c.color = c.tty_out && !getenv("NO_COLOR");
-        r = call_run(&c);
+        if ((r = decide_color(&c)) == EXIT_OK)
+            r = call_run(&c);
     } else if (r < 0) {
         r = EXIT_OK; /* --help */
     }

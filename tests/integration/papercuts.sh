@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # papercuts: small things of esctl's and esd's command lines, without a
 # daemon: the did-you-mean of mistyped commands and options (esctl, esd,
-# esd run); --shard and --shard-id alike for logs and retry.
+# esd run); --shard and --shard-id alike for logs and retry; colour by
+# --color and NO_COLOR (no-color.org: set and not empty), on a terminal made
+# by script(1).
 #
 # Environment: ESCTL, ESD (absolute paths of the binaries), TOP.
 set -euo pipefail
@@ -67,5 +69,41 @@ run "$ESCTL" completion
     [[ $OUT == *'opts=" --job-dir --shard --follow --lines"'* ]] ||
     fail "completion offers retry --shard-id and logs --shard" "$OUT"
 ok "completion offers retry --shard-id and logs --shard"
+
+# ---- colour ----
+ESC=$'\033['
+"$TOP/tests/tools/fake-finish" --job-dir "$W/job" --shard-id "$ID" >/dev/null ||
+    fail "fake-finish a shard" "exit $?"
+# on_tty ENV...: esctl status --all of the job on a pseudo-terminal (the
+# environment ENV... on top of this one), its output in OUT
+on_tty() {
+    OUT=$(env "$@" script -qec "$(printf '%q ' "$ESCTL" --local status --all "$W/job")" \
+        /dev/null </dev/null) || true
+}
+command -v script >/dev/null || fail "script(1) exists" "needed for a terminal"
+on_tty -u NO_COLOR TERM=xterm
+[[ $OUT == *"$ESC"* ]] || fail "colour on a terminal" "$OUT"
+ok "colour on a terminal"
+on_tty NO_COLOR= TERM=xterm
+[[ $OUT == *"$ESC"* ]] || fail "an empty NO_COLOR keeps colour" "$OUT"
+ok "an empty NO_COLOR keeps colour"
+on_tty NO_COLOR=0 TERM=xterm
+[[ $OUT != *"$ESC"* ]] || fail "NO_COLOR=0 (set, not empty): no colour" "$OUT"
+ok "NO_COLOR=0 (set, not empty): no colour"
+on_tty -u NO_COLOR TERM=dumb
+[[ $OUT != *"$ESC"* ]] || fail "TERM=dumb: no colour" "$OUT"
+ok "TERM=dumb: no colour"
+OUT=$(env -u NO_COLOR TERM=xterm script -qec \
+    "$(printf '%q ' "$ESCTL" --color=never --local status --all "$W/job")" /dev/null </dev/null) || true
+[[ $OUT != *"$ESC"* ]] || fail "--color=never on a terminal: no colour" "$OUT"
+ok "--color=never on a terminal: no colour"
+run env NO_COLOR=1 "$ESCTL" --local status --all "$W/job" --color always
+[[ $OUT == *"$ESC"* ]] || fail "--color always, not a terminal, NO_COLOR=1: colour" "$OUT"
+ok "--color always, not a terminal, NO_COLOR=1: colour"
+run env -u NO_COLOR TERM=xterm "$ESCTL" --local status --all "$W/job"
+[[ $OUT != *"$ESC"* ]] || fail "not a terminal: no colour" "$OUT"
+ok "not a terminal: no colour"
+run "$ESCTL" --color=sometimes --local status "$W/job"
+check "a bad --color" 2 "" "--color must be auto, always or never, got 'sometimes'"
 
 summary
