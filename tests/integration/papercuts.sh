@@ -3,7 +3,9 @@
 # daemon: the did-you-mean of mistyped commands and options (esctl, esd,
 # esd run); --shard and --shard-id alike for logs and retry; colour by
 # --color and NO_COLOR (no-color.org: set and not empty), on a terminal made
-# by script(1).
+# by script(1); a job directory that is not one (missing, not a directory,
+# no manifest, unreadable) named as such by every command, in-process and
+# through esd.
 #
 # Environment: ESCTL, ESD (absolute paths of the binaries), TOP.
 set -euo pipefail
@@ -105,5 +107,50 @@ run env -u NO_COLOR TERM=xterm "$ESCTL" --local status --all "$W/job"
 ok "not a terminal: no colour"
 run "$ESCTL" --color=sometimes --local status "$W/job"
 check "a bad --color" 2 "" "--color must be auto, always or never, got 'sometimes'"
+
+# ---- not a job directory ----
+mkdir "$W/empty"
+: >"$W/file"
+want_empty="$W/empty: not a job directory (no manifest.json): prepare it first, or check the path"
+# each CMD [ARGS] of a job dir, in-process
+for c in status logs "retry --all-failed" merge verify "worker --max-shards 1"; do
+    # shellcheck disable=SC2086 # the command and its options
+    set -- $c
+    run "$ESCTL" --local "$1" "$W/empty" "${@:2}"
+    check "$1 of a directory without a manifest" 2 "" "$want_empty"
+    run "$ESCTL" --local "$1" "$W/missing" "${@:2}"
+    check "$1 of a missing directory" 2 "" "$W/missing: no such directory"
+    run "$ESCTL" --local "$1" "$W/file" "${@:2}"
+    check "$1 of a file" 2 "" "$W/file: not a directory"
+done
+if [ "$(id -u)" -eq 0 ] && id nobody >/dev/null 2>&1; then
+    chmod 711 "$W"
+    mkdir -m 700 "$W/locked"
+    run setpriv --reuid=nobody --regid=nogroup --clear-groups "$ESCTL" --local status "$W/locked"
+    check "status of an unreadable directory: permission denied" 4 "" \
+        "$W/locked: cannot read the directory: Permission denied"
+    chmod 700 "$W"
+else
+    echo "ok - # skip an unreadable directory (needs root and nobody)"
+fi
+
+# through esd (which refuses to submit a root-owned directory before it looks in)
+[ "$(id -u)" -ne 0 ] || { chown nobody: "$W/empty"; chmod 711 "$W"; }
+daemon_conf n1
+start_daemon n1
+S=$(dsock n1)
+for c in status logs verify "retry --all-failed" merge; do
+    # shellcheck disable=SC2086
+    set -- $c
+    run "$ESCTL" --socket "$S" "$1" "$W/empty" "${@:2}"
+    check "esd: $1 of a directory without a manifest" 2 "" "$want_empty"
+done
+run "$ESCTL" --socket "$S" status "$W/missing"
+check "esd: status of a missing directory" 2 "" "$W/missing: no such directory"
+run "$ESCTL" --socket "$S" submit "$W/empty"
+check "esd: submit of a directory without a manifest" 2 "" "$want_empty"
+run "$ESCTL" --socket "$S" --json cancel "$W/empty" --everywhere
+check "esd: cancel --everywhere of a directory without a manifest" 2 '"code": "not-found"' \
+    "$want_empty"
 
 summary
