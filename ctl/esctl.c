@@ -24,7 +24,8 @@ usage(FILE *f)
     for (size_t i = 0; i < CMD__COUNT; i++)
         if ((int)strlen(cmd_table[i].name) > width)
             width = (int)strlen(cmd_table[i].name);
-    fprintf(f, "usage: esctl [--json] [--local] [--socket PATH] [--color WHEN] <command> [options]\n"
+    fprintf(f, "usage: esctl [--json] [--local] [--socket PATH] [--color WHEN] <command> "
+               "[options]\n"
                "       esctl <command> --help\n\ncommands:\n");
     for (size_t i = 0; i < CMD__COUNT; i++)
         fprintf(f, "  %-*s  %s\n", width, cmd_table[i].name, cmd_table[i].summary);
@@ -253,7 +254,9 @@ parse_globals(struct call *c, int argc, char **argv, int *ret_exit)
             *ret_exit = EXIT_ERROR;
             return -1;
         }
-        if (cmd_opts[o].kind != K_FLAG && !(value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL)) {
+        if (cmd_opts[o].kind != K_FLAG)
+            value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (cmd_opts[o].kind != K_FLAG && !value) {
             out_error("--%s needs a value", cmd_opts[o].name);
             *ret_exit = EXIT_ERROR;
             return -1;
