@@ -52,7 +52,7 @@ const struct opt_def cmd_opts[O__COUNT] = {
     [O_ALL_FAILED] = { "all-failed", K_FLAG, NULL, "requeue every failed shard", "all_failed",
                        false },
     [O_SHARD_ID] = { "shard-id", K_STRV, "ID", "requeue this shard (repeatable)", "shard_id",
-                     false },
+                     false, "shard" },
     [O_OUTPUT] = { "output", K_STR, "PATH",
                    "merged output (default <job-dir>/merged.jsonl; through esd: inside the job "
                    "dir); report: the HTML file (default report.html; -o is short for it)",
@@ -85,7 +85,7 @@ const struct opt_def cmd_opts[O__COUNT] = {
                            "run even if this node's Data-Juicer differs from the job's",
                            "allow_version_mismatch", false },
     [O_SHARD] = { "shard", K_STR, "ID", "the shard whose latest attempt's process.log to show",
-                  "shard", false },
+                  "shard", false, "shard-id" },
     [O_FOLLOW] = { "follow", K_FLAG, NULL, "keep showing new lines until interrupted", "follow",
                    false },
     [O_WATCH] = { "watch", K_FLAG, NULL, "redraw every 2 seconds until the job ends", "watch",
@@ -124,6 +124,10 @@ const struct opt_def cmd_opts[O__COUNT] = {
                   false },
     [O_SOCKET] = { "socket", K_STR, "PATH", "esd's control socket (default /run/esd/esd.sock)",
                    NULL, P },
+    [O_COLOR] = { "color", K_STR, "WHEN",
+                  "colour: auto (default: on a terminal whose TERM is not dumb, unless NO_COLOR "
+                  "is set and not empty), always or never",
+                  NULL, false },
 };
 
 #define LIMITS (OPT(O_MAX_LINE_BYTES) | OPT(O_MAX_DEPTH))

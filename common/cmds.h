@@ -65,11 +65,12 @@ enum opt_id {
     O_JSON,
     O_LOCAL,
     O_SOCKET,
+    O_COLOR,
     O__COUNT
 };
 
 #define OPT(o) ((uint64_t)1 << (o))
-#define OPT_GLOBAL (OPT(O_JSON) | OPT(O_LOCAL) | OPT(O_SOCKET))
+#define OPT_GLOBAL (OPT(O_JSON) | OPT(O_LOCAL) | OPT(O_SOCKET) | OPT(O_COLOR))
 
 enum opt_kind {
     K_FLAG,     /* --x; JSON true/false */
@@ -86,6 +87,7 @@ struct opt_def {
     const char *help;
     const char *key;  /* request argument: name with '-' as '_' */
     bool path;        /* the value is a file or directory (completion) */
+    const char *alias; /* another spelling esctl accepts for it, or NULL */
 };
 
 enum cmd_id {

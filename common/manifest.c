@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fsutil.h"
 #include "json.h"
@@ -408,6 +409,44 @@ out:
     return r;
 }
 
+bool
+manifest_dir_explain(const char *job_dir, int r, struct esd_err *err)
+{
+    struct stat st;
+
+    if (r != -ENOENT && r != -ENOTDIR && r != -EACCES && r != -EPERM)
+        return false;
+    if (stat(job_dir, &st) < 0) {
+        if (errno == ENOENT)
+            err_set(err, -ENOENT, "%s: no such directory", job_dir);
+        else if (errno == ENOTDIR) /* a component of the path */
+            err_set(err, -ENOTDIR, "%s: not a directory", job_dir);
+        else
+            err_sys(err, -errno, "%s: cannot read the directory", job_dir);
+        return true;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        err_set(err, -ENOTDIR, "%s: not a directory", job_dir);
+        return true;
+    }
+    if (r == -EACCES || r == -EPERM) {
+        char *path = fs_join(job_dir, "manifest.json");
+        bool found = stat(path, &st) == 0;
+
+        free(path);
+        if (found) /* the manifest itself is unreadable: the caller says so */
+            return false;
+        err_sys(err, r, "%s: cannot read the directory", job_dir);
+        return true;
+    }
+    if (r == -ENOENT) {
+        err_set(err, -ENOENT, "%s: not a job directory (no manifest.json): prepare it first, or "
+                "check the path", job_dir);
+        return true;
+    }
+    return false;
+}
+
 /* manifest_load, keeping the document in *ret_doc when not NULL. */
 static int
 load(const char *job_dir, struct manifest *ret, cJSON **ret_doc, struct esd_err *err)
@@ -417,7 +456,9 @@ load(const char *job_dir, struct manifest *ret, cJSON **ret_doc, struct esd_err 
     int r;
 
     r = fs_read_job(path, MANIFEST_MAX_BYTES, &text, &len, NULL);
-    if (r == -ELOOP)
+    if (r < 0 && manifest_dir_explain(job_dir, r, err))
+        ; /* said */
+    else if (r == -ELOOP)
         err_set(err, r, "Unable to read JSON file %s: a symbolic link, not followed", path);
     else if (r == -EFBIG)
         err_set(err, r, "Unable to read JSON file %s: larger than %zu bytes", path,

@@ -73,6 +73,17 @@ struct manifest {
  * policy values take the defaults. The caller frees with manifest_free.
  */
 int manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err);
+/*
+ * Why job_dir/manifest.json could not be opened, when reading it failed
+ * with r (negative errno): for -ENOENT, -ENOTDIR, -EACCES and -EPERM,
+ * job_dir is looked at (stat, with the caller's file system identity) and
+ * err says which of "DIR: no such directory", "DIR: not a directory",
+ * "DIR: cannot read the directory: ..." or "DIR: not a job directory (no
+ * manifest.json): prepare it first, or check the path" it is; returns true
+ * then. Any other r (or none of these found): false, err untouched.
+ * manifest_load words its errors so.
+ */
+bool manifest_dir_explain(const char *job_dir, int r, struct esd_err *err);
 /* manifest_load that also hands over the whole parsed document in *ret_doc
  * (the caller cJSON_Deletes it), for prepare and tools that need more. */
 int manifest_load_doc(const char *job_dir, struct manifest *ret, cJSON **ret_doc,

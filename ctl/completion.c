@@ -3,8 +3,8 @@
  * the command table alone (common/cmds.c), so that it never lists a
  * command or option esctl does not have: the first word completes to the
  * commands and the global options, later words to the command's options,
- * an option's value to files or directories when it is a path (nothing
- * otherwise), and the positional job directory to directories.
+ * an option's value to files or directories when it is a path (--color's
+ * to its words, nothing otherwise), and the positional job directory to directories.
  */
 #include <stdio.h>
 #include <string.h>
@@ -79,7 +79,11 @@ completion_print(void)
            "        prev=${COMP_WORDS[COMP_CWORD - 2]-}\n"
            "    fi\n"
            "    # the value of an option\n"
-           "    case $prev in\n");
+           "    case $prev in\n"
+           "    --color)\n"
+           "        mapfile -t COMPREPLY < <(compgen -W '%s' -- \"$cur\")\n"
+           "        return ;;\n",
+           COLOR_WHENS);
     print_value_case('d', "        _esctl_paths -d \"$cur\"\n        return ;;\n");
     print_value_case('f', "        _esctl_paths -f \"$cur\"\n        return ;;\n");
     print_value_case('n', "        return ;;\n");

@@ -14,6 +14,7 @@
 #include "esctl.h"
 #include "json.h"
 #include "proto.h"
+#include "suggest.h"
 
 static void
 usage(FILE *f)
@@ -23,7 +24,8 @@ usage(FILE *f)
     for (size_t i = 0; i < CMD__COUNT; i++)
         if ((int)strlen(cmd_table[i].name) > width)
             width = (int)strlen(cmd_table[i].name);
-    fprintf(f, "usage: esctl [--json] [--local] [--socket PATH] <command> [options]\n"
+    fprintf(f, "usage: esctl [--json] [--local] [--socket PATH] [--color WHEN] <command> "
+               "[options]\n"
                "       esctl <command> --help\n\ncommands:\n");
     for (size_t i = 0; i < CMD__COUNT; i++)
         fprintf(f, "  %-*s  %s\n", width, cmd_table[i].name, cmd_table[i].summary);
@@ -46,17 +48,48 @@ cmd_help(const struct cmd_def *cmd)
             continue;
         snprintf(left, sizeof(left), "--%s%s%s", d->name, d->metavar ? " " : "",
                  d->metavar ? d->metavar : "");
-        printf("  %-28s %s%s\n", left, d->help, cmd->required & OPT(o) ? " (required)" : "");
+        printf("  %-28s %s%s", left, d->help, cmd->required & OPT(o) ? " (required)" : "");
+        if (d->alias)
+            printf(" (alias --%s)", d->alias);
+        putchar('\n');
     }
 }
 
+static bool
+name_is(const char *known, const char *name, size_t len)
+{
+    return known && strlen(known) == len && strncmp(known, name, len) == 0;
+}
+
+/* The option called name[0..len): one of mask by its name, else one of
+ * mask by its alias (logs --shard-id is logs --shard), else any by its
+ * name (for the error); -1 if there is none. */
 static int
-find_opt(const char *name, size_t len)
+find_opt(uint64_t mask, const char *name, size_t len)
 {
     for (int o = 0; o < O__COUNT; o++)
-        if (strlen(cmd_opts[o].name) == len && strncmp(cmd_opts[o].name, name, len) == 0)
+        if ((mask & OPT(o)) && name_is(cmd_opts[o].name, name, len))
+            return o;
+    for (int o = 0; o < O__COUNT; o++)
+        if ((mask & OPT(o)) && name_is(cmd_opts[o].alias, name, len))
+            return o;
+    for (int o = 0; o < O__COUNT; o++)
+        if (name_is(cmd_opts[o].name, name, len))
             return o;
     return -1;
+}
+
+/* The option of mask closest to the mistyped name[0..len), or NULL. */
+static const char *
+closest_opt(uint64_t mask, const char *name, size_t len)
+{
+    struct suggest s;
+
+    suggest_init(&s, name, len);
+    for (int o = 0; o < O__COUNT; o++)
+        if (mask & OPT(o))
+            suggest_add(&s, cmd_opts[o].name);
+    return suggest_result(&s);
 }
 
 /* Stores one option value; returns EXIT_OK or EXIT_ERROR with a message. */
@@ -136,10 +169,16 @@ parse_args(struct call *c, int argc, char **argv, int i)
         }
         eq = strchr(a + 2, '=');
         len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
-        o = find_opt(a + 2, len);
+        o = find_opt(c->cmd->opts | OPT_GLOBAL, a + 2, len);
         if (o < 0 || !((c->cmd->opts | OPT_GLOBAL) & OPT(o))) {
-            out_error("%s: unknown option '%.*s' (see esctl %s --help)", c->cmd->name,
-                      (int)len + 2, a, c->cmd->name);
+            const char *near = closest_opt(c->cmd->opts | OPT_GLOBAL, a + 2, len);
+
+            if (near)
+                out_error("%s: unknown option '%.*s'; did you mean '--%s'?", c->cmd->name,
+                          (int)len + 2, a, near);
+            else
+                out_error("%s: unknown option '%.*s' (see esctl %s --help)", c->cmd->name,
+                          (int)len + 2, a, c->cmd->name);
             return EXIT_ERROR;
         }
         if (cmd_opts[o].kind == K_FLAG) {
@@ -180,35 +219,52 @@ parse_globals(struct call *c, int argc, char **argv, int *ret_exit)
     int i = 1;
 
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
-        const char *a = argv[i];
+        const char *a = argv[i], *eq = strchr(a + 2, '='), *value = NULL;
+        size_t len = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+        int o = find_opt(OPT_GLOBAL, a + 2, len);
 
-        if (!strcmp(a, "--json")) {
-            c->set[O_JSON] = true;
-        } else if (!strcmp(a, "--local")) {
-            c->set[O_LOCAL] = true;
-        } else if (!strcmp(a, "--socket") || !strncmp(a, "--socket=", 9)) {
-            const char *v = a[8] == '=' ? a + 9 : i + 1 < argc ? argv[++i] : NULL;
-
-            if (!v) {
-                out_error("--socket needs a value");
-                *ret_exit = EXIT_ERROR;
-                return -1;
-            }
-            if (set_opt(c, O_SOCKET, v) != EXIT_OK) {
-                *ret_exit = EXIT_ERROR;
-                return -1;
-            }
-        } else if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help")) {
             usage(stdout);
             *ret_exit = EXIT_OK;
             return -1;
-        } else if (!strcmp(a, "--version")) {
+        }
+        if (!strcmp(a, "--version")) {
             printf("esctl %s\n", ESD_VERSION);
             *ret_exit = EXIT_OK;
             return -1;
-        } else {
-            out_error("unknown option '%s'", a);
-            usage(stderr);
+        }
+        if (o < 0 || !(OPT_GLOBAL & OPT(o))) {
+            struct suggest s;
+
+            suggest_init(&s, a + 2, len);
+            for (o = 0; o < O__COUNT; o++)
+                if (OPT_GLOBAL & OPT(o))
+                    suggest_add(&s, cmd_opts[o].name);
+            suggest_add(&s, "help");
+            suggest_add(&s, "version");
+            if (suggest_result(&s)) {
+                out_error("unknown option '%.*s'; did you mean '--%s'?", (int)len + 2, a,
+                          suggest_result(&s));
+            } else {
+                out_error("unknown option '%s'", a);
+                usage(stderr);
+            }
+            *ret_exit = EXIT_ERROR;
+            return -1;
+        }
+        if (cmd_opts[o].kind == K_FLAG && eq) {
+            out_error("--%s takes no value", cmd_opts[o].name);
+            *ret_exit = EXIT_ERROR;
+            return -1;
+        }
+        if (cmd_opts[o].kind != K_FLAG)
+            value = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (cmd_opts[o].kind != K_FLAG && !value) {
+            out_error("--%s needs a value", cmd_opts[o].name);
+            *ret_exit = EXIT_ERROR;
+            return -1;
+        }
+        if (set_opt(c, o, value) != EXIT_OK) {
             *ret_exit = EXIT_ERROR;
             return -1;
         }
@@ -219,6 +275,31 @@ parse_globals(struct call *c, int argc, char **argv, int *ret_exit)
         return -1;
     }
     return i;
+}
+
+/*
+ * Colour on stdout: --color always or never, else (auto) on a terminal
+ * whose TERM is not "dumb", unless NO_COLOR is set to a non-empty value
+ * (no-color.org: an empty NO_COLOR does not count; the command line
+ * overrides it). Returns EXIT_OK or EXIT_ERROR with a message.
+ */
+static int
+decide_color(struct call *c)
+{
+    const char *when = c->set[O_COLOR] ? c->str[O_COLOR] : "auto";
+    const char *no_color = getenv("NO_COLOR"), *term = getenv("TERM");
+
+    if (!strcmp(when, "always")) {
+        c->color = true;
+    } else if (!strcmp(when, "never")) {
+        c->color = false;
+    } else if (!strcmp(when, "auto")) {
+        c->color = c->tty_out && !(no_color && *no_color) && !(term && !strcmp(term, "dumb"));
+    } else {
+        out_error("--color must be auto, always or never, got '%s'", when);
+        return EXIT_ERROR;
+    }
+    return EXIT_OK;
 }
 
 int
@@ -241,8 +322,18 @@ main(int argc, char **argv)
         return EXIT_OK;
     }
     if (!(c.cmd = cmd_find(argv[i]))) {
-        out_error("unknown command '%s'", argv[i]);
-        usage(stderr);
+        struct suggest s;
+
+        suggest_init(&s, argv[i], strlen(argv[i]));
+        for (size_t k = 0; k < CMD__COUNT; k++)
+            suggest_add(&s, cmd_table[k].name);
+        suggest_add(&s, "help");
+        if (suggest_result(&s)) {
+            out_error("unknown command '%s'; did you mean '%s'?", argv[i], suggest_result(&s));
+        } else {
+            out_error("unknown command '%s'", argv[i]);
+            usage(stderr);
+        }
         return EXIT_ERROR;
     }
     r = parse_args(&c, argc, argv, i + 1);
@@ -250,8 +341,8 @@ main(int argc, char **argv)
         c.json = c.set[O_JSON];
         c.tty_out = isatty(STDOUT_FILENO);
         c.tty_err = isatty(STDERR_FILENO);
-        c.color = c.tty_out && !getenv("NO_COLOR");
-        r = call_run(&c);
+        if ((r = decide_color(&c)) == EXIT_OK)
+            r = call_run(&c);
     } else if (r < 0) {
         r = EXIT_OK; /* --help */
     }

@@ -29,6 +29,9 @@ enum {
     EXIT_INTERRUPTED = 130,
 };
 
+/* The values of --color (completion offers them). */
+#define COLOR_WHENS "auto always never"
+
 /* Parsed arguments of one invocation. */
 struct call {
     const struct cmd_def *cmd;
@@ -39,7 +42,7 @@ struct call {
     bool json;
     bool tty_out; /* stdout is a terminal */
     bool tty_err; /* stderr is a terminal (progress) */
-    bool color;   /* stdout is a terminal and NO_COLOR is unset */
+    bool color;   /* --color, else stdout a terminal, TERM not dumb, NO_COLOR unset or empty */
 };
 
 /* Running a call (ctl/call.c). */

@@ -1,8 +1,8 @@
 /*
  * output: what esctl shows a human: errors and warnings on stderr, a
- * progress line on a terminal, aligned tables, and colour only on a
- * terminal and never with NO_COLOR; and --json documents, kept free of
- * raw control characters too.
+ * progress line on a terminal, aligned tables, and colour as --color and
+ * NO_COLOR say (esctl.c); and --json documents, kept free of raw control
+ * characters too.
  */
 #include <stdarg.h>
 #include <stdio.h>

@@ -37,6 +37,7 @@
 #include "jobview.h"
 #include "json.h"
 #include "log.h"
+#include "manifest.h"
 #include "merge.h"
 #include "nodes.h"
 #include "opchild.h"
@@ -583,14 +584,16 @@ cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
         char *manifest = jr->exists ? fs_join(jr->dir, "manifest.json") : NULL;
         struct stat st;
         struct fsid prev = jobs_fs_as(c->cred.uid, c->cred.gid);
-        bool is_job = manifest && stat(manifest, &st) == 0 && S_ISREG(st.st_mode);
+        int sr = !manifest ? -ENOENT : stat(manifest, &st) < 0 ? -errno : 0;
+        bool is_job = sr == 0 && S_ISREG(st.st_mode);
 
+        if (!is_job && !manifest_dir_explain(jr->dir, sr ? sr : -ENOENT, err))
+            err_set(err, -ENOENT, "%s: not a job directory (manifest.json is not a file)",
+                    jr->dir);
         jobs_fs_restore(prev);
         free(manifest);
         if (!is_job) {
-            *code = PROTO_E_NOT_FOUND;
-            err_set(err, -ENOENT, "%s is not a prepared job directory (no manifest.json)",
-                    jr->dir);
+            *code = err->code == -EACCES ? PROTO_E_DENIED : PROTO_E_NOT_FOUND;
             return NULL;
         }
         if (geteuid() == 0 && jr->st.st_uid == 0) {
@@ -645,9 +648,14 @@ submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, c
         return err_set(err, -EACCES, "%s is not writable by its owner", jr->dir);
     manifest = fs_join(jr->dir, "manifest.json");
     prev = jobs_fs_as(c->cred.uid, c->cred.gid);
-    if (stat(manifest, &st) < 0)
-        r = err_sys(err, -errno, "%s is not a prepared job directory: cannot find %s (prepare "
-                    "it, or pass --config and --num-shards to submit)", jr->dir, manifest);
+    if (stat(manifest, &st) < 0) {
+        r = -errno;
+        if (!manifest_dir_explain(jr->dir, r, err))
+            r = err_sys(err, r, "cannot find %s", manifest);
+        else if (err->code == -ENOENT)
+            err_set(err, -ENOENT, "%s (or pass --config and --num-shards to submit)", err->msg);
+        r = err->code;
+    }
     if (r == 0 && out) {
         if (out[0] != '/')
             r = err_set(err, -EINVAL, "output must be an absolute path, got %.200s", out);

@@ -903,7 +903,9 @@ load_child(struct job *j, int fd)
             why = xasprintf("%s is not the directory submitted any more", j->job_dir);
         else if ((r = fs_read_job_at(dfd, "manifest.json", mpath, MANIFEST_MAX_BYTES, &text,
                                      &len, &err)) < 0)
-            why = xasprintf("Unable to read JSON file %s: %s", mpath, err.msg);
+            why = manifest_dir_explain(j->job_dir, r, &err)
+                      ? xstrdup(err.msg)
+                      : xasprintf("Unable to read JSON file %s: %s", mpath, err.msg);
         else if (manifest_parse(text, len, j->job_dir, mpath, NULL, &m, &err) < 0)
             why = xstrdup(err.msg);
         else if (!(why = refusal(&m, dfd)))

@@ -31,6 +31,7 @@
 #include "ray.h"
 #include "spawn.h"
 #include "unitcheck.h"
+#include "suggest.h"
 
 static struct {
     struct ev_loop *loop;
@@ -259,7 +260,8 @@ main(int argc, char **argv)
         return oneshot_main(argc - 1, argv + 1);
     json_init();
     M.path = ESD_CONFIG_DEFAULT;
-    while ((opt = getopt_long(argc, argv, "fc:h", longopts, NULL)) != -1) {
+    opterr = 0; /* suggest_getopt_error() words the complaints */
+    while ((opt = getopt_long(argc, argv, ":fc:h", longopts, NULL)) != -1) {
         switch (opt) {
         case 'f':
             foreground = true;
@@ -289,6 +291,11 @@ main(int argc, char **argv)
         case 'h':
             usage(stdout);
             return 0;
+        case '?':
+        case ':':
+            suggest_getopt_error(opt, argv, longopts, &err);
+            fprintf(stderr, "esd: %s (see esd --help)\n", err.msg);
+            return 2;
         default:
             usage(stderr);
             return 2;

@@ -53,6 +53,7 @@
 #include "sched.h"
 #include "sha256.h"
 #include "status.h"
+#include "suggest.h"
 
 #define WAIT_TIMEOUT_DEFAULT 126000.0 /* the reference's --wait-timeout-secs */
 #define COORD_POLL_DEFAULT 2.0
@@ -1790,7 +1791,8 @@ parse_args(int argc, char **argv)
     strv_init(&R.allow);
     strv_init(&R.deny);
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    opterr = 0; /* suggest_getopt_error() words the complaints */
+    while ((opt = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
         switch (opt) {
         case OPT_NUM_SHARDS:
             if (num_opt("--num-shards", optarg, 1, &R.num_shards) < 0)
@@ -1853,6 +1855,14 @@ parse_args(int argc, char **argv)
         case 'h':
             usage(stdout);
             exit(0);
+        case '?':
+        case ':': {
+            struct esd_err err;
+
+            suggest_getopt_error(opt, argv, lo, &err);
+            fprintf(stderr, "esd run: %s (see esd run --help)\n", err.msg);
+            return -1;
+        }
         default:
             if (opt >= OPT_JOB_DIR && opt <= OPT_HELP && str[opt - OPT_JOB_DIR]) {
                 free(*str[opt - OPT_JOB_DIR]);

@@ -65,7 +65,8 @@ cmds=$("$ESCTL" --help | awk '/^commands:/ {on=1; next} on && /^  [a-z]/ {print 
 complete_words ""
 # shellcheck disable=SC2086 # one command a word
 has "every command of esctl --help is a first-word completion" $cmds
-has "the global options are first-word completions" --json --local --socket --help --version
+has "the global options are first-word completions" --json --local --socket --color --help \
+    --version
 [ "$(grep -vc -- '^--' "$W/reply")" -eq "$(echo "$cmds" | wc -l)" ] ||
     fail "the first word offers nothing but commands and options" "$REPLY_TEXT"
 ok "the first word offers nothing but commands and options"
@@ -85,7 +86,10 @@ ok "merge does not offer prepare's --num-shards"
 
 complete_words drain --
 expect "drain's options are its own and the global ones" --release --wait --json --local \
-    --socket --help
+    --socket --color --help
+
+complete_words status --color a
+expect "--color's values complete" auto always
 
 complete_words status --w
 expect "\"esctl status --w\" completes to --watch" --watch

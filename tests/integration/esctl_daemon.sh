@@ -499,7 +499,7 @@ check "submit --output DIR/../x is denied" 4 "" "is outside the job directory"
 mkdir -p "$HOME_DIR/notajob"
 [ "$OWNER" = "$(id -un)" ] || chown "$OWNER": "$HOME_DIR/notajob"
 orun "$ESCTL" submit "$HOME_DIR/notajob"
-check "submit of a directory that is not a job" 2 "" "is not a prepared job directory"
+check "submit of a directory that is not a job" 2 "" "notajob: not a job directory (no manifest.json): prepare it first, or check the path (or pass --config and --num-shards to submit)"
 orun "$ESCTL" --json submit "$HOME_DIR/missing"
 check "submit of a directory that does not exist" 2 '"code": "not-found"' "no job directory $HOME_DIR/missing"
 

@@ -161,6 +161,51 @@ START_TEST(test_job_id)
 }
 END_TEST
 
+/* A job directory that is not one: missing, a file, a path through a
+ * file, no manifest; other errors are left to the caller. */
+START_TEST(test_not_a_job_dir)
+{
+    char *dir = tu_tmpdir(), *empty, *file, *through, *missing, *want;
+    struct manifest m;
+    struct esd_err err;
+
+    empty = fs_join(dir, "empty");
+    missing = fs_join(dir, "missing");
+    through = fs_join(dir, "file/sub");
+    ck_assert_int_eq(mkdir(empty, 0755), 0);
+    file = tu_write(dir, "file", "x", (size_t)-1);
+
+    ck_assert_int_eq(manifest_load(empty, &m, &err), -ENOENT);
+    want = xasprintf("%s: not a job directory (no manifest.json): prepare it first, or check "
+                     "the path", empty);
+    ck_assert_str_eq(err.msg, want);
+    free(want);
+    ck_assert_int_eq(manifest_load(missing, &m, &err), -ENOENT);
+    want = xasprintf("%s: no such directory", missing);
+    ck_assert_str_eq(err.msg, want);
+    free(want);
+    ck_assert_int_eq(manifest_load(file, &m, &err), -ENOTDIR);
+    want = xasprintf("%s: not a directory", file);
+    ck_assert_str_eq(err.msg, want);
+    free(want);
+    ck_assert_int_eq(manifest_load(through, &m, &err), -ENOTDIR);
+    want = xasprintf("%s: not a directory", through);
+    ck_assert_str_eq(err.msg, want);
+    free(want);
+    /* not one of the four: err untouched */
+    err_set(&err, -1, "kept");
+    ck_assert(!manifest_dir_explain(empty, -EIO, &err));
+    ck_assert(!manifest_dir_explain(empty, -ELOOP, &err));
+    ck_assert_str_eq(err.msg, "kept");
+    fs_rm_rf(dir);
+    free(empty);
+    free(missing);
+    free(through);
+    free(file);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_unreadable)
 {
     struct manifest m;
@@ -310,6 +355,7 @@ manifest_suite(void)
     tcase_add_loop_test(tc, test_bad, 0, (int)(sizeof(bad) / sizeof(bad[0])));
     tcase_add_test(tc, test_job_id);
     tcase_add_test(tc, test_unreadable);
+    tcase_add_test(tc, test_not_a_job_dir);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_size_and_type);
     tcase_add_test(tc, test_compact_round_trip);
