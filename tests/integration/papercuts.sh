@@ -68,7 +68,7 @@ run "$ESCTL" logs --help
 check "logs --help names the alias" 0 "(alias --shard-id)"
 run "$ESCTL" completion
 [[ $OUT == *'opts=" --job-dir --all-failed --shard-id"'* ]] &&
-    [[ $OUT == *'opts=" --job-dir --shard --follow --lines"'* ]] ||
+    [[ $OUT == *'opts=" --job-dir --shard --follow --lines --attempt"'* ]] ||
     fail "completion offers retry --shard-id and logs --shard" "$OUT"
 ok "completion offers retry --shard-id and logs --shard"
 
