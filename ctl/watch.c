@@ -225,8 +225,14 @@ watch_wait(struct call *c, const cJSON *args, bool local)
         cJSON *res = NULL;
         int rc;
 
-        if ((rc = wait_still_job(dir)) != EXIT_OK ||
-            (rc = call_do(c, CMD_STATUS, sargs, &local, &res)) != EXIT_OK) {
+        if ((rc = wait_still_job(dir)) != EXIT_OK) {
+            cJSON_Delete(sargs);
+            return rc;
+        }
+        if ((rc = call_do(c, CMD_STATUS, sargs, &local, &res)) != EXIT_OK) {
+            /* (removed while status read it: say so too) */
+            if (rc == EXIT_ERROR)
+                wait_still_job(dir);
             cJSON_Delete(sargs);
             return rc;
         }
