@@ -1,7 +1,8 @@
 /*
  * jobs: the job registry. A job given to this node is a small JSON file
  * under <state_dir>/jobs/<key>.json ({"job_dir", "output", "uid", "ino",
- * "dev", "state", "error", "updated_at"}), so it survives restarts; with
+ * "dev", "state", "error", "spool", "ended_unix", "updated_at"}), so it
+ * survives restarts, until it is forgotten (jobs_forget); with
  * spool_dir set, every file <spool_dir>/<key>.json (registered there by
  * any node's esd: only files owned by root or esd's own uid are read) is
  * adopted by every node. The key is the first 16 hex digits of the
