@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -635,9 +636,13 @@ spool_entry_ended(const cJSON *o)
     const char *const ends[] = { "merge.json", "state/esd/finalize.json" };
     bool ended = false;
 
-    if (!dir || dir[0] != '/' || !have_uid || J.conf->retention_secs <= 0)
-        return false;
-    struct fsid prev = fs_switch(uid, getegid());
+    struct passwd *pw = NULL;
+
+    if (!dir || dir[0] != '/' || !have_uid || J.conf->retention_secs <= 0 ||
+        (geteuid() == 0 && !(pw = getpwuid(uid))))
+        return false; /* (add refuses an owner the user database does not know) */
+    /* as its owner, with the owner's group, never root's */
+    struct fsid prev = fs_switch(uid, pw ? pw->pw_gid : getegid());
     for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]) && !ended; i++) {
         char *path = fs_join(dir, ends[i]);
         struct stat st;
