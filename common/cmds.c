@@ -48,7 +48,10 @@ const struct opt_def cmd_opts[O__COUNT] = {
     [O_MAX_DEPTH] = { "max-depth", K_POSITIVE, "N",
                       "deepest accepted JSON nesting (default 1000, at most 4096)", "max_depth",
                       false },
-    [O_ALL] = { "all", K_FLAG, NULL, "one line per shard", "all", false },
+    [O_ALL] = { "all", K_FLAG, NULL,
+                "status: one line per shard; list: also the spool's jobs this node does not "
+                "hold (forgotten here, or finished before retention_secs)",
+                "all", false },
     [O_ALL_FAILED] = { "all-failed", K_FLAG, NULL, "requeue every failed shard", "all_failed",
                        false },
     [O_SHARD_ID] = { "shard-id", K_STRV, "ID", "requeue this shard (repeatable)", "shard_id",
@@ -92,7 +95,7 @@ const struct opt_def cmd_opts[O__COUNT] = {
                   false },
     [O_EVERYWHERE] = { "everywhere", K_FLAG, NULL,
                        "on every node: submit through the shared spool_dir, cancel through the "
-                       "job dir",
+                       "job dir, forget by leaving the spool too",
                        "everywhere", false },
     [O_RELEASE] = { "release", K_FLAG, NULL,
                     "stop running attempts now and release their claims (no failure counted)",
@@ -111,7 +114,9 @@ const struct opt_def cmd_opts[O__COUNT] = {
                 "run", false },
     [O_STATE] = { "state", K_STR, "STATE",
                   "status: only the shards in this state (pending, running, stale, done, "
-                  "failed)",
+                  "failed); list: only the jobs in this state (active, draining, finalizing, "
+                  "complete, failed, cancelled; running: the first three, finished: the last "
+                  "three)",
                   "state", false },
     [O_SORT] = { "sort", K_STR, "KEY",
                  "status: order the shards by elapsed (slowest first), start, shard, node or "
@@ -119,6 +124,8 @@ const struct opt_def cmd_opts[O__COUNT] = {
                  "sort", false },
     [O_ATTEMPT] = { "attempt", K_POSITIVE, "N", "logs: this attempt's process.log (with --shard)",
                     "attempt", false },
+    [O_TIMEOUT_SECS] = { "timeout-secs", K_POSITIVE, "N",
+                         "wait: give up after N seconds (exit status 1)", "timeout_secs", false },
     [O_JSON] = { "json", K_FLAG, NULL, "print the raw result as JSON", NULL, false },
     [O_LOCAL] = { "local", K_FLAG, NULL, "run in-process on the job directory, without esd", NULL,
                   false },
@@ -148,8 +155,9 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                      "register a prepared job with esd (preparing it first if --config is given)",
                      PREPARE_OPTS | OPT(O_OUTPUT) | OPT(O_EVERYWHERE), OPT(O_JOB_DIR), true,
                      AUTH_JOB, CMDF_DAEMON | CMDF_CHILD | CMDF_LONG },
-    [CMD_LIST] = { CMD_LIST, "list", "", "the jobs on this node: state, progress, rows/s, ETA", 0,
-                   0, false, AUTH_READ, CMDF_DAEMON },
+    [CMD_LIST] = { CMD_LIST, "list", "[--state STATE] [--all]",
+                   "the jobs on this node: state, progress, rows/s, ETA",
+                   OPT(O_STATE) | OPT(O_ALL), 0, false, AUTH_READ, CMDF_DAEMON },
     [CMD_STATUS] = { CMD_STATUS, "status",
                      "[[--job-dir] DIR [--all] [--state STATE] [--sort KEY] [--watch]]",
                      "without a job: the daemon, its slots and jobs; with one: the job's shards "
@@ -158,6 +166,11 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                          OPT(O_STATE) | OPT(O_SORT),
                      0, true,
                      AUTH_READ, CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD },
+    /* (esctl repeats status: esd has no wait of its own) */
+    [CMD_WAIT] = { CMD_WAIT, "wait", "[--job-dir] DIR [--timeout-secs N]",
+                   "block until the job is over: exit 0 merged, 2 failed or cancelled, 1 timed out",
+                   OPT(O_JOB_DIR) | OPT(O_TIMEOUT_SECS), OPT(O_JOB_DIR), true, AUTH_READ,
+                   CMDF_LOCAL },
     [CMD_PREPARE] = { CMD_PREPARE, "prepare", "--config PATH --job-dir DIR --num-shards N [options]",
                       "validate a recipe and a JSONL dataset and split it into a job directory",
                       PREPARE_OPTS, OPT(O_CONFIG) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS), false,
@@ -179,6 +192,10 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                      CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD | CMDF_LONG },
     [CMD_CANCEL] = { CMD_CANCEL, "cancel", "[--job-dir] DIR [--everywhere]",
                      "stop working a job on this node (or, with --everywhere, on every node)",
+                     OPT(O_JOB_DIR) | OPT(O_EVERYWHERE), OPT(O_JOB_DIR), true, AUTH_JOB,
+                     CMDF_DAEMON },
+    [CMD_FORGET] = { CMD_FORGET, "forget", "[--job-dir] DIR [--everywhere]",
+                     "drop an ended job from this node's registry (or the spool's); its files stay",
                      OPT(O_JOB_DIR) | OPT(O_EVERYWHERE), OPT(O_JOB_DIR), true, AUTH_JOB,
                      CMDF_DAEMON },
     [CMD_DRAIN] = { CMD_DRAIN, "drain", "[--release] [--wait]",

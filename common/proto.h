@@ -39,7 +39,7 @@
  *         with the group: its attempts run with exactly its credentials;
  *   job   as node, or esd's own uid, and the caller owns the job directory
  *         (root: any job not owned by root): submit, prepare, retry, merge,
- *         cancel.
+ *         cancel, forget.
  * A refusal is the error "denied", logged with the peer's uid and pid.
  * Commands on a job directory (status with one, prepare, retry, merge,
  * verify, logs, submit with --config) run in a child process that has the

@@ -351,6 +351,12 @@ call_run(struct call *c)
         rc = render_error(c, PROTO_E_BAD_ARGS, err.msg, EXIT_ERROR);
         return rc;
     }
+    if (cmd->id == CMD_WAIT) {
+        /* through esd unless --local (status falls back by itself) */
+        rc = watch_wait(c, args, c->set[O_LOCAL]);
+        cJSON_Delete(args);
+        return rc;
+    }
     if (cmd->id == CMD_STATUS && c->set[O_WATCH]) {
         cJSON_DeleteItemFromObjectCaseSensitive(args, "watch");
         rc = watch_status(c, args, local);

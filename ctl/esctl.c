@@ -29,8 +29,9 @@ usage(FILE *f)
                "       esctl <command> --help\n\ncommands:\n");
     for (size_t i = 0; i < CMD__COUNT; i++)
         fprintf(f, "  %-*s  %s\n", width, cmd_table[i].name, cmd_table[i].summary);
-    fprintf(f, "\nexit status: 0 ok, 1 incomplete (status), 2 error or failed shards,\n"
-               "3 cannot reach esd, 4 permission denied. See esctl(1).\n");
+    fprintf(f, "\nexit status: 0 ok, 1 incomplete (status; wait: timed out), 2 error or failed\n"
+               "shards (wait: failed or cancelled), 3 cannot reach esd, 4 permission denied.\n"
+               "See esctl(1).\n");
 }
 
 static void

@@ -114,6 +114,11 @@ void render_watch_nodes(struct call *c, const cJSON *result);
 
 /* status --watch: repeats status every 2 s until the job is terminal. */
 int watch_status(struct call *c, const cJSON *args, bool local);
+/* wait: repeats the status of args' job (every 2 s through esd, 5 s in
+ * process) until the job is merged (EXIT_OK), failed or cancelled
+ * (EXIT_ERROR), --timeout-secs passed (EXIT_INCOMPLETE), or its directory
+ * went or is no job (EXIT_ERROR with a message). */
+int watch_wait(struct call *c, const cJSON *args, bool local);
 /* drain --wait: polls esd's status every second until nothing runs. */
 int watch_drain(struct call *c, const cJSON *drain_result);
 

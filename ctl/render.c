@@ -480,7 +480,7 @@ render_list(struct call *c, const cJSON *args, const cJSON *res)
     if (t.nrows > 1)
         table_print(c, &t);
     else
-        printf("No jobs on this node\n");
+        printf("No jobs on this node%s\n", cmd_arg_has(args, O_STATE) ? " in that state" : "");
     table_free(&t);
     return EXIT_OK;
 }
@@ -489,6 +489,14 @@ static int
 render_cancel(struct call *c, const cJSON *args, const cJSON *res)
 {
     printf("Cancelled %s %s (state %s)\n", str(res, "job_dir"),
+           flag(res, "everywhere") ? "on every node" : "on this node", str(res, "state"));
+    return EXIT_OK;
+}
+
+static int
+render_forget(struct call *c, const cJSON *args, const cJSON *res)
+{
+    printf("Forgot %s %s (state %s; its files are kept)\n", str(res, "job_dir"),
            flag(res, "everywhere") ? "on every node" : "on this node", str(res, "state"));
     return EXIT_OK;
 }
@@ -697,7 +705,8 @@ static int (*const renderers[CMD__COUNT])(struct call *, const cJSON *, const cJ
     [CMD_LOGS] = render_nothing,    [CMD_CONFIG] = render_config,
     [CMD_WORKER] = render_nothing,  [CMD_COMPLETION] = render_nothing,
     [CMD_FSCHECK] = render_nothing, [CMD_REPORT] = render_nothing,
-    [CMD_RELOAD] = render_reload,
+    [CMD_RELOAD] = render_reload, [CMD_FORGET] = render_forget,
+    [CMD_WAIT] = render_nothing,
 };
 
 int

@@ -191,6 +191,11 @@ static const struct key keys[] = {
       .def = "30", .min = 1, .max = 300,
       .help = "how often this node rewrites its status file <spool_dir>/nodes/<node>.json "
               "(esctl nodes; a node silent for 3 of its intervals is down)" },
+    { .name = "retention_secs", .type = KT_INT, .off = F(retention_secs), .def = "604800",
+      .min = 0, .max = 3650 * DAY,
+      .help = "a job over (complete, failed or cancelled) that long leaves the registry, and a "
+              "merged or failed one the spool; a new node adopts no job of the spool merged "
+              "that long ago; 0: kept until esctl forget" },
     { .name = "attempt_timeout_secs", .type = KT_INT, .off = F(attempt_timeout_secs),
       .def = "0", .min = 0, .max = 30 * DAY,
       .help = "an attempt running longer is killed and fails; 0: no limit" },

@@ -61,6 +61,7 @@ struct esd_conf {
     char *spool_dir;         /* spool_dir: shared job registrations; NULL */
     long node_status_interval_secs; /* node_status_interval_secs: how often this node's
                                        <spool_dir>/nodes/<node>.json is rewritten; 30 */
+    long retention_secs;     /* retention_secs: ended jobs leave the registry; 0: never */
     long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
     struct strv attempt_env; /* attempt_env: the variables of esd's environment that attempts
                                 get (NAME, or NAME* for a prefix); default: locale, TZ, GPU

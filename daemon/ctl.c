@@ -351,7 +351,7 @@ authorise(const struct conn *c, const struct cmd_def *cmd, const cJSON *args, st
         return r;
     if (cmd->auth != AUTH_JOB)
         return 0;
-    if (!jr->exists && !creates && cmd->id != CMD_CANCEL) {
+    if (!jr->exists && !creates && cmd->id != CMD_CANCEL && cmd->id != CMD_FORGET) {
         *code = PROTO_E_NOT_FOUND;
         r = err_set(err, -ENOENT, "no job directory %s", jr->dir);
         jobref_free(jr);
@@ -470,14 +470,61 @@ view_status(struct conn *c, const cJSON *args, const struct jobref *jr)
     return r;
 }
 
+/* Whether a job in state is one list --state want shows. */
+static bool
+state_matches(const char *want, const char *state)
+{
+    static const char *const running[] = { "active", "draining", "finalizing" };
+    static const char *const finished[] = { "complete", "failed", "cancelled" };
+    const char *const *set = !strcmp(want, "running") ? running
+                             : !strcmp(want, "finished") ? finished : NULL;
+
+    if (!state)
+        return false;
+    if (!set)
+        return !strcmp(!strcmp(want, "merged") ? "complete" : want, state);
+    for (size_t i = 0; i < 3; i++)
+        if (!strcmp(set[i], state))
+            return true;
+    return false;
+}
+
 static cJSON *
 cmd_list(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
          const char **code, struct esd_err *err)
 {
-    cJSON *r = must(cJSON_CreateObject());
+    static const char *const known[] = { "active",  "draining", "finalizing", "complete",
+                                         "merged",  "failed",   "cancelled",  "running",
+                                         "finished", "forgotten", "spooled" };
+    const char *want = cmd_arg_str(args, O_STATE);
+    cJSON *r, *jobs, *x, *next;
+    bool ok = !want;
 
+    for (size_t i = 0; want && i < sizeof(known) / sizeof(known[0]); i++)
+        ok = ok || !strcmp(want, known[i]);
+    if (!ok) {
+        *code = PROTO_E_BAD_ARGS;
+        err_set(err, -EINVAL, "list: unknown state \"%.100s\" (active, draining, finalizing, "
+                "complete or merged, failed, cancelled; running, finished; with --all also "
+                "forgotten, spooled)", want);
+        return NULL;
+    }
+    r = must(cJSON_CreateObject());
     json_add_str(r, "node", server.node);
-    cJSON_AddItemToObject(r, "jobs", jobview_jobs_json());
+    jobs = jobview_jobs_json();
+    if (cmd_arg_flag(args, O_ALL)) {
+        cJSON *more = jobs_spool_unheld_json();
+
+        while (cJSON_GetArraySize(more) > 0)
+            cJSON_AddItemToArray(jobs, cJSON_DetachItemFromArray(more, 0));
+        cJSON_Delete(more);
+    }
+    for (x = jobs->child; want && x; x = next) {
+        next = x->next;
+        if (!state_matches(want, json_get_str(x, "state")))
+            cJSON_Delete(cJSON_DetachItemViaPointer(jobs, x));
+    }
+    cJSON_AddItemToObject(r, "jobs", jobs);
     return r;
 }
 
@@ -621,6 +668,67 @@ cmd_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
     }
     json_add_bool(r, "everywhere", everywhere);
     json_add_int(r, "stopping", j ? (long long)j->running : 0);
+    return r;
+}
+
+/*
+ * forget: a job that is over (complete, failed, cancelled) and has nothing
+ * running here leaves this node's registry (and with --everywhere the
+ * spool: jobs_forget). A job still worked is refused: forget never stops
+ * work, cancel does.
+ */
+static cJSON *
+cmd_forget(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
+           const char **code, struct esd_err *err)
+{
+    bool everywhere = cmd_arg_flag(args, O_EVERYWHERE);
+    struct job *j = jobs_find(jr->dir);
+    cJSON *r;
+
+    /* the directory is gone: only its recorded owner (or root, or esd's
+     * uid) may forget what is registered under its name */
+    if (!jr->exists && c->cred.uid != 0 && c->cred.uid != geteuid() &&
+        (!j || j->uid != c->cred.uid)) {
+        char msg[512];
+
+        snprintf(msg, sizeof(msg), "%.300s does not exist, so its owner cannot be checked; "
+                 "only root or the job's owner may forget it", jr->dir);
+        deny(c, cmd, code, err, msg);
+        return NULL;
+    }
+    if (!j) {
+        if (!everywhere || jobs_forget_spool(jr->dir, err) < 0) {
+            *code = PROTO_E_NOT_FOUND;
+            err_set(err, -ENOENT, "%s is not a job of this node%s", jr->dir,
+                    everywhere ? ", nor of the spool" : " (--everywhere forgets it in the spool)");
+            return NULL;
+        }
+        log_notice(NULL, "control: forget %s on every node by uid %u pid %d", jr->dir,
+                   (unsigned)c->cred.uid, (int)c->cred.pid);
+        r = must(cJSON_CreateObject());
+        json_add_str(r, "job_dir", jr->dir);
+        json_add_str(r, "state", "forgotten");
+        json_add_bool(r, "everywhere", true);
+        return r;
+    }
+    if (!jobs_forgettable(j)) {
+        *code = PROTO_E_CONFLICT;
+        if (j->running || j->finalize)
+            err_set(err, -EBUSY, "job %s is %s and still has %zu attempt(s)%s running on this "
+                    "node; try again once they ended", jr->dir, job_state_name[j->state],
+                    j->running, j->finalize ? " or its merge" : "");
+        else
+            err_set(err, -EBUSY, "job %s is %s on this node; forget drops only a job that is "
+                    "over: cancel it first (esctl cancel %s%s)", jr->dir,
+                    job_state_name[j->state], jr->dir, everywhere ? " --everywhere" : "");
+        return NULL;
+    }
+    log_notice(NULL, "control: forget %s%s by uid %u pid %d", jr->dir,
+               everywhere ? " on every node" : "", (unsigned)c->cred.uid, (int)c->cred.pid);
+    r = job_result(j);
+    json_add_bool(r, "everywhere", everywhere);
+    jobs_forget(j, everywhere ? FORGET_EVERYWHERE : FORGET_HERE,
+                everywhere ? "esctl forget --everywhere" : "esctl forget");
     return r;
 }
 
@@ -905,6 +1013,9 @@ conn_answer(struct conn *c, const char *line, size_t len)
         break;
     case CMD_NODES:
         result = nodes_json();
+        break;
+    case CMD_FORGET:
+        result = cmd_forget(c, cmd, req.args, &jr, &code, &err);
         break;
     case CMD_STATUS:
         /* a job's status is read in a child */

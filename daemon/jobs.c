@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include "msgid.h"
 #include "merge.h"
 #include "recipe.h"
+#include "sched.h"
 #include "sha256.h"
 #include "warm.h"
 
@@ -41,6 +43,7 @@ static struct {
     size_t n;
     char *jobs_dir;     /* <state_dir>/jobs */
     char *claims_dir;   /* <state_dir>/claims: <key>.<token>.json per claim held */
+    char *forgotten_dir; /* <state_dir>/forgotten: spool entries forgotten here */
     int lock_fd;        /* <state_dir>/esd.lock, flocked while esd runs */
     struct djversion djv; /* what this node's processor runs, and how it was read */
     struct ev_loop *loop;
@@ -59,6 +62,12 @@ state_parse(const char *s)
         if (s && !strcmp(s, job_state_name[i]))
             return i;
     return -1;
+}
+
+static bool
+job_over(const struct job *j)
+{
+    return j->state == JOB_COMPLETE || j->state == JOB_FAILED || j->state == JOB_CANCELLED;
 }
 
 static struct job *
@@ -148,6 +157,10 @@ persist(struct job *j)
         json_add_str(o, "error", j->error);
     if (j->state == JOB_CANCELLED && j->cancelled_everywhere)
         json_add_bool(o, "cancelled_everywhere", true);
+    if (j->from_spool)
+        json_add_bool(o, "spool", true);
+    if (j->ended_at > 0)
+        json_add_int(o, "ended_unix", (long long)j->ended_at);
     json_add_str(o, "updated_at", now);
     struct fsid prev = jobs_fs_self();
     if (json_write_atomic(j->reg_path, o, JSON_PRETTY, &err) < 0)
@@ -432,9 +445,16 @@ add(const cJSON *o, const char *from, bool *ret_new)
     if (json_get_str(o, "error"))
         j->error = xstrdup(json_get_str(o, "error"));
     json_get_bool(o, "cancelled_everywhere", &j->cancelled_everywhere);
+    json_get_bool(o, "spool", &j->from_spool);
     /* draining and finalizing are this process's business, not a restart's */
     if (j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
         j->state = JOB_ACTIVE;
+    if (job_over(j)) {
+        /* (a registration of an older esd: over since it was last written) */
+        j->ended_at = (double)reg_num(o, "ended_unix", NULL);
+        if (j->ended_at <= 0 && stat(from, &st) == 0)
+            j->ended_at = (double)st.st_mtim.tv_sec;
+    }
     j->next = J.head;
     J.head = j;
     J.n++;
@@ -448,14 +468,16 @@ add(const cJSON *o, const char *from, bool *ret_new)
 }
 
 /* A spool entry is read only from a regular file of root's or esd's own:
- * whoever else can write the spool must not choose jobs for every node. */
+ * whoever else can write the spool must not choose jobs for every node.
+ * *ret_st is the file's. */
 static bool
-spool_file_ok(const char *path)
+spool_file_ok(const char *path, struct stat *ret_st)
 {
     struct stat st;
 
     if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode))
         return false;
+    *ret_st = st;
     if (st.st_uid == 0 || st.st_uid == geteuid())
         return true;
     if (complain(path))
@@ -463,6 +485,306 @@ spool_file_ok(const char *path)
                     "(only esd writes the spool; see esd.yaml(5) spool_dir)", path,
                     (unsigned)st.st_uid, (unsigned)geteuid());
     return false;
+}
+
+/* ---- forgetting ---- */
+
+static char *
+spool_path(const char *key)
+{
+    return xasprintf("%s/%s.json", J.spool_dir, key);
+}
+
+static char *
+forgotten_path(const char *key)
+{
+    return xasprintf("%s/%s.json", J.forgotten_dir, key);
+}
+
+/* Whether the spool entry of key (whose file is st) is the version this
+ * node forgot; a local tombstone of another version goes (submitted
+ * again). */
+static bool
+forgotten_here(const char *key, const struct stat *st)
+{
+    char *path = forgotten_path(key);
+    cJSON *o = NULL;
+    bool same = false;
+
+    if (json_load_object(path, 1 << 16, &o, NULL) == 0) {
+        same = reg_num(o, "spool_ino", NULL) == (unsigned long long)st->st_ino &&
+               reg_num(o, "spool_mtime_ns", NULL) ==
+                   (unsigned long long)st->st_mtim.tv_sec * 1000000000ull +
+                       (unsigned long long)st->st_mtim.tv_nsec;
+        if (!same)
+            unlink(path);
+    }
+    cJSON_Delete(o);
+    free(path);
+    return same;
+}
+
+/* Records that this node forgot the spool's current entry of j. */
+static void
+forget_entry_here(const struct job *j)
+{
+    char *spool = spool_path(j->key), *path = forgotten_path(j->key);
+    struct esd_err err;
+    struct stat st;
+    cJSON *o;
+
+    if (lstat(spool, &st) == 0) {
+        o = cJSON_CreateObject();
+        json_add_str(o, "job_dir", j->job_dir);
+        json_add_int(o, "spool_ino", (long long)st.st_ino);
+        json_add_int(o, "spool_mtime_ns",
+                     (long long)st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec);
+        if (json_write_atomic(path, o, JSON_PRETTY, &err) < 0)
+            log_warning(&(struct log_ctx){ .job = &j->log }, "%s; the spool may give the job "
+                        "back to this node", err.msg);
+        cJSON_Delete(o);
+    }
+    free(spool);
+    free(path);
+}
+
+/* Replaces the spool entry of job_dir by a tombstone. */
+static int
+spool_tombstone(const char *job_dir, const char *key, struct esd_err *err)
+{
+    char *path = spool_path(key), now[40];
+    cJSON *o = cJSON_CreateObject();
+    int r;
+
+    time_iso_now(now, NULL);
+    json_add_str(o, "job_dir", job_dir);
+    json_add_bool(o, "forgotten", true);
+    json_add_str(o, "node", J.conf->node_name);
+    json_add_str(o, "forgotten_at", now);
+    r = json_write_atomic(path, o, JSON_PRETTY, err);
+    cJSON_Delete(o);
+    free(path);
+    return r;
+}
+
+bool
+jobs_forgettable(const struct job *j)
+{
+    return job_over(j) && !j->running && !j->finalize;
+}
+
+void
+jobs_forget(struct job *j, enum jobs_forget_how how, const char *why)
+{
+    struct job **pp;
+    struct esd_err err;
+    char *path;
+
+    struct fsid prev = jobs_fs_self();
+    if (unlink(j->reg_path) < 0 && errno != ENOENT)
+        log_warning(&(struct log_ctx){ .job = &j->log }, "cannot remove %s: %s, ignoring",
+                    j->reg_path, strerror(errno));
+    if (J.spool_dir) {
+        path = spool_path(j->key);
+        if (how == FORGET_EVERYWHERE) {
+            if (spool_tombstone(j->job_dir, j->key, &err) < 0)
+                log_warning(&(struct log_ctx){ .job = &j->log }, "%s; other nodes keep the job",
+                            err.msg);
+        } else if (how == FORGET_ENDED &&
+                   (j->state == JOB_COMPLETE || j->state == JOB_FAILED)) {
+            if (unlink(path) < 0 && errno != ENOENT)
+                log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        } else {
+            forget_entry_here(j);
+        }
+        free(path);
+    }
+    jobs_fs_restore(prev);
+    log_notice(&(struct log_ctx){ .job = &j->log },
+               "job %s (%s) forgotten: %s", j->job_dir, job_state_name[j->state], why);
+    for (pp = &J.head; *pp && *pp != j; pp = &(*pp)->next)
+        ;
+    if (*pp) {
+        *pp = j->next;
+        J.n--;
+    }
+    sched_forget_job(j);
+    job_free(j);
+    jobview_kick(); /* (its view goes) */
+}
+
+int
+jobs_forget_spool(const char *job_dir, struct esd_err *err)
+{
+    char key[17], *path;
+    struct stat st;
+    int r;
+
+    if (!J.spool_dir)
+        return err_set(err, -ENOENT, "no spool_dir is configured on this node");
+    manifest_dir_key(job_dir, key);
+    path = spool_path(key);
+    r = lstat(path, &st);
+    free(path);
+    if (r < 0)
+        return err_set(err, -ENOENT, "the spool has no entry for %s", job_dir);
+    struct fsid prev = jobs_fs_self();
+    r = spool_tombstone(job_dir, key, err);
+    jobs_fs_restore(prev);
+    return r;
+}
+
+/* A spool entry of a job this node does not hold that was merged (or
+ * failed in its merge) longer than retention_secs ago, by the files of
+ * its directory (looked at as its owner): one stat or two, no loading. */
+static bool
+spool_entry_ended(const cJSON *o)
+{
+    const char *dir = json_get_str(o, "job_dir");
+    bool have_uid = false;
+    uid_t uid = (uid_t)reg_num(o, "uid", &have_uid);
+    double cutoff = time_wall() - (double)J.conf->retention_secs;
+    const char *const ends[] = { "merge.json", "state/esd/finalize.json" };
+    bool ended = false;
+
+    struct passwd *pw = NULL;
+
+    if (!dir || dir[0] != '/' || !have_uid || J.conf->retention_secs <= 0 ||
+        (geteuid() == 0 && !(pw = getpwuid(uid))))
+        return false; /* (add refuses an owner the user database does not know) */
+    /* as its owner, with the owner's group, never root's */
+    struct fsid prev = fs_switch(uid, pw ? pw->pw_gid : getegid());
+    for (size_t i = 0; i < sizeof(ends) / sizeof(ends[0]) && !ended; i++) {
+        char *path = fs_join(dir, ends[i]);
+        struct stat st;
+        cJSON *rec = NULL;
+        const char *status;
+
+        if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && (double)st.st_mtim.tv_sec < cutoff) {
+            /* finalize.json also says "merging"... only its end counts */
+            if (i == 0)
+                ended = true;
+            else if (json_load_object(path, 1 << 20, &rec, NULL) == 0 &&
+                     (status = json_get_str(rec, "status")) &&
+                     (!strcmp(status, "complete") || !strcmp(status, "failed")))
+                ended = true;
+            cJSON_Delete(rec);
+        }
+        free(path);
+    }
+    jobs_fs_restore(prev);
+    return ended;
+}
+
+/*
+ * What scan does with a spool entry o (file path, st) of key before
+ * adopting it: true when it is not to be adopted (a tombstone, the
+ * version forgotten here, a job merged before the retention, which then
+ * leaves the spool). A tombstone makes this node forget the job once it
+ * is over here.
+ */
+static bool
+spool_skip(const char *path, const struct stat *st, const cJSON *o)
+{
+    const char *dir = json_get_str(o, "job_dir");
+    struct job *j;
+    bool tomb = false;
+    char key[17];
+
+    if (!dir || dir[0] != '/')
+        return false; /* (add says why) */
+    manifest_dir_key(dir, key);
+    j = find(key);
+
+    json_get_bool(o, "forgotten", &tomb);
+    if (tomb) {
+        if (j && jobs_forgettable(j))
+            jobs_forget(j, FORGET_HERE, "forgotten on every node");
+        /* tombstones go after a retention (every node read them by then) */
+        if (J.conf->retention_secs > 0 &&
+            (double)st->st_mtim.tv_sec < time_wall() - (double)J.conf->retention_secs) {
+            struct fsid prev = jobs_fs_self();
+            unlink(path);
+            jobs_fs_restore(prev);
+        }
+        return true;
+    }
+    if (j)
+        return false;
+    if (forgotten_here(key, st))
+        return true;
+    if (spool_entry_ended(o)) {
+        log_info(NULL, "%s: job %s ended more than retention_secs (%ld) ago; not adopting it, "
+                 "and removing it from the spool", path, json_get_str(o, "job_dir"),
+                 J.conf->retention_secs);
+        struct fsid prev = jobs_fs_self();
+        if (unlink(path) < 0 && errno != ENOENT)
+            log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        jobs_fs_restore(prev);
+        return true;
+    }
+    return false;
+}
+
+cJSON *
+jobs_spool_unheld_json(void)
+{
+    cJSON *a = cJSON_CreateArray();
+    DIR *d = J.spool_dir ? opendir(J.spool_dir) : NULL;
+    struct dirent *e;
+
+    while (d && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        char *path, key[17];
+        const char *dir;
+        struct stat st;
+        cJSON *o = NULL, *x;
+        bool tomb = false;
+
+        if (e->d_name[0] == '.' || n < 6 || strcmp(e->d_name + n - 5, ".json"))
+            continue;
+        path = fs_join(J.spool_dir, e->d_name);
+        if (spool_file_ok(path, &st) && json_load_object(path, 1 << 20, &o, NULL) == 0 &&
+            (dir = json_get_str(o, "job_dir")) && dir[0] == '/') {
+            manifest_dir_key(dir, key);
+            json_get_bool(o, "forgotten", &tomb);
+            if (!find(key)) {
+                x = cJSON_CreateObject();
+                json_add_str(x, "key", key);
+                json_add_str(x, "job_dir", dir);
+                json_add_str(x, "state", tomb || forgotten_here(key, &st) ? "forgotten"
+                                                                          : "spooled");
+                json_add_bool(x, "loaded", false);
+                json_add_str(x, "spool_entry", path);
+                cJSON_AddItemToArray(a, x);
+            }
+        }
+        cJSON_Delete(o);
+        free(path);
+    }
+    if (d)
+        closedir(d);
+    return a;
+}
+
+/* Forgets the jobs over longer than retention_secs. */
+static void
+retention_pass(void)
+{
+    double cutoff = time_wall() - (double)J.conf->retention_secs;
+    struct job *j, *next;
+    char why[96];
+
+    if (J.conf->retention_secs <= 0 || J.conf->run_mode)
+        return;
+    for (j = J.head; j; j = next) {
+        next = j->next;
+        if (jobs_forgettable(j) && j->ended_at > 0 && j->ended_at < cutoff) {
+            snprintf(why, sizeof(why), "over for more than retention_secs (%ld s)",
+                     J.conf->retention_secs);
+            jobs_forget(j, FORGET_ENDED, why);
+        }
+    }
 }
 
 /* Reads every *.json registration of dir. */
@@ -480,6 +802,7 @@ scan(const char *dir, bool spool)
     while ((e = readdir(d))) {
         size_t n = strlen(e->d_name);
         struct esd_err err;
+        struct stat st;
         struct job *j;
         cJSON *o = NULL;
         char *path;
@@ -487,13 +810,15 @@ scan(const char *dir, bool spool)
         if (e->d_name[0] == '.' || n < 6 || strcmp(e->d_name + n - 5, ".json"))
             continue;
         path = fs_join(dir, e->d_name);
-        if (spool && !spool_file_ok(path)) {
+        if (spool && !spool_file_ok(path, &st)) {
             free(path);
             continue;
         }
         if (json_load_object(path, 1 << 20, &o, &err) < 0) {
             if (complain(path))
                 log_warning(NULL, "%s, ignoring", err.msg);
+        } else if (spool && spool_skip(path, &st, o)) {
+            /* (not adopted) */
         } else {
             /* a spool registration carries no state (nor device) of this node */
             if (spool) {
@@ -513,8 +838,10 @@ scan(const char *dir, bool spool)
                                "every node", j->job_dir);
                 }
                 /* adopted from the spool: this node's own record from now on */
-                if (spool && added)
+                if (spool && added) {
+                    j->from_spool = true;
                     persist(j);
+                }
             }
         }
         cJSON_Delete(o);
@@ -533,6 +860,7 @@ jobs_rescan(void)
     scan(J.jobs_dir, false);
     if (J.spool_dir)
         scan(J.spool_dir, true);
+    retention_pass();
     /* what is still to be worked is still the directory submitted */
     for (struct job *j = J.head; j; j = j->next) {
         if (j->state == JOB_ACTIVE || j->state == JOB_DRAINING || j->state == JOB_FINALIZING)
@@ -752,7 +1080,9 @@ jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
     J.lock_fd = -1;
     J.jobs_dir = fs_join(c->state_dir, "jobs");
     J.claims_dir = fs_join(c->state_dir, "claims");
+    J.forgotten_dir = fs_join(c->state_dir, "forgotten");
     if ((r = fs_mkdir_p(J.jobs_dir, 0755, err)) < 0 ||
+        (r = fs_mkdir_p(J.forgotten_dir, 0755, err)) < 0 ||
         (r = fs_mkdir_p(J.claims_dir, 0755, err)) < 0 || (r = lock_state_dir(c, err)) < 0)
         return r;
     watch_dirs(loop, c);
@@ -803,6 +1133,7 @@ jobs_fini(void)
     forget_complaints();
     free(J.jobs_dir);
     free(J.claims_dir);
+    free(J.forgotten_dir);
     if (J.lock_fd >= 0)
         close(J.lock_fd);
     free(J.spool_dir);
@@ -1201,6 +1532,11 @@ jobs_set_state(struct job *j, enum job_state state, const char *error)
     j->state = state;
     free(j->error);
     j->error = error ? xstrdup(error) : NULL;
+    /* retention_secs counts from the end, whatever happens after it */
+    if (!job_over(j))
+        j->ended_at = 0;
+    else if (j->ended_at <= 0)
+        j->ended_at = time_wall();
     persist(j);
     jobview_kick();
     if (error)
@@ -1238,6 +1574,10 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
     json_add_int(o, "submitted_by", (long long)by);
     json_add_str(o, "node", J.conf->node_name);
     manifest_dir_key(job_dir, key);
+    /* submitted again: what this node forgot of it no longer holds */
+    path = forgotten_path(key);
+    unlink(path);
+    free(path);
     if (spool) {
         if (!J.spool_dir) {
             cJSON_Delete(o);

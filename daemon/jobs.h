@@ -1,7 +1,8 @@
 /*
  * jobs: the job registry. A job given to this node is a small JSON file
  * under <state_dir>/jobs/<key>.json ({"job_dir", "output", "uid", "ino",
- * "dev", "state", "error", "updated_at"}), so it survives restarts; with
+ * "dev", "state", "error", "spool", "ended_unix", "updated_at"}), so it
+ * survives restarts, until it is forgotten (jobs_forget); with
  * spool_dir set, every file <spool_dir>/<key>.json (registered there by
  * any node's esd: only files owned by root or esd's own uid are read) is
  * adopted by every node. The key is the first 16 hex digits of the
@@ -103,6 +104,8 @@ struct job {
     void *finalize;  /* finalize.c's state while finalizing */
     bool seen;       /* rescan bookkeeping */
     bool cancelled_everywhere; /* by the job dir's marker (persisted) */
+    bool from_spool; /* adopted from the spool (persisted) */
+    double ended_at; /* wall time it became complete, failed or cancelled; 0: not over */
     double rate_t0, rate_t1; /* jobs_rate's snapshots (monotonic) */
     size_t rate_d0, rate_d1;
 };
@@ -228,6 +231,35 @@ void jobs_uncancel(struct job *j);
 void jobs_rate(struct job *j, double *ret_shards_per_sec, double *ret_eta);
 /* The status of every job, for the control socket. */
 cJSON *jobs_status_json(void);
+
+/*
+ * Forgetting (esctl forget, retention_secs). A job that is over and has
+ * nothing running here leaves this node: its registry file goes and it
+ * leaves the in-memory list (so status, list, metrics and the scheduler
+ * drop it); its job directory is not touched. Its spool entry, if any:
+ * FORGET_HERE keeps it but records in <state_dir>/forgotten/<key>.json
+ * which version of it was forgotten, so that this node does not adopt it
+ * again unless it is submitted again (a new entry); FORGET_EVERYWHERE
+ * replaces it with a tombstone ({"job_dir", "forgotten": true}) that
+ * every node reads at its next rescan: a node where the job is over
+ * forgets it too, a node where it still runs keeps it until it is over
+ * there, and no node adopts it; FORGET_ENDED (retention) removes the
+ * entry of a job that was merged or failed (the fleet is done with it)
+ * and keeps the others as FORGET_HERE does. why is logged. j is freed.
+ */
+enum jobs_forget_how { FORGET_HERE, FORGET_EVERYWHERE, FORGET_ENDED };
+void jobs_forget(struct job *j, enum jobs_forget_how how, const char *why);
+/* The job may be forgotten now: over, and nothing of it runs here. */
+bool jobs_forgettable(const struct job *j);
+/* forget --everywhere of a job this node does not hold: writes the
+ * spool's tombstone of job_dir if the spool has an entry for it. 0, or
+ * -ENOENT (no entry), or another negative errno with err set. */
+int jobs_forget_spool(const char *job_dir, struct esd_err *err);
+
+/* list --all: the spool's entries of jobs this node does not hold
+ * ({"key", "job_dir", "state": "forgotten" or "spooled" (not adopted yet), "loaded":
+ * false, "spool_entry"}). Caller deletes. */
+cJSON *jobs_spool_unheld_json(void);
 
 /* Done/total shards known here, for STATUS= lines. */
 void jobs_progress(const struct job *j, size_t *done, size_t *total);

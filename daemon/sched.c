@@ -106,6 +106,13 @@ failed_reason_as_owner(struct job *j)
     return xstrdup("a shard failed");
 }
 
+void
+sched_forget_job(const struct job *j)
+{
+    if (S.rr == j)
+        S.rr = NULL;
+}
+
 /* The next job after S.rr that may be asked for a claim now. */
 static struct job *
 next_job(double now)

@@ -31,6 +31,8 @@ void sched_set_hooks(bool (*complete)(struct job *j), bool (*may_claim)(struct j
 
 /* Claim now if slots are free (coalesced: runs once from the loop). */
 void sched_kick(void);
+/* j leaves the registry (jobs_forget): the scheduler keeps no pointer to it. */
+void sched_forget_job(const struct job *j);
 
 /*
  * SIGTERM: no new claims; running attempts may finish within
