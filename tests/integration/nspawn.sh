@@ -201,8 +201,8 @@ ok "the user esd (uid $ESD_UID, group esd) was made at boot from esd.conf in sys
 
 # ---- (t) the README's tour, as written ----
 # The commands of the README's "A five-minute tour" (its ```sh blocks, a
-# line ending in a backslash joined to the next, comments left out), its
-# esd.yaml block and its drop-in block, extracted here as readme.sh reads
+# line ending in a backslash, && or | joined to the next, comments left
+# out), its esd.yaml block and its drop-in block, extracted here as readme.sh reads
 # them: a change to the tour changes what runs. Each runs in order as root
 # in the container (bash -c, under timeout), except the ones TOUR_NOT_RUN
 # names with the reason; TOUR_INSTEAD runs another command in a command's
@@ -221,6 +221,9 @@ for info, body in re.findall(r"^```(\w*)\n(.*?)^```", tour, re.M | re.S):
         for line in body.splitlines():
             if line.endswith("\\"):
                 pending += line[:-1].rstrip() + " "
+                continue
+            if line.endswith(("&&", "||", "|")):
+                pending += line + " "
                 continue
             line, pending = pending + line, ""
             line = re.sub(r"\s+#\s.*$", "", line).strip()
