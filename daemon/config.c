@@ -187,6 +187,10 @@ static const struct key keys[] = {
     { .name = "spool_dir", .type = KT_PATH, .off = F(spool_dir),
       .help = "a shared directory where a job submitted on any node is registered for every "
               "node" },
+    { .name = "shared_fs_check", .type = KT_BOOL, .off = F(shared_fs_check), .def = "true",
+      .help = "submit --everywhere refuses a job directory or spool_dir on a node-local file "
+              "system (ext4, xfs, btrfs, tmpfs, ...); false only for tests and single-machine "
+              "setups where every node shares one local disk" },
     { .name = "attempt_timeout_secs", .type = KT_INT, .off = F(attempt_timeout_secs),
       .def = "0", .min = 0, .max = 30 * DAY,
       .help = "an attempt running longer is killed and fails; 0: no limit" },

@@ -59,6 +59,8 @@ struct esd_conf {
     char *socket_group;      /* socket_group: default "esd" */
     int socket_mode;         /* socket_mode: 0600, 0660 (default) or 0666 */
     char *spool_dir;         /* spool_dir: shared job registrations; NULL */
+    bool shared_fs_check;    /* shared_fs_check: submit --everywhere refuses node-local file
+                                systems; default true (false: tests, one machine) */
     long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
     struct strv attempt_env; /* attempt_env: the variables of esd's environment that attempts
                                 get (NAME, or NAME* for a prefix); default: locale, TZ, GPU

@@ -1322,6 +1322,12 @@ jobs_reset(struct job *j)
     return true;
 }
 
+const char *
+jobs_spool_dir(void)
+{
+    return J.spool_dir;
+}
+
 struct job *
 jobs_find(const char *job_dir)
 {

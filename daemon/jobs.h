@@ -205,6 +205,9 @@ struct job *jobs_register(const char *job_dir, const struct stat *st, const char
 bool jobs_reset(struct job *j);
 /* The job of job_dir (resolved), or NULL. */
 struct job *jobs_find(const char *job_dir);
+
+/* The spool directory this node reads (spool_dir as esd started), or NULL. */
+const char *jobs_spool_dir(void);
 /*
  * cancel --everywhere: writes <job_dir>/state/esd/cancelled.json as the
  * directory's owner (uid, gid), which every node's rescan sees, and

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# submit_refuse: esctl submit refuses what cannot work and says why, before
+# anything is prepared or registered (issue 15 item 5). One esd (root,
+# shared_fs_check on, the stand-in processor) runs in a mount namespace of
+# its own, as under systemd: /tmp is another tmpfs there (PrivateTmp=) and
+# $W/ro is read-only (ProtectSystem=strict); $W itself is bound back.
+#   (a) --everywhere --config with spool_dir missing: refused naming it;
+#       no job directory made.
+#   (b) --everywhere on a node-local file system ($W's ext4/tmpfs...):
+#       refused naming the type, nothing prepared, the spool empty.
+#   (c) a job under a read-only path: refused naming ReadWritePaths= and
+#       `systemctl edit esd`.
+#   (d) a job under the submitter's /tmp that esd does not see: refused
+#       naming PrivateTmp.
+#   (e) the same job under $W, without --everywhere: registered (the
+#       checks pass what works), and no refused job is in esd's list.
+# Needs root (mounts, unshare); skips otherwise.
+set -euo pipefail
+export LC_ALL=C
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
+
+in_mount_ns "the submit refusals test" "$@"
+new_workdir
+unset_knobs
+need_daemon_tools
+chmod 755 "$W"
+T2=$(mktemp -d)            # the submitter's /tmp only
+B=$(mktemp -d -p /run)     # where esd's namespace keeps $W while /tmp is replaced
+trap 'rm -rf "$T2"; rmdir "$B" 2>/dev/null || true; cleanup' EXIT
+chmod 755 "$T2"
+text_dataset 200
+mkdir -p "$W/ro"
+prepare_job "$W/ro/job" 2
+prepare_job "$T2/job" 2
+prepare_job "$W/job" 2
+chown -R nobody: "$W/ro" "$T2/job" "$W/job"
+mkdir -p "$W/mine" && chown nobody: "$W/mine"
+
+# esd as systemd would sandbox it (PrivateTmp=yes, ProtectSystem=strict)
+cat >"$W/esd-ns" <<SH
+#!/bin/sh
+exec unshare --mount --propagation private sh -c '
+    mount --rbind "$W" "$B" && mount -t tmpfs tmpfs /tmp && mkdir -p "$W" &&
+    mount --rbind "$B" "$W" && mount --bind "$W/ro" "$W/ro" &&
+    mount -o remount,bind,ro "$W/ro" && exec "\$0" "\$@"' "$ESD" "\$@"
+SH
+chmod 755 "$W/esd-ns"
+daemon_conf n1 shared_fs_check=true spool_dir="$W/nospool"
+rmdir "$W/spool"
+ESD=$W/esd-ns start_daemon n1
+S=(--socket "$(dsock n1)")
+REC=(--config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" --num-shards 2)
+
+# (a)
+run "$ESCTL" "${S[@]}" submit --everywhere "$W/mine/new" "${REC[@]}"
+check "(a) submit --everywhere --config without the spool_dir is refused" 2 "" \
+    "spool_dir $W/nospool does not exist on this node"
+[[ $ERR == *"mkdir -p $W/nospool"* ]] || fail "(a) the refusal names the fix" "$ERR"
+[ ! -e "$W/mine/new" ] || fail "(a) nothing is prepared before the refusal" "$(ls -R "$W/mine")"
+ok "(a) nothing prepared: $ERR"
+
+# (b)
+mkdir -p "$W/nospool"
+FST=$(stat -f -c %T "$W")
+run "$ESCTL" "${S[@]}" submit --everywhere "$W/mine/new" "${REC[@]}"
+check "(b) submit --everywhere on a node-local file system is refused" 2 "" \
+    "$W/mine/new is on a node-local file system ("
+[[ $ERR == *"shared_fs_check: false"* ]] || fail "(b) the refusal names the escape hatch" "$ERR"
+[ ! -e "$W/mine/new" ] || fail "(b) nothing is prepared before the refusal"
+run "$ESCTL" "${S[@]}" submit --everywhere "$W/job"
+check "(b) also for a prepared job" 2 "" "node-local file system"
+[ -z "$(ls -A "$W/nospool")" ] || fail "(b) nothing is registered in the spool" "$(ls "$W/nospool")"
+ok "(b) refused on $FST: $ERR"
+
+# (c)
+run "$ESCTL" "${S[@]}" submit "$W/ro/job"
+check "(c) a job read-only for esd is refused" 2 "" "$W/ro/job is read-only for esd"
+[[ $ERR == *"systemctl edit esd"* && $ERR == *"ReadWritePaths=$W/ro/job"* ]] ||
+    fail "(c) the refusal names the drop-in" "$ERR"
+
+# (d)
+run "$ESCTL" "${S[@]}" submit "$T2/job"
+check "(d) a job in the submitter's /tmp is refused" 2 "" \
+    "esd runs with PrivateTmp: $T2/job is not the same directory for it"
+
+# (e)
+run "$ESCTL" "${S[@]}" --json list
+check "(e) esd lists no refused job" 0
+[[ $OUT != *"$W/ro/job"* && $OUT != *"$T2/job"* && $OUT != *"$W/job"* ]] ||
+    fail "(e) a refused job is registered" "$OUT"
+run "$ESCTL" "${S[@]}" submit "$W/job"
+check "(e) a job esd sees and may write is registered" 0 "Submitted $W/job"
+stop_daemon n1
+[ "$DRC" -eq 0 ] || fail "esd exits 0" "status $DRC" "$(tail -n 20 "$W/n1/log")"
+summary
