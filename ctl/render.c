@@ -248,6 +248,16 @@ pace_line(const cJSON *res)
     printf(" (from the done shards' durations)\n");
 }
 
+/* The nodes that refuse the job (their record in the spool). */
+static void
+refusal_lines(const cJSON *res)
+{
+    const cJSON *x;
+
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "refused_by"))
+    printf("  node %s refuses the job: %s\n", str(x, "node"), str(x, "why"));
+}
+
 static int
 render_job_status(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -269,6 +279,7 @@ render_job_status(struct call *c, const cJSON *args, const cJSON *res)
            age_note(res));
     pace_line(res);
     merge_line(cJSON_GetObjectItemCaseSensitive(res, "merge"));
+    refusal_lines(res);
     nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
     shards_table(c, args, res);
     if (num(res, "shards_omitted") > 0)
@@ -393,6 +404,7 @@ render_submit(struct call *c, const cJSON *args, const cJSON *res)
         render_prepare(c, args, prepared);
     printf("Submitted %s (key %s) \xe2\x86\x92 output %s\n", str(res, "job_dir"),
            str(res, "key"), str(res, "output"));
+    refusal_lines(res);
     return EXIT_OK;
 }
 

@@ -198,6 +198,19 @@ ctl_peer_share(const struct ucred *cred, const gid_t *groups, size_t ngroups)
     return s;
 }
 
+/* The spool's record of the nodes that refuse job_dir (jobs.c) in r's
+ * "refused_by", when there are any. */
+static void
+add_refusals(cJSON *r, const char *job_dir)
+{
+    cJSON *a = jobs_spool_refusals(job_dir);
+
+    if (cJSON_GetArraySize(a) > 0)
+        cJSON_AddItemToObject(r, "refused_by", a);
+    else
+        cJSON_Delete(a);
+}
+
 /* What a request on a job directory found out about it. */
 struct jobref {
     char *dir;        /* resolved */
@@ -462,6 +475,7 @@ view_status(struct conn *c, const cJSON *args, const struct jobref *jr)
         return NULL;
     json_add_str(r, "node", server.node);
     json_add_str(r, "state", job_state_name[j->state]);
+    add_refusals(r, jr->dir);
     return r;
 }
 
@@ -749,6 +763,7 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
 {
     char *out = NULL;
     struct job *j;
+    cJSON *res;
 
     if (submit_check(c, args, jr, &out, code, err) < 0)
         return NULL;
@@ -768,7 +783,9 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
                j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid,
                cmd_arg_flag(args, O_EVERYWHERE) ? " for every node" : "");
     sched_kick();
-    return job_result(j);
+    res = job_result(j);
+    add_refusals(res, j->job_dir);
+    return res;
 }
 
 /* esctl merge of a job this node works and has not merged: its election is
@@ -857,6 +874,8 @@ op_done(void *ctx, cJSON *result, const char *code, const char *message)
         }
         jobref_free(&jr);
     } else if (result) {
+        if (c->op_cmd == CMD_STATUS && json_get_str(result, "job_dir"))
+            add_refusals(result, json_get_str(result, "job_dir"));
         reply = proto_reply_ok(c->op_id, result);
     } else {
         log_refusal(c, cmd_table[c->op_cmd].name, code, message);

@@ -365,9 +365,10 @@ jobs_check_bound(struct job *j, struct esd_err *err)
 }
 
 /* Adds a job from a registration object (or finds it); NULL if the
- * registration is unusable. *ret_new tells whether it was added. */
+ * registration is unusable, with *ret_why (may be NULL) saying why.
+ * *ret_new tells whether it was added. */
 static struct job *
-add(const cJSON *o, const char *from, bool *ret_new)
+add(const cJSON *o, const char *from, bool *ret_new, struct esd_err *ret_why)
 {
     const char *dir = json_get_str(o, "job_dir"), *out = json_get_str(o, "output");
     const char *st_name = json_get_str(o, "state");
@@ -396,6 +397,8 @@ add(const cJSON *o, const char *from, bool *ret_new)
     if (validate(dir, have_uid, uid, ino, dev, out, &st, &err) < 0) {
         if (complain(from))
             log_warning(NULL, "%s: %s; refusing the registration", from, err.msg);
+        if (ret_why)
+            *ret_why = err;
         free(def);
         return NULL;
     }
@@ -403,6 +406,8 @@ add(const cJSON *o, const char *from, bool *ret_new)
     if (spawn_cred_for_uid(st.st_uid, &j->owner, &err) < 0) {
         if (complain(from))
             log_warning(NULL, "%s: job %s: %s; refusing the registration", from, dir, err.msg);
+        if (ret_why)
+            *ret_why = err;
         free(def);
         free(j);
         return NULL;
@@ -454,6 +459,73 @@ spool_file_ok(const char *path)
     return false;
 }
 
+/*
+ * <spool_dir>/<key>.<node>.refused: why node refuses the spooled job key,
+ * for the submitter (jobs_spool_refusals). Not *.json: no scan reads it.
+ * NULL when node cannot be part of a file name.
+ */
+static char *
+refusal_path(const char *key, const char *node)
+{
+    if (!node || !*node || strchr(node, '/') || node[0] == '.')
+        return NULL;
+    return xasprintf("%s/%s.%s.refused", J.spool_dir, key, node);
+}
+
+/* Records, once per reason, why this node refuses the spool registration
+ * o (of job key); why NULL: it does not (any more). */
+static void
+spool_refusal(const char *key, const cJSON *o, const char *why)
+{
+    char *path = refusal_path(key, J.conf->node_name);
+    cJSON *r = NULL, *old = NULL;
+    struct esd_err err;
+    struct fsid prev;
+
+    if (!path)
+        return;
+    prev = jobs_fs_self();
+    if (!why) {
+        if (unlink(path) < 0 && errno != ENOENT)
+            log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+    } else if (json_load_object(path, 1 << 16, &old, &err) < 0 ||
+               !json_get_str(old, "why") || strcmp(json_get_str(old, "why"), why)) {
+        r = cJSON_CreateObject();
+        json_add_str(r, "node", J.conf->node_name);
+        json_add_str(r, "job_dir", json_get_str(o, "job_dir"));
+        json_add_str(r, "why", why);
+        if (json_write_atomic(path, r, JSON_PRETTY, &err) < 0)
+            log_warning(NULL, "%s; the submitter does not see why this node refuses the job, "
+                        "ignoring", err.msg);
+    }
+    jobs_fs_restore(prev);
+    cJSON_Delete(old);
+    cJSON_Delete(r);
+    free(path);
+}
+
+/* Why this node refuses the spool registration o: err, or, when the job
+ * directory's owner here is not the uid it was submitted with, that the
+ * uids differ between nodes, written into msg (n bytes). Returns err's
+ * text or msg. */
+static const char *
+spool_refusal_why(const cJSON *o, const struct esd_err *err, char *msg, size_t n)
+{
+    const char *dir = json_get_str(o, "job_dir"), *node = json_get_str(o, "node");
+    bool have_uid = false;
+    uid_t uid = (uid_t)reg_num(o, "uid", &have_uid);
+    struct stat st;
+
+    if (!dir || !have_uid || stat(dir, &st) < 0 || st.st_uid == uid)
+        return err->msg;
+    snprintf(msg, n, "%.300s is owned by uid %u on node %.100s, but by uid %u on node %.100s, "
+             "where it was submitted (the uids differ between nodes: give the user the same "
+             "uid on every node, from one LDAP/NIS directory or identical /etc/passwd "
+             "entries)", dir, (unsigned)st.st_uid, J.conf->node_name, (unsigned)uid,
+             node ? node : "?");
+    return msg;
+}
+
 /* Reads every *.json registration of dir. */
 static void
 scan(const char *dir, bool spool)
@@ -490,8 +562,16 @@ scan(const char *dir, bool spool)
                 cJSON_DeleteItemFromObjectCaseSensitive(o, "dev");
             }
             bool added = false;
+            struct esd_err why;
+            char key[17], msg[1024];
 
-            if ((j = add(o, path, &added))) {
+            err_clear(&why);
+            if (!(j = add(o, path, &added, &why)) && spool && why.msg[0] &&
+                json_get_str(o, "job_dir")) {
+                job_key(json_get_str(o, "job_dir"), key);
+                spool_refusal(key, o, spool_refusal_why(o, &why, msg, sizeof(msg)));
+            }
+            if (j) {
                 j->seen = true;
                 /* cancelled everywhere, then submitted everywhere again */
                 if (spool && !added && j->state == JOB_CANCELLED && j->cancelled_everywhere &&
@@ -502,8 +582,10 @@ scan(const char *dir, bool spool)
                                "every node", j->job_dir);
                 }
                 /* adopted from the spool: this node's own record from now on */
-                if (spool && added)
+                if (spool && added) {
                     persist(j);
+                    spool_refusal(j->key, o, NULL);
+                }
             }
         }
         cJSON_Delete(o);
@@ -1285,7 +1367,7 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
         }
     } else {
         free(want);
-        if (!(j = add(o, spool ? "spool" : "submit", &added))) {
+        if (!(j = add(o, spool ? "spool" : "submit", &added, NULL))) {
             cJSON_Delete(o);
             err_set(err, -EINVAL, "cannot register %s (see esd's log)", job_dir);
             return NULL;
@@ -1326,6 +1408,51 @@ const char *
 jobs_spool_dir(void)
 {
     return J.spool_dir;
+}
+
+cJSON *
+jobs_spool_refusals(const char *job_dir)
+{
+    cJSON *a = cJSON_CreateArray();
+    char key[17], prefix[32];
+    struct fsid prev;
+    struct dirent *e;
+    DIR *d;
+    int n = 0;
+
+    if (!J.spool_dir)
+        return a;
+    job_key(job_dir, key);
+    snprintf(prefix, sizeof(prefix), "%s.", key);
+    prev = jobs_fs_self();
+    if ((d = opendir(J.spool_dir))) {
+        while ((e = readdir(d)) && n < 64) {
+            size_t len = strlen(e->d_name);
+            struct esd_err err;
+            cJSON *o = NULL;
+            char *path;
+
+            if (strncmp(e->d_name, prefix, strlen(prefix)) || len < 8 ||
+                strcmp(e->d_name + len - 8, ".refused"))
+                continue;
+            path = fs_join(J.spool_dir, e->d_name);
+            if (spool_file_ok(path) && json_load_object(path, 1 << 16, &o, &err) == 0 &&
+                json_get_str(o, "node") && json_get_str(o, "why") &&
+                !strcmp(json_get_str(o, "job_dir") ? json_get_str(o, "job_dir") : "", job_dir)) {
+                cJSON *x = cJSON_CreateObject();
+
+                json_add_str(x, "node", json_get_str(o, "node"));
+                json_add_str(x, "why", json_get_str(o, "why"));
+                cJSON_AddItemToArray(a, x);
+                n++;
+            }
+            cJSON_Delete(o);
+            free(path);
+        }
+        closedir(d);
+    }
+    jobs_fs_restore(prev);
+    return a;
 }
 
 struct job *

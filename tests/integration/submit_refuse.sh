@@ -14,6 +14,12 @@
 #       naming PrivateTmp.
 #   (e) the same job under $W, without --everywhere: registered (the
 #       checks pass what works), and no refused job is in esd's list.
+#   (f) uids that differ between nodes, simulated by a spool registration
+#       (written by hand, as root may) that records another uid than the
+#       directory's: node n2 refuses it and records why in the spool, and
+#       `esctl status DIR` through n1 shows "node n2 refuses the job" with
+#       both uids; the registration corrected, n2 adopts the job and its
+#       record goes.
 # Needs root (mounts, unshare); skips otherwise.
 set -euo pipefail
 export LC_ALL=C
@@ -34,7 +40,8 @@ mkdir -p "$W/ro"
 prepare_job "$W/ro/job" 2
 prepare_job "$T2/job" 2
 prepare_job "$W/job" 2
-chown -R nobody: "$W/ro" "$T2/job" "$W/job"
+prepare_job "$W/job2" 2
+chown -R nobody: "$W/ro" "$T2/job" "$W/job" "$W/job2"
 mkdir -p "$W/mine" && chown nobody: "$W/mine"
 
 # esd as systemd would sandbox it (PrivateTmp=yes, ProtectSystem=strict)
@@ -91,6 +98,25 @@ check "(e) esd lists no refused job" 0
     fail "(e) a refused job is registered" "$OUT"
 run "$ESCTL" "${S[@]}" submit "$W/job"
 check "(e) a job esd sees and may write is registered" 0 "Submitted $W/job"
+# (f)
+daemon_conf n2 spool_dir="$W/nospool"
+start_daemon n2
+reg() {
+    printf '{"job_dir": "%s", "uid": %s, "node": "n1"}\n' "$W/job2" "$1" >"$W/nospool/.job2.tmp"
+    mv "$W/nospool/.job2.tmp" "$W/nospool/job2.json"
+}
+refused() { compgen -G "$W/nospool/*.n2.refused" >/dev/null; }
+reg 4242
+wait_for "(f) n2 records in the spool why it refuses the job" 20 refused
+run "$ESCTL" "${S[@]}" status "$W/job2"
+[[ $OUT == *"node n2 refuses the job: $W/job2 is owned by uid $(id -u nobody) on node n2, but by uid 4242 on node n1"* &&
+    $OUT == *"the uids differ between nodes"* ]] || fail "(f) status through n1 shows n2's refusal" "$OUT" "$ERR"
+ok "(f) status through n1 shows n2's refusal: $(grep refuses <<<"$OUT")"
+reg "$(id -u nobody)"
+wait_for "(f) n2 adopts the corrected registration and drops its record" 20 eval '! refused'
+[ "$(job_state n2 "$W/job2")" != absent ] || fail "(f) n2 works the job"
+ok "(f) n2 adopted the corrected registration"
+stop_daemon n2
 stop_daemon n1
 [ "$DRC" -eq 0 ] || fail "esd exits 0" "status $DRC" "$(tail -n 20 "$W/n1/log")"
 summary
