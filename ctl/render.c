@@ -126,6 +126,9 @@ render_prepare(struct call *c, const cJSON *args, const cJSON *res)
     printf("Prepared %lld shards from %lld records (%lld normalized bytes) in %s\n",
            num(res, "num_shards"), num(res, "rows"), num(res, "normalized_bytes"),
            str(res, "job_dir"));
+    if (str(res, "operators_unchecked")[0])
+        printf("Operator names were judged by their names alone: the processor's operator "
+               "registry could not be read (%s)\n", str(res, "operators_unchecked"));
     /* As the reference: the warnings of a fresh prepare only. */
     fflush(stdout);
     cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(res, "warnings"))

@@ -20,6 +20,13 @@
 #       `esctl status DIR` through n1 shows "node n2 refuses the job" with
 #       both uids; the registration corrected, n2 adopts the job and its
 #       record goes.
+#   (g) an operator the processor's registry does not know (a stand-in
+#       data_juicer.ops on PYTHONPATH behind a processor named
+#       dj-process): submit --config through n2 refuses the misspelt
+#       whitespace_normalisation_mapper with "did you mean
+#       'whitespace_normalization_mapper'", before any job directory
+#       exists; a correct recipe passes; prepare --local with no
+#       readable registry prepares and says it judged the names alone.
 # Needs root (mounts, unshare); skips otherwise.
 set -euo pipefail
 export LC_ALL=C
@@ -100,7 +107,18 @@ run "$ESCTL" "${S[@]}" submit "$W/job"
 check "(e) a job esd sees and may write is registered" 0 "Submitted $W/job"
 # (f)
 daemon_conf n2 spool_dir="$W/nospool"
-start_daemon n2
+mkdir -p "$W/fakedj/data_juicer/ops" "$W/bin"
+: >"$W/fakedj/data_juicer/__init__.py"
+cat >"$W/fakedj/data_juicer/ops/__init__.py" <<'PY'
+class _Registry:
+    modules = {"whitespace_normalization_mapper": object, "text_length_filter": object,
+               "clean_links_mapper": object}
+OPERATORS = _Registry()
+PY
+printf '#!/usr/bin/python3\nimport os, sys\nos.execv(sys.argv[0] + ".real", sys.argv)\n' >"$W/bin/dj-process"
+chmod -R a+rX "$W/fakedj" "$W/bin"
+chmod 755 "$W/bin/dj-process"
+start_daemon n2 PYTHONPATH="$W/fakedj"
 reg() {
     printf '{"job_dir": "%s", "uid": %s, "node": "n1"}\n' "$W/job2" "$1" >"$W/nospool/.job2.tmp"
     mv "$W/nospool/.job2.tmp" "$W/nospool/job2.json"
@@ -116,6 +134,23 @@ reg "$(id -u nobody)"
 wait_for "(f) n2 adopts the corrected registration and drops its record" 20 eval '! refused'
 [ "$(job_state n2 "$W/job2")" != absent ] || fail "(f) n2 works the job"
 ok "(f) n2 adopted the corrected registration"
+# (g)
+sed 's/whitespace_normalization_mapper/whitespace_normalisation_mapper/' "$W/recipe.yaml" >"$W/typo.yaml"
+S2=(--socket "$(dsock n2)")
+run "$ESCTL" "${S2[@]}" submit "$W/mine/typo" --config "$W/typo.yaml" --dataset-path "$W/data.jsonl" \
+    --num-shards 2 --processor "$W/bin/dj-process"
+check "(g) an operator the registry does not know is refused" 2 "" \
+    "Unknown operator 'whitespace_normalisation_mapper' in $W/typo.yaml: the processor's Data-Juicer (3 operators of data_juicer.ops in /usr/bin/python3) registers no such operator; did you mean 'whitespace_normalization_mapper'?"
+[ ! -e "$W/mine/typo" ] || fail "(g) nothing is prepared" "$(ls -R "$W/mine/typo")"
+run "$ESCTL" "${S2[@]}" --json list
+[[ $OUT != *"$W/mine/typo"* ]] || fail "(g) nothing is registered" "$OUT"
+run "$ESCTL" "${S2[@]}" submit "$W/mine/good" "${REC[@]}" --processor "$W/bin/dj-process"
+check "(g) a recipe of registered operators is prepared and registered" 0 "Submitted $W/mine/good"
+[[ $OUT != *"judged by their names alone"* ]] || fail "(g) the registry was read" "$OUT"
+run "$ESCTL" prepare --local --config "$W/typo.yaml" --dataset-path "$W/data.jsonl" \
+    --job-dir "$W/unchecked" --num-shards 2 --processor "$W/bin/dj-process"
+check "(g) without a readable registry prepare judges names alone and says so" 0 \
+    "Operator names were judged by their names alone: the processor's operator registry could not be read (/usr/bin/python3 cannot import data_juicer.ops"
 stop_daemon n2
 stop_daemon n1
 [ "$DRC" -eq 0 ] || fail "esd exits 0" "status $DRC" "$(tail -n 20 "$W/n1/log")"
