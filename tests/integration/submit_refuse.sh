@@ -27,6 +27,8 @@
 #       'whitespace_normalization_mapper'", before any job directory
 #       exists; a correct recipe passes; prepare --local with no
 #       readable registry prepares and says it judged the names alone.
+#   (h) --processor ./bin/dj-process, relative to esctl's cwd, reaches esd
+#       absolute: its prepare finds the processor's registry.
 # Needs root (mounts, unshare); skips otherwise.
 set -euo pipefail
 export LC_ALL=C
@@ -151,6 +153,9 @@ run "$ESCTL" prepare --local --config "$W/typo.yaml" --dataset-path "$W/data.jso
     --job-dir "$W/unchecked" --num-shards 2 --processor "$W/bin/dj-process"
 check "(g) without a readable registry prepare judges names alone and says so" 0 \
     "Operator names were judged by their names alone: the processor's operator registry could not be read (/usr/bin/python3 cannot import data_juicer.ops"
+# (h)
+run env -C "$W" "$ESCTL" "${S2[@]}" --json submit "$W/mine/rel" "${REC[@]}" --processor ./bin/dj-process
+check "(h) submit with a relative --processor" 0 '"operators_checked": "3 operators of data_juicer.ops'
 stop_daemon n2
 stop_daemon n1
 [ "$DRC" -eq 0 ] || fail "esd exits 0" "status $DRC" "$(tail -n 20 "$W/n1/log")"
