@@ -659,15 +659,17 @@ static int
 submit_precheck(const cJSON *args, const struct jobref *jr, const char **code,
                 struct esd_err *err)
 {
-    const char *spool = jobs_spool_dir(), *type;
-    bool local, rdonly;
+    const char *spool = jobs_spool_dir(), *type = NULL, *stype = NULL;
+    bool local = false, rdonly = false, slocal = false;
     struct stat st;
-    char *at;
+    char *at = NULL;
     int r;
 
     *code = PROTO_E_FAILED;
-    if ((r = fs_kind(jr->dir, &type, &local, &rdonly, &at, err)) < 0)
-        return r;
+    /* (a file system esd may not even statfs is not judged here: the
+     * checks after say what is wrong with it) */
+    if (fs_kind(jr->dir, &type, &local, &rdonly, &at, err) < 0)
+        err_clear(err);
     if (rdonly) {
         r = err_set(err, -EROFS, "%s is read-only for esd (%s is on a file system mounted "
                     "read-only in esd's view: systemd's ProtectSystem=strict, unless the "
@@ -697,13 +699,13 @@ submit_precheck(const cJSON *args, const struct jobref *jr, const char **code,
                        "(NFS, Lustre, GPFS, CephFS, ...), or submit without --everywhere "
                        "(shared_fs_check: false in esd.yaml for a single machine)", jr->dir,
                        type);
-    if ((r = fs_kind(spool, &type, &local, &rdonly, NULL, err)) < 0)
-        return r;
-    if (local)
+    if (fs_kind(spool, &stype, &slocal, &rdonly, NULL, err) < 0)
+        err_clear(err);
+    if (slocal)
         return err_set(err, -EXDEV, "spool_dir %s is on a node-local file system (%s): other "
                        "nodes never see what is registered there; point spool_dir at the "
                        "shared storage (shared_fs_check: false in esd.yaml for a single "
-                       "machine)", spool, type);
+                       "machine)", spool, stype);
     return 0;
 }
 
