@@ -472,6 +472,30 @@ refusal_path(const char *key, const char *node)
     return xasprintf("%s/%s.%s.refused", J.spool_dir, key, node);
 }
 
+/* Removes every node's <key>.<node>.refused (the registration is gone). */
+static void
+refusals_remove(const char *key)
+{
+    DIR *d = opendir(J.spool_dir);
+    size_t kn = strlen(key);
+    struct dirent *e;
+
+    while (d && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        char *path;
+
+        if (n < kn + 9 || strncmp(e->d_name, key, kn) || e->d_name[kn] != '.' ||
+            strcmp(e->d_name + n - 8, ".refused"))
+            continue;
+        path = fs_join(J.spool_dir, e->d_name);
+        if (unlink(path) < 0 && errno != ENOENT)
+            log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        free(path);
+    }
+    if (d)
+        closedir(d);
+}
+
 /* Records, once per reason, why this node refuses the spool registration
  * o (of job key); why NULL: it does not (any more). */
 static void
@@ -1499,6 +1523,8 @@ jobs_cancel_everywhere(const char *job_dir, uid_t uid, gid_t gid, uid_t by, stru
         prev = jobs_fs_self();
         if (unlink(path) < 0 && errno != ENOENT)
             log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        /* (and the nodes' records of why they refused it) */
+        refusals_remove(key);
         jobs_fs_restore(prev);
         free(path);
     }

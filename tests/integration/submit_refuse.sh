@@ -19,7 +19,8 @@
 #       directory's: node n2 refuses it and records why in the spool, and
 #       `esctl status DIR` through n1 shows "node n2 refuses the job" with
 #       both uids; the registration corrected, n2 adopts the job and its
-#       record goes.
+#       record goes; cancel --everywhere of a refused registration removes
+#       the nodes' records with it.
 #   (g) an operator the processor's registry does not know (a stand-in
 #       data_juicer.ops on PYTHONPATH behind a processor named
 #       dj-process): submit --config through n2 refuses the misspelt
@@ -50,7 +51,8 @@ prepare_job "$W/ro/job" 2
 prepare_job "$T2/job" 2
 prepare_job "$W/job" 2
 prepare_job "$W/job2" 2
-chown -R nobody: "$W/ro" "$T2/job" "$W/job" "$W/job2"
+prepare_job "$W/job3" 2
+chown -R nobody: "$W/ro" "$T2/job" "$W/job" "$W/job2" "$W/job3"
 mkdir -p "$W/mine" && chown nobody: "$W/mine"
 
 # esd as systemd would sandbox it (PrivateTmp=yes, ProtectSystem=strict)
@@ -136,6 +138,15 @@ reg "$(id -u nobody)"
 wait_for "(f) n2 adopts the corrected registration and drops its record" 20 eval '! refused'
 [ "$(job_state n2 "$W/job2")" != absent ] || fail "(f) n2 works the job"
 ok "(f) n2 adopted the corrected registration"
+K3=$(printf %s "$W/job3" | sha256sum | cut -c1-16)
+printf '{"job_dir": "%s", "uid": 4242, "node": "n1"}\n' "$W/job3" >"$W/nospool/.job3.tmp"
+mv "$W/nospool/.job3.tmp" "$W/nospool/$K3.json"
+wait_for "(f) n2 refuses another registration" 20 refused
+run "$ESCTL" "${S[@]}" cancel --everywhere "$W/job3"
+check "(f) cancel --everywhere of it" 0
+[ ! -e "$W/nospool/$K3.json" ] || fail "(f) cancel --everywhere removes the registration"
+wait_for "(f) cancel --everywhere removes the nodes' refusal records" 10 eval '! refused'
+ok "(f) no refusal record is left"
 # (g)
 sed 's/whitespace_normalization_mapper/whitespace_normalisation_mapper/' "$W/recipe.yaml" >"$W/typo.yaml"
 S2=(--socket "$(dsock n2)")
