@@ -84,6 +84,8 @@ claimer_init(struct claimer *c, const struct manifest *m, const struct claim_opt
     c->lock_dev = xcalloc(m->nshards, sizeof(*c->lock_dev));
     c->lock_threshold = xcalloc(m->nshards, sizeof(*c->lock_threshold));
     c->locked = xcalloc(m->nshards, 1);
+    c->retry_at = xcalloc(m->nshards, sizeof(double));
+    c->fails_here = xcalloc(m->nshards, 1);
     c->cancel_path = fs_join(m->job_dir, "state/esd/cancelled.json");
     c->tokens = CLAIM_JUDGE_BURST;
     c->tokens_at = time_mono();
@@ -121,6 +123,8 @@ claimer_free(struct claimer *c)
     free(c->lock_dev);
     free(c->lock_threshold);
     free(c->locked);
+    free(c->retry_at);
+    free(c->fails_here);
     free(c->cancel_path);
     memset(c, 0, sizeof(*c));
     c->clock_fd = -1;
@@ -940,13 +944,14 @@ sweep(struct claimer *c, int phase, struct pass *p, struct claim *ret, struct es
 {
     const struct manifest *m = c->m;
     size_t n = m->nshards;
+    double mono = time_mono();
     int r;
 
     for (size_t k = 0; k < n && !p->stopped && !c->cancelled; k++) {
         size_t i = (c->cursor + k) % n;
 
         if (c->known[i] != K_UNKNOWN || c->fresh_until[i] > p->now ||
-            (bool)c->locked[i] != (phase == 0))
+            (bool)c->locked[i] != (phase == 0) || c->retry_at[i] > mono)
             continue;
         if (phase == 0 && tokens_now(c) < 1.0) {
             p->starved = true;
@@ -986,9 +991,13 @@ idle_report(struct claimer *c, const struct pass *p, unsigned long long ops,
             struct claim_idle *idle)
 {
     size_t n = c->m->nshards, busy = 0;
-    double next = -1;
+    double next = -1, mono = time_mono();
 
     for (size_t i = 0; i < n; i++) {
+        /* (backing off here: claimable again then) */
+        if (c->known[i] == K_UNKNOWN && c->retry_at[i] > mono &&
+            (next < 0 || c->retry_at[i] - mono < next))
+            next = c->retry_at[i] - mono;
         if (c->known[i] == K_MINE) {
             busy++;
         } else if (c->known[i] == K_UNKNOWN && (c->fresh_until[i] > p->now || c->locked[i])) {
@@ -1050,6 +1059,25 @@ claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
     }
     idle_report(c, &p, c->stats.ops - ops0, idle);
     return 0;
+}
+
+double
+claim_backoff(struct claimer *c, size_t index)
+{
+    unsigned k;
+    double d;
+
+    if (!c->retry_at || index >= c->m->nshards)
+        return 0;
+    if (c->fails_here[index] < 255)
+        c->fails_here[index]++;
+    k = c->fails_here[index] - 1u;
+    d = k >= 16 ? CLAIM_BACKOFF_MAX : CLAIM_BACKOFF_BASE * (double)(1u << k);
+    if (d > CLAIM_BACKOFF_MAX)
+        d = CLAIM_BACKOFF_MAX;
+    d *= 0.8 + 0.4 * ((double)random() / (double)RAND_MAX);
+    c->retry_at[index] = time_mono() + d;
+    return d;
 }
 
 int

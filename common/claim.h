@@ -88,6 +88,9 @@ struct claimer {
     double *lock_threshold; /* ... and the staleness threshold it holds */
     size_t ndone, nfailed;
     unsigned char *locked; /* per shard: a lock was listed in state/locks */
+    double *retry_at;      /* per shard: monotonic time before which this node does not
+                              claim it again (claim_backoff) ... */
+    unsigned char *fails_here; /* ... after this many counted failures here */
     bool taken_valid;      /* the pass took a stale lock of shard taken_index over ... */
     size_t taken_index;
     char taken_from[128];  /* ... from this node (or host) */
@@ -187,6 +190,18 @@ int claimer_now(struct claimer *c, double *ret_now, struct esd_err *err);
 /* Lock mtimes beyond these are suspect (seconds; epoch seconds). */
 #define CLAIM_MTIME_FUTURE 60.0
 #define CLAIM_MTIME_FLOOR 946684800.0
+
+/*
+ * Retries of a shard on one node back off: after its n-th counted failure
+ * on this node, this claimer does not claim it again for
+ * CLAIM_BACKOFF_BASE * 2^(n-1) seconds, at most CLAIM_BACKOFF_MAX, with
+ * +-20 % jitter (other nodes may claim it at once), so that a shard that
+ * fails fast does not spin on one node. A pass that claims nothing says
+ * in idle->next_secs when the earliest backoff ends. Returns the delay.
+ */
+#define CLAIM_BACKOFF_BASE 0.5
+#define CLAIM_BACKOFF_MAX 30.0
+double claim_backoff(struct claimer *c, size_t index);
 
 /*
  * One claim pass. Returns 1 with *ret filled (claim_free), 0 if nothing is

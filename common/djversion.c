@@ -291,6 +291,65 @@ package_version(const char *python, const char *cwd, char **why)
     return NULL;
 }
 
+int
+djversion_registry(const char *python, const char *cwd, struct strv *ret, char **ret_why)
+{
+    /* marked lines: Data-Juicer's import may print its own to stdout */
+    static const char *const probe =
+        "import os, sys\n"
+        "os.environ.setdefault('HF_HUB_OFFLINE', '1')\n"
+        "try:\n"
+        "    from data_juicer.ops import OPERATORS\n"
+        "    names = sorted(OPERATORS.modules)\n"
+        "except Exception as e:\n"
+        "    print('esd-registry-error %s: %s' % (type(e).__name__, e))\n"
+        "    sys.exit(0)\n"
+        "for n in names:\n"
+        "    print('esd-registry-op ' + n)\n";
+    static const char op_mark[] = "esd-registry-op ", err_mark[] = "esd-registry-error ";
+    struct strv argv;
+    struct buf out;
+    int status = 0, r;
+
+    *ret_why = NULL;
+    strv_init(ret);
+    if (!python) {
+        *ret_why = xstrdup("the processor is not Data-Juicer's own dj-process or checkout");
+        return -ENOENT;
+    }
+    strv_init(&argv);
+    strv_push(&argv, python);
+    strv_push(&argv, "-c");
+    strv_push(&argv, probe);
+    buf_init(&out);
+    r = spawn_capture(argv.v, cwd, 120.0, 4 << 20, &out, &status, NULL);
+    strv_free(&argv);
+    if (r == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        r = -ECHILD;
+    for (char *line = out.p, *nl; r == 0 && line && line < out.p + out.len; line = nl + 1) {
+        if (!(nl = memchr(line, '\n', (size_t)(out.p + out.len - line))))
+            break;
+        *nl = '\0';
+        if (!strncmp(line, op_mark, sizeof(op_mark) - 1))
+            strv_push(ret, line + sizeof(op_mark) - 1);
+        else if (!strncmp(line, err_mark, sizeof(err_mark) - 1) && !*ret_why)
+            *ret_why = xasprintf("%s cannot import data_juicer.ops (%.300s)", python,
+                                 line + sizeof(err_mark) - 1);
+    }
+    buf_free(&out);
+    if (r == 0 && !*ret_why && ret->n == 0)
+        *ret_why = xasprintf("%s lists no operator in data_juicer.ops.OPERATORS", python);
+    if (r < 0 && !*ret_why)
+        *ret_why = xasprintf("%s could not be run to list the operators (%s)", python,
+                             r == -ETIMEDOUT ? "timed out after 120 s" : strerror(-r));
+    if (*ret_why) {
+        strv_free(ret);
+        return r < 0 ? r : -ENOENT;
+    }
+    strv_sort(ret);
+    return 0;
+}
+
 void
 djversion_read(const struct attempt_opts *o, struct djversion *ret)
 {

@@ -47,6 +47,16 @@ struct djversion {
 void djversion_read(const struct attempt_opts *o, struct djversion *ret);
 void djversion_free(struct djversion *v);
 
+/*
+ * The operator names registered in the Data-Juicer that python imports
+ * (data_juicer.ops.OPERATORS), run in cwd (may be NULL), into *ret (sorted;
+ * caller frees with strv_free). Importing every operator module takes
+ * seconds: at most 120 s. 0, or a negative errno with *ret_why (caller
+ * frees) saying why the registry could not be read; python NULL: the
+ * processor is not Data-Juicer's own (djversion.python).
+ */
+int djversion_registry(const char *python, const char *cwd, struct strv *ret, char **ret_why);
+
 /* djversion_read keeping only the version (caller frees) and dirty flag. */
 void djversion_detect(const struct attempt_opts *o, char **ret_version, int *ret_dirty);
 

@@ -22,7 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -1100,4 +1101,65 @@ fs_which(const char *cmd, const char *path, int mode)
             path++;
     }
     return NULL;
+}
+
+/* statfs(2) f_type values (linux/magic.h and the file systems' own). */
+static const struct {
+    unsigned long type;
+    const char *name;
+    bool local;
+} fs_types[] = {
+    { 0x6969, "nfs", false },          { 0xFF534D42, "cifs", false },
+    { 0xFE534D42, "smb2", false },     { 0x517B, "smb", false },
+    { 0x0BD00BD0, "lustre", false },   { 0x47504653, "gpfs", false },
+    { 0x00C36400, "ceph", false },     { 0x19830326, "beegfs", false },
+    { 0x65735546, "fuse", false },     { 0x6B414653, "afs", false },
+    { 0x5346414F, "openafs", false },  { 0x013111A8, "ibrix", false },
+    { 0xAAD7AAEA, "panfs", false },    { 0x7461636F, "ocfs2", false },
+    { 0x01161970, "gfs2", false },     { 0xEF53, "ext2/3/4", true },
+    { 0x58465342, "xfs", true },       { 0x9123683E, "btrfs", true },
+    { 0x01021994, "tmpfs", true },     { 0x858458F6, "ramfs", true },
+    { 0x794C7630, "overlayfs", true }, { 0x2FC12FC1, "zfs", true },
+    { 0xF2F52010, "f2fs", true },      { 0x3153464A, "jfs", true },
+    { 0x52654973, "reiserfs", true },  { 0x4D44, "vfat", true },
+    { 0x2011BAB0, "exfat", true },     { 0x5346544E, "ntfs", true },
+};
+
+int
+fs_kind(const char *path, const char **ret_name, bool *ret_local, bool *ret_rdonly,
+        char **ret_at, struct esd_err *err)
+{
+    static __thread char hex[24];
+    char *at = xstrdup(path);
+    struct statfs sf;
+    struct statvfs sv;
+
+    /* (the nearest existing parent: what a directory made there is on) */
+    while (statfs(at, &sf) < 0) {
+        char *up;
+
+        if ((errno != ENOENT && errno != ENOTDIR) || !strcmp(at, "/") || !strcmp(at, ".")) {
+            int r = err_sys(err, -errno, "cannot find the file system of %s", path);
+
+            free(at);
+            return r;
+        }
+        up = fs_dirname(at);
+        free(at);
+        at = up;
+    }
+    *ret_rdonly = statvfs(at, &sv) == 0 && (sv.f_flag & ST_RDONLY);
+    *ret_local = false;
+    snprintf(hex, sizeof(hex), "0x%lx", (unsigned long)sf.f_type);
+    *ret_name = hex;
+    for (size_t i = 0; i < sizeof(fs_types) / sizeof(fs_types[0]); i++)
+        if ((unsigned long)sf.f_type == fs_types[i].type) {
+            *ret_name = fs_types[i].name;
+            *ret_local = fs_types[i].local;
+        }
+    if (ret_at)
+        *ret_at = at;
+    else
+        free(at);
+    return 0;
 }

@@ -177,6 +177,19 @@ int fs_touch_fd(int fd);
  * succeeds. NULL when there is none. Caller frees. */
 char *fs_which(const char *cmd, const char *path, int mode);
 
+/*
+ * The file system of path or, if path does not exist, of its nearest
+ * existing parent (*ret_at: that path, allocated; may be NULL). *ret_name is
+ * a static name of its type ("nfs", "ext4", ...; "0x<hex>" for a type not
+ * known here), *ret_local whether it is known to be node-local (ext4, xfs,
+ * btrfs, tmpfs, ...: not shared between nodes; NFS, CIFS, Lustre, GPFS,
+ * CephFS, BeeGFS, FUSE and unknown types are not), *ret_rdonly whether it is
+ * mounted read-only for the caller (ST_RDONLY). 0, or a negative errno with
+ * err naming path.
+ */
+int fs_kind(const char *path, const char **ret_name, bool *ret_local, bool *ret_rdonly,
+            char **ret_at, struct esd_err *err);
+
 /* The final component of path (pointer into path); "" for "/". */
 const char *fs_basename(const char *path);
 /* The directory part of path (allocated); "/" for "/x", "." for "x". */

@@ -136,7 +136,9 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
     struct jsonl_limits lim;
     struct pace pace = { env, 0, 0 };
     char *config = NULL, *dataset = NULL, *job_dir = NULL, *dj_root = NULL;
-    char *dj_version = NULL;
+    struct djversion djv = { 0 };
+    struct strv registry = { 0 };
+    char *registry_why = NULL, *registry_source = NULL;
     cJSON *j, *w;
     int r;
 
@@ -173,8 +175,17 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
         strv_split(&processor, cmd_arg_str(args, O_PROCESSOR));
     ao.processor = processor.n ? (const char *const *)processor.v : env->processor;
     ao.dj_root = o.dj_root;
-    djversion_detect(&ao, &dj_version, &o.dj_dirty);
-    o.dj_commit = dj_version;
+    djversion_read(&ao, &djv);
+    o.dj_commit = djv.version;
+    o.dj_dirty = djv.dirty;
+    /* The operators that Data-Juicer registers: a name it does not know
+     * is refused (with the closest one), however shard-safe it sounds. */
+    if (djversion_registry(djv.python, o.dj_root, &registry, &registry_why) == 0) {
+        registry_source = xasprintf("%zu operators of data_juicer.ops in %s", registry.n,
+                                    djv.python);
+        o.registry = &registry;
+        o.registry_source = registry_source;
+    }
     o.policy = &pol;
     o.limits = &lim;
     o.progress = prepare_progress;
@@ -191,6 +202,12 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
         json_add_int(j, "rows", (long long)res.rows);
         json_add_int(j, "normalized_bytes", (long long)res.bytes);
     }
+    /* what the operator names were checked against */
+    if (registry_source)
+        json_add_str(j, "operators_checked", registry_source);
+    else
+        json_add_str(j, "operators_unchecked",
+                     registry_why ? registry_why : "the operator registry was not read");
     w = cJSON_AddArrayToObject(j, "warnings");
     for (size_t i = 0; i < res.warnings.n; i++)
         cJSON_AddItemToArray(w, cJSON_CreateString(res.warnings.v[i]));
@@ -201,7 +218,10 @@ out:
     free(dataset);
     free(job_dir);
     free(dj_root);
-    free(dj_version);
+    djversion_free(&djv);
+    strv_free(&registry);
+    free(registry_why);
+    free(registry_source);
     strv_free(&processor);
     strv_free(&allow);
     strv_free(&deny);

@@ -48,6 +48,7 @@
 #include "record.h"
 #include "sha256.h"
 #include "spawn.h"
+#include "suggest.h"
 
 /* Tests define it (prepare.h); in programs the weak reference is NULL. */
 extern void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging,
@@ -442,6 +443,38 @@ strip(const char *s)
     return xstrndup(s, (size_t)(e - s));
 }
 
+/*
+ * Every operator of the recipe is one the processor's Data-Juicer
+ * registers (o->registry, when it was read): a misspelt name with a
+ * shard-safe suffix would pass the name rule and fail every attempt on
+ * every node. Not checked for a recipe with custom_operator_paths (those
+ * register more) nor for an operator the caller allowed by name.
+ */
+static int
+registry_check(const struct prepare_opts *o, const struct recipe *rc, struct esd_err *err)
+{
+    const struct strv *allow = o->policy ? o->policy->allow : NULL;
+
+    if (!o->registry || rc->custom_operator_paths.n)
+        return 0;
+    for (size_t i = 0; i < rc->ops.n; i++) {
+        const char *op = rc->ops.v[i], *best;
+        struct suggest s;
+
+        if (strv_contains(o->registry, op) || (allow && strv_contains(allow, op)))
+            continue;
+        suggest_init(&s, op, strlen(op));
+        for (size_t k = 0; k < o->registry->n; k++)
+            suggest_add(&s, o->registry->v[k]);
+        best = suggest_result(&s);
+        return err_set(err, -EINVAL, "Unknown operator '%s' in %s: the processor's Data-Juicer "
+                       "(%s) registers no such operator%s%s%s", op, o->config,
+                       o->registry_source ? o->registry_source : "its registry",
+                       best ? "; did you mean '" : "", best ? best : "", best ? "'?" : "");
+    }
+    return 0;
+}
+
 /* Steps 1–7 of spec §6.1: everything that needs no pass over the data. */
 static int
 load_request(struct job *j, struct esd_err *err)
@@ -469,6 +502,8 @@ load_request(struct job *j, struct esd_err *err)
     if ((r = recipe_parse(j->recipe_data, j->recipe_len, j->config, o->policy, &j->recipe, err)) < 0)
         return r;
     j->have_recipe = true;
+    if ((r = registry_check(o, &j->recipe, err)) < 0)
+        return r;
     for (size_t i = 0; i < j->recipe.warnings.n; i++)
         strv_push(&j->warnings, j->recipe.warnings.v[i]);
     if (j->recipe.ray_address && strcmp(j->recipe.ray_address, j->ray_address) != 0) {

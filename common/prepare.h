@@ -60,6 +60,9 @@ struct prepare_opts {
     const char *dj_commit; /* recorded as data_juicer.commit; NULL: "unknown" */
     int dj_dirty;          /* data_juicer.dirty: 0, 1, or -1 for null */
     const struct recipe_policy *policy; /* may be NULL */
+    const struct strv *registry; /* the operators the processor's Data-Juicer registers
+                                    (sorted); NULL: not read, names are judged alone */
+    const char *registry_source; /* where registry was read, for messages */
     const struct jsonl_limits *limits;  /* may be NULL */
     void (*progress)(void *ctx, const struct prepare_progress *p); /* may be NULL */
     void *progress_ctx;

@@ -15,6 +15,11 @@
  *         in every line answering the request.
  *   cmd   non-empty string, the command name.
  *   args  object, optional: the command's arguments.
+ *   seen  object, optional (submit, prepare): what the client sees of the
+ *         job directory, or of its nearest existing parent: {"path": P,
+ *         "dev": D, "ino": I, "tmp_dev": D2, "tmp_ino": I2} (the last two of
+ *         /tmp). esd refuses the request when it sees another directory
+ *         there (PrivateTmp=, another mount namespace), saying so.
  *   Other members are ignored, so that later clients can add some.
  *
  * Reply, exactly one per request, in request order:

@@ -58,6 +58,22 @@ event_cb(void *ctx, cJSON *ev)
     render_event(ctx, ev);
 }
 
+char *
+call_processor_abs(const char *cmd)
+{
+    size_t lead = strspn(cmd, " \t"), n = strcspn(cmd + lead, " \t");
+    char *word = xstrndup(cmd + lead, n), *cwd, *r;
+
+    if (word[0] == '/' || !memchr(word, '/', n) || !(cwd = getcwd(NULL, 0))) {
+        free(word);
+        return xstrdup(cmd);
+    }
+    r = xasprintf("%s/%s%s", cwd, strncmp(word, "./", 2) ? word : word + 2, cmd + lead + n);
+    free(cwd);
+    free(word);
+    return r;
+}
+
 /*
  * The request arguments of c: every option given that has a key, paths
  * made absolute (esd refuses relative ones: its working directory is not
@@ -80,6 +96,12 @@ build_args(const struct call *c, cJSON **ret, struct esd_err *err)
             json_add_bool(a, d->key, true);
             break;
         case K_STR:
+            if (o == O_PROCESSOR) {
+                abs = call_processor_abs(c->str[o]);
+                json_add_str(a, d->key, abs);
+                free(abs);
+                break;
+            }
             if (!d->path) {
                 json_add_str(a, d->key, c->str[o]);
                 break;

@@ -10,10 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "esctl.h"
+#include "fsutil.h"
 #include "json.h"
 #include "ops.h"
 #include "proto.h"
@@ -32,6 +34,41 @@ static bool
 cancelled(const struct op_env *env)
 {
     return env && env->cancel && *env->cancel;
+}
+
+/*
+ * The request's "seen" (common/proto.h) for a command on job_dir: the
+ * directory, or its nearest existing parent, and /tmp as this process sees
+ * them, so that esd can tell when it sees others. NULL when nothing exists.
+ */
+static cJSON *
+seen_of(const char *job_dir)
+{
+    char *at = xstrdup(job_dir);
+    struct stat st, tmp;
+    cJSON *o;
+
+    while (stat(at, &st) < 0) {
+        char *up;
+
+        if (!strcmp(at, "/") || at[0] != '/') {
+            free(at);
+            return NULL;
+        }
+        up = fs_dirname(at);
+        free(at);
+        at = up;
+    }
+    o = cJSON_CreateObject();
+    json_add_str(o, "path", at);
+    json_add_int(o, "dev", (long long)st.st_dev);
+    json_add_int(o, "ino", (long long)st.st_ino);
+    if (stat("/tmp", &tmp) == 0) {
+        json_add_int(o, "tmp_dev", (long long)tmp.st_dev);
+        json_add_int(o, "tmp_ino", (long long)tmp.st_ino);
+    }
+    free(at);
+    return o;
 }
 
 /* Writes all of p without SIGPIPE (esd may have gone). */
@@ -138,6 +175,12 @@ client_call(const struct call *c, const char *cmd, const cJSON *args, double tim
     json_add_str(req, "cmd", cmd);
     if (args)
         cJSON_AddItemToObject(req, "args", cJSON_Duplicate(args, true));
+    if ((!strcmp(cmd, "submit") || !strcmp(cmd, "prepare")) && json_get_str(args, "job_dir")) {
+        cJSON *seen = seen_of(json_get_str(args, "job_dir"));
+
+        if (seen)
+            cJSON_AddItemToObject(req, "seen", seen);
+    }
     proto_frame(req, &out);
     cJSON_Delete(req);
     if ((r = connect_to(path, &fd, err)) < 0)

@@ -51,6 +51,15 @@ struct call {
 int call_run(struct call *c);
 
 /*
+ * A --processor command with its program made absolute against the
+ * working directory when it is a relative path (./proc, bin/proc: esd and
+ * attempts run elsewhere); a bare name stays for the PATH lookup, and no
+ * symbolic link is resolved (a venv's bin/python must stay itself).
+ * Returns a new string.
+ */
+char *call_processor_abs(const char *cmd);
+
+/*
  * One request: command id with args (not taken; may be NULL), in-process
  * when *local, else through esd. When esd cannot be reached and the
  * command may read the job directory itself (CMDF_FALLBACK and a job_dir),

@@ -127,6 +127,9 @@ render_prepare(struct call *c, const cJSON *args, const cJSON *res)
     printf("Prepared %lld shards from %lld records (%lld normalized bytes) in %s\n",
            num(res, "num_shards"), num(res, "rows"), num(res, "normalized_bytes"),
            str(res, "job_dir"));
+    if (str(res, "operators_unchecked")[0])
+        printf("Operator names were judged by their names alone: the processor's operator "
+               "registry could not be read (%s)\n", str(res, "operators_unchecked"));
     /* As the reference: the warnings of a fresh prepare only. */
     fflush(stdout);
     cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(res, "warnings"))
@@ -301,6 +304,16 @@ pace_line(const cJSON *res)
     printf(" (from the done shards' durations)\n");
 }
 
+/* The nodes that refuse the job (their record in the spool). */
+static void
+refusal_lines(const cJSON *res)
+{
+    const cJSON *x;
+
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "refused_by"))
+    printf("  node %s refuses the job: %s\n", str(x, "node"), str(x, "why"));
+}
+
 static int
 render_job_status(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -322,6 +335,7 @@ render_job_status(struct call *c, const cJSON *args, const cJSON *res)
            age_note(res));
     pace_line(res);
     merge_line(cJSON_GetObjectItemCaseSensitive(res, "merge"));
+    refusal_lines(res);
     nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
     shards_table(c, args, res);
     attempts_table(c, res);
@@ -447,6 +461,7 @@ render_submit(struct call *c, const cJSON *args, const cJSON *res)
         render_prepare(c, args, prepared);
     printf("Submitted %s (key %s) \xe2\x86\x92 output %s\n", str(res, "job_dir"),
            str(res, "key"), str(res, "output"));
+    refusal_lines(res);
     return EXIT_OK;
 }
 

@@ -395,7 +395,10 @@ worker_run(struct call *c)
     co.max_retries = c->set[O_MAX_RETRIES] ? c->num[O_MAX_RETRIES] : -1;
     co.max_infra = c->set[O_MAX_INFRA] ? c->num[O_MAX_INFRA] : 0;
     if (c->set[O_PROCESSOR]) {
-        strv_split(&processor, c->str[O_PROCESSOR]);
+        char *abs = call_processor_abs(c->str[O_PROCESSOR]);
+
+        strv_split(&processor, abs);
+        free(abs);
         if (!processor.n) {
             fprintf(stderr, "ERROR: --processor is empty\n");
             rc = EXIT_ERROR;

@@ -196,6 +196,10 @@ static const struct key keys[] = {
       .help = "a job over (complete, failed or cancelled) that long leaves the registry, and a "
               "merged or failed one the spool; a new node adopts no job of the spool merged "
               "that long ago; 0: kept until esctl forget" },
+    { .name = "shared_fs_check", .type = KT_BOOL, .off = F(shared_fs_check), .def = "true",
+      .help = "submit --everywhere refuses a job directory or spool_dir on a node-local file "
+              "system (ext4, xfs, btrfs, tmpfs, ...); false only for tests and single-machine "
+              "setups where every node shares one local disk" },
     { .name = "attempt_timeout_secs", .type = KT_INT, .off = F(attempt_timeout_secs),
       .def = "0", .min = 0, .max = 30 * DAY,
       .help = "an attempt running longer is killed and fails; 0: no limit" },

@@ -62,6 +62,8 @@ struct esd_conf {
     long node_status_interval_secs; /* node_status_interval_secs: how often this node's
                                        <spool_dir>/nodes/<node>.json is rewritten; 30 */
     long retention_secs;     /* retention_secs: ended jobs leave the registry; 0: never */
+    bool shared_fs_check;    /* shared_fs_check: submit --everywhere refuses node-local file
+                                systems; default true (false: tests, one machine) */
     long attempt_timeout_secs; /* attempt_timeout_secs: 0 = none */
     struct strv attempt_env; /* attempt_env: the variables of esd's environment that attempts
                                 get (NAME, or NAME* for a prefix); default: locale, TZ, GPU

@@ -201,6 +201,19 @@ ctl_peer_share(const struct ucred *cred, const gid_t *groups, size_t ngroups)
     return s;
 }
 
+/* The spool's record of the nodes that refuse job_dir (jobs.c) in r's
+ * "refused_by", when there are any. */
+static void
+add_refusals(cJSON *r, const char *job_dir)
+{
+    cJSON *a = jobs_spool_refusals(job_dir);
+
+    if (cJSON_GetArraySize(a) > 0)
+        cJSON_AddItemToObject(r, "refused_by", a);
+    else
+        cJSON_Delete(a);
+}
+
 /* What a request on a job directory found out about it. */
 struct jobref {
     char *dir;        /* resolved */
@@ -467,6 +480,7 @@ view_status(struct conn *c, const cJSON *args, const struct jobref *jr)
         return NULL;
     json_add_str(r, "node", server.node);
     json_add_str(r, "state", job_state_name[j->state]);
+    add_refusals(r, jr->dir);
     return r;
 }
 
@@ -732,6 +746,116 @@ cmd_forget(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct 
     return r;
 }
 
+/*
+ * Does esd see, at the path the client names in the request's "seen"
+ * (common/proto.h), the directory the client sees there? Not under
+ * PrivateTmp= (another /tmp) or in another mount namespace. 0 (also when
+ * the client sent nothing), or -ENOENT with *code and err naming the cause
+ * and the fix.
+ */
+static int
+seen_check(const struct conn *c, const cJSON *root, const char **code, struct esd_err *err)
+{
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "seen");
+    const char *path = json_get_str(s, "path");
+    long long dev, ino, tdev, tino;
+    struct stat st, tmp;
+    struct fsid prev;
+    bool tmp_differs, in_tmp;
+    int r;
+
+    if (!path || path[0] != '/' || json_get_int(s, "dev", &dev) < 0 ||
+        json_get_int(s, "ino", &ino) < 0)
+        return 0;
+    prev = jobs_fs_as(c->cred.uid, c->cred.gid);
+    r = stat(path, &st) < 0 ? -errno : 0;
+    jobs_fs_restore(prev);
+    if (r == 0 && (long long)st.st_dev == dev && (long long)st.st_ino == ino)
+        return 0;
+    tmp_differs = json_get_int(s, "tmp_dev", &tdev) == 0 && json_get_int(s, "tmp_ino", &tino) == 0 &&
+                  (stat("/tmp", &tmp) < 0 || (long long)tmp.st_dev != tdev ||
+                   (long long)tmp.st_ino != tino);
+    in_tmp = !strcmp(path, "/tmp") || !strncmp(path, "/tmp/", 5) || !strcmp(path, "/var/tmp") ||
+             !strncmp(path, "/var/tmp/", 9);
+    *code = PROTO_E_FAILED;
+    if (tmp_differs && in_tmp)
+        return err_set(err, -ENOENT, "esd runs with PrivateTmp: %s is not the same directory "
+                       "for it (esd has a /tmp and /var/tmp of its own); put the job under a "
+                       "directory esd shares, such as the shared job mount listed in "
+                       "ReadWritePaths= (systemctl edit esd), not under /tmp", path);
+    if (r < 0)
+        return err_set(err, -ENOENT, "esd does not see %s, which you see (device %lld, inode "
+                       "%lld): esd runs in a mount namespace of its own (systemd's PrivateTmp=, "
+                       "PrivateMounts=, ProtectHome=, or a container); put the job on a file "
+                       "system esd sees at the same path", path, dev, ino);
+    return err_set(err, -ENOENT, "esd sees another directory at %s (device %llu, inode %llu) "
+                   "than you do (device %lld, inode %lld): esd runs in a mount namespace of its "
+                   "own (systemd's PrivateTmp=, PrivateMounts=, ProtectHome=, or a container); "
+                   "put the job on a file system esd sees at the same path", path,
+                   (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, dev, ino);
+}
+
+/*
+ * submit's checks before anything is prepared or registered: esd can write
+ * where the job is (not read-only for it: ProtectSystem=strict), and with
+ * --everywhere a spool_dir exists and the job and the spool are on file
+ * systems that other nodes share (shared_fs_check). 0, or a negative errno
+ * with *code and err naming the cause and the fix.
+ */
+static int
+submit_precheck(const cJSON *args, const struct jobref *jr, const char **code,
+                struct esd_err *err)
+{
+    const char *spool = jobs_spool_dir(), *type = NULL, *stype = NULL;
+    bool local = false, rdonly = false, slocal = false;
+    struct stat st;
+    char *at = NULL;
+    int r;
+
+    *code = PROTO_E_FAILED;
+    /* (a file system esd may not even statfs is not judged here: the
+     * checks after say what is wrong with it) */
+    if (fs_kind(jr->dir, &type, &local, &rdonly, &at, err) < 0)
+        err_clear(err);
+    if (rdonly) {
+        r = err_set(err, -EROFS, "%s is read-only for esd (%s is on a file system mounted "
+                    "read-only in esd's view: systemd's ProtectSystem=strict, unless the "
+                    "directory is listed in ReadWritePaths=); add a drop-in with "
+                    "`systemctl edit esd`: [Service] ReadWritePaths=%s, then `systemctl "
+                    "restart esd`", jr->dir, at, at);
+        free(at);
+        return r;
+    }
+    free(at);
+    if (!cmd_arg_flag(args, O_EVERYWHERE))
+        return 0;
+    if (!spool)
+        return err_set(err, -EINVAL, "no spool_dir is configured on this node, so --everywhere "
+                       "cannot register the job for every node (set spool_dir in esd.yaml to a "
+                       "directory on the shared storage, or submit without --everywhere)");
+    if (stat(spool, &st) < 0 || !S_ISDIR(st.st_mode))
+        return err_set(err, -ENOENT, "spool_dir %s does not exist on this node, so --everywhere "
+                       "cannot register the job for every node; create it on the shared "
+                       "storage (mkdir -p %s, writable by esd's user) or fix spool_dir in "
+                       "esd.yaml", spool, spool);
+    if (!server.conf->shared_fs_check)
+        return 0;
+    if (local)
+        return err_set(err, -EXDEV, "%s is on a node-local file system (%s): other nodes cannot "
+                       "see it, so --everywhere cannot work; put the job on the shared storage "
+                       "(NFS, Lustre, GPFS, CephFS, ...), or submit without --everywhere "
+                       "(shared_fs_check: false in esd.yaml for a single machine)", jr->dir,
+                       type);
+    if (fs_kind(spool, &stype, &slocal, &rdonly, NULL, err) < 0)
+        err_clear(err);
+    if (slocal)
+        return err_set(err, -EXDEV, "spool_dir %s is on a node-local file system (%s): other "
+                       "nodes never see what is registered there; point spool_dir at the "
+                       "shared storage (shared_fs_check: false in esd.yaml for a single "
+                       "machine)", spool, stype);
+    return 0;
+}
+
 /* submit's checks of a job directory that exists, and its output. */
 static int
 submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, char **ret_out,
@@ -793,6 +917,7 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
 {
     char *out = NULL;
     struct job *j;
+    cJSON *res;
 
     if (submit_check(c, args, jr, &out, code, err) < 0)
         return NULL;
@@ -812,7 +937,9 @@ submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr
                j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid,
                cmd_arg_flag(args, O_EVERYWHERE) ? " for every node" : "");
     sched_kick();
-    return job_result(j);
+    res = job_result(j);
+    add_refusals(res, j->job_dir);
+    return res;
 }
 
 /* esctl merge of a job this node works and has not merged: its election is
@@ -901,6 +1028,8 @@ op_done(void *ctx, cJSON *result, const char *code, const char *message)
         }
         jobref_free(&jr);
     } else if (result) {
+        if (c->op_cmd == CMD_STATUS && json_get_str(result, "job_dir"))
+            add_refusals(result, json_get_str(result, "job_dir"));
         reply = proto_reply_ok(c->op_id, result);
     } else {
         log_refusal(c, cmd_table[c->op_cmd].name, code, message);
@@ -983,6 +1112,12 @@ conn_answer(struct conn *c, const char *line, size_t len)
         reply = proto_reply_error(req.id, PROTO_E_BAD_ARGS, err.msg);
         goto out;
     }
+    if ((cmd->id == CMD_SUBMIT || cmd->id == CMD_PREPARE) &&
+        seen_check(c, req.root, &code, &err) < 0) {
+        log_refusal(c, cmd->name, code, err.msg);
+        reply = proto_reply_error(req.id, code, err.msg);
+        goto out;
+    }
     if (authorise(c, cmd, req.args, &jr, &code, &err) < 0) {
         log_refusal(c, cmd->name, code, err.msg);
         reply = proto_reply_error(req.id, code, err.msg);
@@ -1043,6 +1178,8 @@ conn_answer(struct conn *c, const char *line, size_t len)
         start_op(c, cmd->id, req.args, &jr, req.id, &code, &err);
         break;
     case CMD_SUBMIT:
+        if (submit_precheck(req.args, &jr, &code, &err) < 0)
+            break;
         if (!cmd_arg_has(req.args, O_CONFIG)) {
             result = submit_register(c, req.args, &jr, &code, &err);
             break;

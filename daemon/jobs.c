@@ -387,9 +387,10 @@ refuse(const char *dir, const char *fmt, ...)
 }
 
 /* Adds a job from a registration object (or finds it); NULL if the
- * registration is unusable. *ret_new tells whether it was added. */
+ * registration is unusable, with *ret_why (may be NULL) saying why.
+ * *ret_new tells whether it was added. */
 static struct job *
-add(const cJSON *o, const char *from, bool *ret_new)
+add(const cJSON *o, const char *from, bool *ret_new, struct esd_err *ret_why)
 {
     const char *dir = json_get_str(o, "job_dir"), *out = json_get_str(o, "output");
     const char *st_name = json_get_str(o, "state");
@@ -418,6 +419,8 @@ add(const cJSON *o, const char *from, bool *ret_new)
     if (validate(dir, have_uid, uid, ino, dev, out, &st, &err) < 0) {
         if (complain(from))
             refuse(dir, "%s: %s; refusing the registration", from, err.msg);
+        if (ret_why)
+            *ret_why = err;
         free(def);
         return NULL;
     }
@@ -425,6 +428,8 @@ add(const cJSON *o, const char *from, bool *ret_new)
     if (spawn_cred_for_uid(st.st_uid, &j->owner, &err) < 0) {
         if (complain(from))
             refuse(dir, "%s: job %s: %s; refusing the registration", from, dir, err.msg);
+        if (ret_why)
+            *ret_why = err;
         free(def);
         free(j);
         return NULL;
@@ -548,6 +553,8 @@ forget_entry_here(const struct job *j)
     free(path);
 }
 
+static void refusals_remove(const char *key);
+
 /* Replaces the spool entry of job_dir by a tombstone. */
 static int
 spool_tombstone(const char *job_dir, const char *key, struct esd_err *err)
@@ -562,6 +569,8 @@ spool_tombstone(const char *job_dir, const char *key, struct esd_err *err)
     json_add_str(o, "node", J.conf->node_name);
     json_add_str(o, "forgotten_at", now);
     r = json_write_atomic(path, o, JSON_PRETTY, err);
+    if (r == 0)
+        refusals_remove(key);
     cJSON_Delete(o);
     free(path);
     return r;
@@ -594,6 +603,7 @@ jobs_forget(struct job *j, enum jobs_forget_how how, const char *why)
                    (j->state == JOB_COMPLETE || j->state == JOB_FAILED)) {
             if (unlink(path) < 0 && errno != ENOENT)
                 log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+            refusals_remove(j->key);
         } else {
             forget_entry_here(j);
         }
@@ -720,6 +730,7 @@ spool_skip(const char *path, const struct stat *st, const cJSON *o)
         struct fsid prev = jobs_fs_self();
         if (unlink(path) < 0 && errno != ENOENT)
             log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        refusals_remove(key);
         jobs_fs_restore(prev);
         return true;
     }
@@ -787,6 +798,97 @@ retention_pass(void)
     }
 }
 
+/*
+ * <spool_dir>/<key>.<node>.refused: why node refuses the spooled job key,
+ * for the submitter (jobs_spool_refusals). Not *.json: no scan reads it.
+ * NULL when node cannot be part of a file name.
+ */
+static char *
+refusal_path(const char *key, const char *node)
+{
+    if (!node || !*node || strchr(node, '/') || node[0] == '.')
+        return NULL;
+    return xasprintf("%s/%s.%s.refused", J.spool_dir, key, node);
+}
+
+/* Removes every node's <key>.<node>.refused (the registration is gone). */
+static void
+refusals_remove(const char *key)
+{
+    DIR *d = opendir(J.spool_dir);
+    size_t kn = strlen(key);
+    struct dirent *e;
+
+    while (d && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        char *path;
+
+        if (n < kn + 9 || strncmp(e->d_name, key, kn) || e->d_name[kn] != '.' ||
+            strcmp(e->d_name + n - 8, ".refused"))
+            continue;
+        path = fs_join(J.spool_dir, e->d_name);
+        if (unlink(path) < 0 && errno != ENOENT)
+            log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        free(path);
+    }
+    if (d)
+        closedir(d);
+}
+
+/* Records, once per reason, why this node refuses the spool registration
+ * o (of job key); why NULL: it does not (any more). */
+static void
+spool_refusal(const char *key, const cJSON *o, const char *why)
+{
+    char *path = refusal_path(key, J.conf->node_name);
+    cJSON *r = NULL, *old = NULL;
+    struct esd_err err;
+    struct fsid prev;
+
+    if (!path)
+        return;
+    prev = jobs_fs_self();
+    if (!why) {
+        if (unlink(path) < 0 && errno != ENOENT)
+            log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+    } else if (json_load_object(path, 1 << 16, &old, &err) < 0 ||
+               !json_get_str(old, "why") || strcmp(json_get_str(old, "why"), why)) {
+        r = cJSON_CreateObject();
+        json_add_str(r, "node", J.conf->node_name);
+        json_add_str(r, "job_dir", json_get_str(o, "job_dir"));
+        json_add_str(r, "why", why);
+        if (json_write_atomic(path, r, JSON_PRETTY, &err) < 0)
+            log_warning(NULL, "%s; the submitter does not see why this node refuses the job, "
+                        "ignoring", err.msg);
+    }
+    jobs_fs_restore(prev);
+    cJSON_Delete(old);
+    cJSON_Delete(r);
+    free(path);
+}
+
+/* Why this node refuses the spool registration o: err, or, when the job
+ * directory's owner here is not the uid it was submitted with, that the
+ * uids differ between nodes, written into msg (n bytes). Returns err's
+ * text or msg. */
+static const char *
+spool_refusal_why(const cJSON *o, const struct esd_err *err, char *msg, size_t n)
+{
+    const char *dir = json_get_str(o, "job_dir"), *node = json_get_str(o, "node");
+    bool have_uid = false;
+    uid_t uid = (uid_t)reg_num(o, "uid", &have_uid);
+    struct stat st;
+
+    if (!dir || !have_uid || stat(dir, &st) < 0 || st.st_uid == uid)
+        return err->msg;
+    snprintf(msg, n, "%.300s is owned by uid %u on node %.100s, but by uid %u on node %.100s, "
+             "where it was submitted (the uids differ between nodes: give the user the same "
+             "uid on every node, from one LDAP/NIS directory or identical /etc/passwd "
+             "entries)", dir, (unsigned)st.st_uid, J.conf->node_name, (unsigned)uid,
+             node ? node : "?");
+    return msg;
+}
+
 /* Reads every *.json registration of dir. */
 static void
 scan(const char *dir, bool spool)
@@ -826,8 +928,16 @@ scan(const char *dir, bool spool)
                 cJSON_DeleteItemFromObjectCaseSensitive(o, "dev");
             }
             bool added = false;
+            struct esd_err why;
+            char key[17], msg[1024];
 
-            if ((j = add(o, path, &added))) {
+            err_clear(&why);
+            if (!(j = add(o, path, &added, &why)) && spool && why.msg[0] &&
+                json_get_str(o, "job_dir")) {
+                manifest_dir_key(json_get_str(o, "job_dir"), key);
+                spool_refusal(key, o, spool_refusal_why(o, &why, msg, sizeof(msg)));
+            }
+            if (j) {
                 j->seen = true;
                 /* cancelled everywhere, then submitted everywhere again */
                 if (spool && !added && j->state == JOB_CANCELLED && j->cancelled_everywhere &&
@@ -841,6 +951,7 @@ scan(const char *dir, bool spool)
                 if (spool && added) {
                     j->from_spool = true;
                     persist(j);
+                    spool_refusal(j->key, o, NULL);
                 }
             }
         }
@@ -1645,7 +1756,7 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
         }
     } else {
         free(want);
-        if (!(j = add(o, spool ? "spool" : "submit", &added))) {
+        if (!(j = add(o, spool ? "spool" : "submit", &added, NULL))) {
             cJSON_Delete(o);
             err_set(err, -EINVAL, "cannot register %s (see esd's log)", job_dir);
             return NULL;
@@ -1680,6 +1791,58 @@ jobs_reset(struct job *j)
     j->rate_d0 = j->rate_d1 = 0;
     j->cancelled_everywhere = false;
     return true;
+}
+
+const char *
+jobs_spool_dir(void)
+{
+    return J.spool_dir;
+}
+
+cJSON *
+jobs_spool_refusals(const char *job_dir)
+{
+    cJSON *a = cJSON_CreateArray();
+    char key[17], prefix[32];
+    struct fsid prev;
+    struct dirent *e;
+    DIR *d;
+    int n = 0;
+
+    if (!J.spool_dir)
+        return a;
+    manifest_dir_key(job_dir, key);
+    snprintf(prefix, sizeof(prefix), "%s.", key);
+    prev = jobs_fs_self();
+    if ((d = opendir(J.spool_dir))) {
+        while ((e = readdir(d)) && n < 64) {
+            size_t len = strlen(e->d_name);
+            struct esd_err err;
+            struct stat st;
+            cJSON *o = NULL;
+            char *path;
+
+            if (strncmp(e->d_name, prefix, strlen(prefix)) || len < 8 ||
+                strcmp(e->d_name + len - 8, ".refused"))
+                continue;
+            path = fs_join(J.spool_dir, e->d_name);
+            if (spool_file_ok(path, &st) && json_load_object(path, 1 << 16, &o, &err) == 0 &&
+                json_get_str(o, "node") && json_get_str(o, "why") &&
+                !strcmp(json_get_str(o, "job_dir") ? json_get_str(o, "job_dir") : "", job_dir)) {
+                cJSON *x = cJSON_CreateObject();
+
+                json_add_str(x, "node", json_get_str(o, "node"));
+                json_add_str(x, "why", json_get_str(o, "why"));
+                cJSON_AddItemToArray(a, x);
+                n++;
+            }
+            cJSON_Delete(o);
+            free(path);
+        }
+        closedir(d);
+    }
+    jobs_fs_restore(prev);
+    return a;
 }
 
 struct job *
@@ -1726,6 +1889,8 @@ jobs_cancel_everywhere(const char *job_dir, uid_t uid, gid_t gid, uid_t by, stru
         prev = jobs_fs_self();
         if (unlink(path) < 0 && errno != ENOENT)
             log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
+        /* (and the nodes' records of why they refused it) */
+        refusals_remove(key);
         jobs_fs_restore(prev);
         free(path);
     }

@@ -214,6 +214,16 @@ struct job *jobs_register(const char *job_dir, const struct stat *st, const char
 bool jobs_reset(struct job *j);
 /* The job of job_dir (resolved), or NULL. */
 struct job *jobs_find(const char *job_dir);
+
+/* The spool directory this node reads (spool_dir as esd started), or NULL. */
+const char *jobs_spool_dir(void);
+
+/*
+ * What other nodes recorded in the spool about the registration of job_dir
+ * that they refuse: an array of {"node", "why"} (at most 64), empty when
+ * none or no spool_dir. The caller frees it.
+ */
+cJSON *jobs_spool_refusals(const char *job_dir);
 /*
  * cancel --everywhere: writes <job_dir>/state/esd/cancelled.json as the
  * directory's owner (uid, gid), which every node's rescan sees, and

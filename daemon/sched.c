@@ -384,6 +384,13 @@ check_drained(void)
 static void
 attempt_done(struct job *j, const struct attempt_final *fin)
 {
+    if (fin->counted && !fin->shard_done && !fin->shard_failed && !fin->shard_left &&
+        j->loaded) {
+        double d = claim_backoff(&j->claimer, fin->index);
+
+        log_info(&(struct log_ctx){ .job = &j->log, .shard = j->m.shards[fin->index].id },
+                 "not claimed again on this node for %.1f s (retries back off)", d);
+    }
     if (!strcmp(fin->status, "done")) {
         j->fail_streak = 0;
     } else if (!strcmp(fin->status, "failed") && ++j->fail_streak >= FAIL_STREAK) {

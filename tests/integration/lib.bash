@@ -66,7 +66,8 @@
 #                              slots 1, lease_secs 3, poll_interval_secs 1,
 #                              processor $MINI, ray.mode off, state_dir
 #                              $W/NAME/state, socket $W/NAME/esd.sock,
-#                              spool_dir $W/spool, log.target stderr,
+#                              spool_dir $W/spool, shared_fs_check false
+#                              (every node on one local disk), log.target stderr,
 #                              log.level debug, attempt_env esd's default
 #                              plus the stand-ins' knobs (MINI_DJ_*,
 #                              FAKE_RAY_*) and the sanitizers' options, so
@@ -275,7 +276,7 @@ daemon_conf() {
     local name=$1 kv k sec
     local -A v=([node_name]=$name [slots]=1 [lease_secs]=3 [poll_interval_secs]=1
         [processor]=$MINI [ray.mode]=off [state_dir]=$W/$name/state
-        [socket]=$W/$name/esd.sock [spool_dir]=$W/spool [log.target]=stderr
+        [socket]=$W/$name/esd.sock [spool_dir]=$W/spool [shared_fs_check]=false [log.target]=stderr
         [log.level]=debug [attempt_env]="[$DAEMON_ATTEMPT_ENV]")
     shift
     for kv in "$@"; do v[${kv%%=*}]=${kv#*=}; done

@@ -254,7 +254,9 @@ declare -A TOUR_INSTEAD=(
 cp "$W/tour.ini" "$DROPIN/override.conf"
 tour_conf() {
     sed "s/^ray:\$/ray:\n  port: $RAY_PORT/" "$W/tour.yaml" >"$R/etc/esd/esd.yaml"
-    printf 'poll_interval_secs: 1\n%s' "${1:-}" >>"$R/etc/esd/esd.yaml"
+    # (and /mnt/shared is a directory of this machine's own disk, which
+    # submit --everywhere refuses unless told that it is shared)
+    printf 'poll_interval_secs: 1\nshared_fs_check: false\n%s' "${1:-}" >>"$R/etc/esd/esd.yaml"
 }
 tour_conf
 SUDO='command -v sudo >/dev/null && [ -e /etc/sudoers ] ||

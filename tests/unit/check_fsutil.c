@@ -811,6 +811,36 @@ START_TEST(test_resolve_cli)
 }
 END_TEST
 
+/* fs_kind: the nearest existing parent of a missing path, /proc (a type
+ * not in the table: named by its number, not node-local), and an error
+ * that is not a missing path. */
+START_TEST(test_kind)
+{
+    const char *type;
+    bool local, rdonly;
+    char *at = NULL;
+    struct esd_err err;
+
+    ck_assert_int_eq(fs_kind("/proc/self/no/such/dir", &type, &local, &rdonly, &at, &err), 0);
+    ck_assert_str_eq(at, "/proc/self");
+    ck_assert_str_eq(type, "0x9fa0");
+    ck_assert(!local);
+    free(at);
+    /* (below a file: the file's) */
+    ck_assert_int_eq(fs_kind("/proc/self/status/x", &type, &local, &rdonly, &at, &err), 0);
+    ck_assert_str_eq(at, "/proc/self/status");
+    free(at);
+    /* a name too long for any file system: an error naming the path */
+    {
+        char long_path[400] = "/";
+
+        memset(long_path + 1, 'x', 300);
+        ck_assert_int_eq(fs_kind(long_path, &type, &local, &rdonly, NULL, &err), -ENAMETOOLONG);
+        ck_assert_ptr_nonnull(strstr(err.msg, "cannot find the file system of /xxx"));
+    }
+}
+END_TEST
+
 START_TEST(test_join_inside)
 {
     static const struct {
@@ -904,6 +934,7 @@ fsutil_suite(void)
     tcase_add_test(tc, test_realpath_root_and_relative);
     tcase_add_test(tc, test_resolve_cli);
     tcase_add_test(tc, test_join_inside);
+    tcase_add_test(tc, test_kind);
     suite_add_tcase(s, tc);
     return s;
 }
