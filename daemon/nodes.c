@@ -259,7 +259,11 @@ publish(bool stopping)
         return;
     N.last_pub = time_mono();
     err_clear(&err);
-    r = fs_mkdir_p(N.dir, 0755, &err);
+    /* (never the spool itself: a spool_dir that is missing, a shared
+     * mount not mounted, say, is not made on the local disk) */
+    r = mkdir(N.dir, 0755) < 0 && errno != EEXIST
+            ? err_set(&err, -errno, "cannot create %s: %s", N.dir, strerror(errno))
+            : 0;
     if (r == 0 && (lstat(N.dir, &st) < 0 || !S_ISDIR(st.st_mode) || !trusted_owner(&st)))
         r = err_set(&err, -EPERM, "%s is not a directory of root's or esd's (uid %u)", N.dir,
                     (unsigned)geteuid());
