@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <yaml.h>
@@ -105,6 +106,15 @@ socket_rule(const char *s)
     struct sockaddr_un sa;
 
     return strlen(s) < sizeof(sa.sun_path) ? NULL : "must be shorter than 108 bytes (sun_path)";
+}
+
+/* metrics.path: auto, off or an absolute path. */
+static const char *
+metrics_path_rule(const char *s)
+{
+    return !strcmp(s, "auto") || !strcmp(s, "off") || s[0] == '/'
+               ? NULL
+               : "must be auto, off or an absolute path";
 }
 
 /* An item of attempt_env: a variable name, or a prefix of names ending in
@@ -223,9 +233,11 @@ static const struct key keys[] = {
     { .name = "max_infra_failures", .type = KT_INT, .off = F(max_infra_failures), .def = "10",
       .min = 1, .max = 1000,
       .help = "infrastructure failures of one shard (lease lost, node down) before it fails" },
-    { .name = "metrics.path", .type = KT_PATH, .off = F(metrics_path),
-      .help = "a Prometheus textfile-collector file esd rewrites atomically (e.g. "
-              "/var/lib/prometheus/node-exporter/esd.prom); empty: no metrics" },
+    { .name = "metrics.path", .type = KT_STR, .off = F(metrics_path), .def = "auto",
+      .check = metrics_path_rule,
+      .help = "a Prometheus textfile-collector file esd rewrites atomically; auto: "
+              METRICS_AUTO_DIR "/esd.prom when that directory (node_exporter's textfile "
+              "collector's on Debian) exists, else none; off: no metrics" },
     { .name = "metrics.interval_secs", .type = KT_INT, .off = F(metrics_interval_secs),
       .def = "15", .min = 1, .max = 3600, .help = "how often the metrics file is rewritten" },
     { .name = "log.target", .type = KT_ENUM, .off = F(log_target), .def = "auto",
@@ -471,6 +483,15 @@ defaults_computed(struct esd_conf *c)
         c->node_name = host_node_name();
     if (!c->ray_temp_dir)
         c->ray_temp_dir = fs_join(c->state_dir, "ray");
+    /* metrics.path auto: node_exporter's textfile directory, if there is one */
+    if (c->metrics_path && (!strcmp(c->metrics_path, "auto") || !strcmp(c->metrics_path, "off"))) {
+        struct stat st;
+        bool on = !strcmp(c->metrics_path, "auto") && stat(METRICS_AUTO_DIR, &st) == 0 &&
+                  S_ISDIR(st.st_mode);
+
+        free(c->metrics_path);
+        c->metrics_path = on ? xstrdup(METRICS_AUTO_DIR "/esd.prom") : NULL;
+    }
 }
 
 void

@@ -31,6 +31,10 @@ enum log_target {
 enum { LOG_LVL_ERR = 3, LOG_LVL_WARNING = 4, LOG_LVL_NOTICE = 5, LOG_LVL_INFO = 6,
        LOG_LVL_DEBUG = 7 };
 
+/* metrics.path auto: this directory's esd.prom when it exists (Debian's
+ * prometheus-node-exporter reads its textfile collector's files there). */
+#define METRICS_AUTO_DIR "/var/lib/prometheus/node-exporter"
+
 struct esd_conf {
     char *path;              /* the file it was read from (NULL: defaults only) */
     char *node_name;         /* node_name; default the host name made a file name */

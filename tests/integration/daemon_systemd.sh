@@ -223,7 +223,8 @@ EOF
 ok "SIGHUP: RELOADING=1 then READY=1 (good file), again with a bad file (kept)"
 # esctl reload (the unit's ExecReload=): the same reload, answered
 run "$ESCTL" --socket "$(dsock a)" reload
-check "esctl reload with a bad file fails with esd's error" 2 "" "esd.yaml:15: duplicate key"
+check "esctl reload with a bad file fails with esd's error" 2 "" \
+    "esd.yaml:$(wc -l <"$W/a/esd.yaml"): duplicate key"
 wait_for "esctl reload: READY=1 again" 10 at_least a READY=1 4
 sed -i '$d' "$W/a/esd.yaml"
 run "$ESCTL" --socket "$(dsock a)" reload

@@ -21,6 +21,10 @@
 #       jobs as before, loaded or not), and a job that leaves the registry
 #       leaves the file: after its registration is removed and esd
 #       restarted, no series names it, the other job's remain.
+#   (e) the default, metrics.path auto: no file while node_exporter's
+#       textfile directory (/var/lib/prometheus/node-exporter) is missing,
+#       esd.prom there once it exists (as root, made here and removed
+#       after, when the machine has none); off: none either way.
 #
 # Environment: TOP, ESCTL, ESD (see lib.bash).
 set -euo pipefail
@@ -190,4 +194,28 @@ stop_daemon m
 [ "$DRC" -eq 0 ] || fail "esd m stops with status 0" "status $DRC"
 grep -q '^esd_attempts_running 0$' "$PROM" || fail "the last write after the stop says nothing runs" "$(grep running "$PROM")"
 ok "after a stop the file says nothing runs"
+
+# ---- (e) the default path ----
+AUTO=/var/lib/prometheus/node-exporter
+mpath() { "$ESCTL" --socket "$(dsock a)" --json config | py 'j["metrics"]["path"]' /dev/stdin; }
+if [ "$(id -u)" -eq 0 ] && [ ! -e "$AUTO" ] && [ ! -e /var/lib/prometheus ]; then
+    daemon_conf a
+    start_daemon a
+    [ "$(mpath)" = None ] || fail "auto without $AUTO: no metrics" "$(mpath)"
+    stop_daemon a
+    mkdir -p "$AUTO"
+    start_daemon a
+    wait_for "(e) auto: esd writes $AUTO/esd.prom once the directory exists" 10 test -s "$AUTO/esd.prom"
+    stop_daemon a
+    rm -f "$AUTO/esd.prom"
+    daemon_conf a metrics.path=off
+    start_daemon a
+    [ "$(mpath)" = None ] || fail "metrics.path off: no metrics" "$(mpath)"
+    stop_daemon a
+    [ ! -e "$AUTO/esd.prom" ] || fail "metrics.path off writes nothing"
+    rm -rf /var/lib/prometheus
+    ok "(e) metrics.path auto: $AUTO/esd.prom only when the directory exists; off: none"
+else
+    echo "# skip (e): not root, or $AUTO is this machine's own"
+fi
 summary
