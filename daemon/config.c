@@ -26,13 +26,12 @@
 #include "fsutil.h"
 #include "json.h"
 #include "manifest.h"
+#include "suggest.h"
 
 /* A configuration is a page of text; anything larger is a mistake. */
 #define CONFIG_MAX_BYTES (1u << 20)
 /* Longest value quoted back in a message. */
 #define GOT_MAX 64
-/* Keys longer than this get no "did you mean". */
-#define SUGGEST_MAX 64
 #define NODE_NAME_MAX 200
 
 enum ktype {
@@ -762,38 +761,11 @@ section_find(const char *name, size_t n)
     return -1;
 }
 
-/* Optimal string alignment distance (a transposition costs 1), over
- * three rolling rows; SIZE_MAX for names longer than SUGGEST_MAX. */
+/* suggest_distance of two NUL-terminated names. */
 static size_t
 edit_distance(const char *a, const char *b)
 {
-    size_t la = strlen(a), lb = strlen(b);
-    size_t rows[3][SUGGEST_MAX + 1], *pp = rows[0], *p = rows[1], *d = rows[2], *t;
-
-    if (la > SUGGEST_MAX || lb > SUGGEST_MAX)
-        return SIZE_MAX;
-    for (size_t j = 0; j <= lb; j++)
-        p[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        d[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t best = p[j - 1] + (a[i - 1] != b[j - 1]);
-
-            if (p[j] + 1 < best)
-                best = p[j] + 1;
-            if (d[j - 1] + 1 < best)
-                best = d[j - 1] + 1;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-                pp[j - 2] + 1 < best)
-                best = pp[j - 2] + 1;
-            d[j] = best;
-        }
-        t = pp;
-        pp = p;
-        p = d;
-        d = t;
-    }
-    return p[lb];
+    return (size_t)suggest_distance(a, strlen(a), b, strlen(b));
 }
 
 /* The key or section name nearest to name (within 2 edits, and fewer
