@@ -515,3 +515,22 @@ real_stack_as_nobody() {
     mkdir -p "$W/home"
     chown nobody: "$W/home"
 }
+
+# ---- the real Ray dying under load ----
+# ray_heads_up NODE: how many times esd NODE logged its Ray head up.
+ray_heads_up() { grep -c 'ray head up on' "$W/$1/log" || true; }
+# ray_restarts_logged NODE: how many times esd NODE logged its head gone
+# (the head's exit, or a failed check and the restart it schedules).
+ray_restarts_logged() {
+    grep -c -E 'ray head \(pid [0-9]+\) exited|ray head on .*; restarting in' "$W/$1/log" || true
+}
+# ray_restarted_nodes NODE...: the NODEs whose head came up more than once
+# (the real Ray can die on a busy machine; esd restarts it), blank-separated.
+# A test of esd on the real Ray lets a shard of such a node have later
+# attempts, provided each one before the last was an infrastructure failure.
+ray_restarted_nodes() {
+    local n
+    for n in "$@"; do
+        [ "$(ray_heads_up "$n")" -le 1 ] || printf '%s ' "$n"
+    done
+}
