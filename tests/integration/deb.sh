@@ -24,18 +24,15 @@ export LC_ALL=C
 . "$(dirname "$0")/lib.bash"
 
 if [ -n "${SANITIZE:-}" ]; then
-    echo "# skip: the package is built by the plain make check, not again under SANITIZE=$SANITIZE"
-    exit 0
+    skip "the package is built by the plain make check, not again under SANITIZE=$SANITIZE"
 fi
 for tool in dpkg-buildpackage dh lintian git; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "# skip: no $tool (as root: scripts/deps --tools)"
-        exit 0
+        skip "no $tool (as root: scripts/deps --tools)"
     fi
 done
 git -C "$TOP" rev-parse --git-dir >/dev/null 2>&1 || {
-    echo "# skip: $TOP is not a git checkout"
-    exit 0
+    skip "$TOP is not a git checkout"
 }
 
 new_workdir

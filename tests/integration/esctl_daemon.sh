@@ -75,7 +75,7 @@ T0=$(date +%s)
 
 ROOT=false
 [ "$(id -u)" -ne 0 ] || ROOT=true
-skip() { echo "# skip: $* (needs root to act as other users)"; }
+skip_part() { echo "# skip: $* (needs root to act as other users)"; }
 
 # The owner of the jobs: user daemon as root, else the invoking user.
 if $ROOT; then
@@ -233,7 +233,7 @@ if $ROOT; then
     check "prepare as daemon of a dataset only root may read is denied" 4 "" "cannot open $W/secret.jsonl: Permission denied"
     [ ! -e "$HOME_DIR/sj" ] || fail "nothing prepared from root's dataset"
 else
-    skip "prepare into a directory of root's, of a dataset of root's"
+    skip_part "prepare into a directory of root's, of a dataset of root's"
 fi
 # An interrupted prepare through esd: esctl exits 130 and esd's child
 # removes its staging directory. The dataset (44 MB) takes a few tenths
@@ -399,7 +399,7 @@ if $ROOT; then
     orun "$ESCTL" verify "$JP"
     check "its owner's verify of it works" 0 "PASS: 4 shards"
 else
-    skip "(e) refusals as nobody"
+    skip_part "(e) refusals as nobody"
 fi
 
 # ---- (f) the owner on someone else's job ----
@@ -418,7 +418,7 @@ if $ROOT; then
     [ ! -e "$JN/x.jsonl" ] || fail "nothing merged into nobody's job"
     ok "nothing was merged into nobody's job"
 else
-    skip "(f) someone else's job"
+    skip_part "(f) someone else's job"
 fi
 
 # ---- (g) merge through esd writes only inside the job directory ----
@@ -432,7 +432,7 @@ ln -s "$W" "$J1/link"
 orun "$ESCTL" merge "$J1" --output "$J1/link/out.jsonl"
 check "merge --output through a symlink out of the job is denied" 4 "" "output $W/out.jsonl is outside"
 if [ -n "${AS_OWNER[*]}" ] && ! "${AS_OWNER[@]}" "$PYBIN" -c '' 2>/dev/null; then
-    skip "raw requests: $PYBIN cannot be run by $OWNER"
+    skip_part "raw requests: $PYBIN cannot be run by $OWNER"
 else
     # The same sent unresolved, as another client might: esd resolves them.
     raw "$ESD_SOCKET" "{\"v\":1,\"id\":7,\"cmd\":\"merge\",\"args\":{\"job_dir\":\"$J1\",\"output\":\"$J1/link/raw.jsonl\"}}"
@@ -490,7 +490,7 @@ if $ROOT; then
     [ "$(job_state n1 "$JR")" = absent ] || fail "the root-owned job was not registered"
     ok "esd logged it and did not register the job"
 else
-    skip "a root-owned job"
+    skip_part "a root-owned job"
 fi
 orun "$ESCTL" submit "$J1" --output "$OUTSIDE"
 check "submit --output outside the job is denied" 4 "" "output $OUTSIDE is outside the job directory $J1; esd merges only inside it"
@@ -791,7 +791,7 @@ if $ROOT; then
     stop_daemon n3
     [ "$DRC" -eq 0 ] || fail "n3 exits 0" "status $DRC"
 else
-    skip "a socket nobody may not open"
+    skip_part "a socket nobody may not open"
 fi
 
 # ---- (n) usage errors; the daemons stop ----

@@ -4,7 +4,7 @@
 # no output and no temporary file behind, and an existing output survives.
 # Needs root for the mount; runs in a private mount namespace so nothing is
 # visible outside it, and skips with a notice otherwise.
-# The checks below are quoted on purpose: check() evaluates them later.
+# The conditions below are quoted on purpose: expect() evaluates them.
 # shellcheck disable=SC2016,SC2034
 set -euo pipefail
 # shellcheck source=tests/integration/lib.bash
@@ -12,9 +12,10 @@ set -euo pipefail
 
 in_mount_ns "the full disk test" "$@"
 
-tmp=$(mktemp -d)
+new_workdir
+tmp=$W
 small=$tmp/small
-trap 'umount "$small" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+trap 'umount "$small" 2>/dev/null || true; cleanup' EXIT
 mkdir -p "$small"
 mount -t tmpfs -o size=1m tmpfs "$small"
 printf 'process:\n  - whitespace_normalization_mapper:\n' > "$tmp/recipe.yaml"
@@ -25,16 +26,17 @@ with open(sys.argv[1], "w") as f:
     for i in range(12000):
         f.write('{"id":%d,"text":"%s"}\n' % (i, "x" * 240))
 PY
-fail=0
-check() { if eval "$2"; then echo "ok - $1"; else echo "not ok - $1"; fail=1; fi; }
+# expect WHAT CONDITION: CONDITION (evaluated) holds. Every one is checked
+# with ESD_TEST_KEEP_GOING=1; otherwise the first that does not ends it.
+expect() { if eval "$2"; then ok "$1"; else fail "$1" "$(cat "$tmp/err")"; fi; }
 
 rc=0
 "$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl" \
     --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
-check "prepare on a full disk exits 2" '[ "$rc" -eq 2 ]'
-check "prepare says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
-check "prepare names the file it was writing" 'grep -q "$small/" "$tmp/err"'
-check "prepare leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
+expect "prepare on a full disk exits 2" '[ "$rc" -eq 2 ]'
+expect "prepare says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
+expect "prepare names the file it was writing" 'grep -q "$small/" "$tmp/err"'
+expect "prepare leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
 sed 's/^/    /' "$tmp/err"
 
 # A finished job on the big disk, merged into the small one.
@@ -45,15 +47,15 @@ echo "keep me" > "$small/merged.jsonl"
 rc=0
 "$ESCTL" merge --local "$tmp/job" --output "$small/merged.jsonl" --overwrite \
     >"$tmp/out" 2>"$tmp/err" || rc=$?
-check "merge on a full disk exits 2" '[ "$rc" -eq 2 ]'
-check "merge says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
-check "merge keeps the existing output" '[ "$(cat "$small/merged.jsonl")" = "keep me" ]'
-check "merge leaves no temporary file" '[ "$(ls -A "$small")" = merged.jsonl ]'
-check "merge writes no merge.json" '[ ! -e "$tmp/job/merge.json" ]'
+expect "merge on a full disk exits 2" '[ "$rc" -eq 2 ]'
+expect "merge says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
+expect "merge keeps the existing output" '[ "$(cat "$small/merged.jsonl")" = "keep me" ]'
+expect "merge leaves no temporary file" '[ "$(ls -A "$small")" = merged.jsonl ]'
+expect "merge writes no merge.json" '[ ! -e "$tmp/job/merge.json" ]'
 sed 's/^/    /' "$tmp/err"
 rm -f "$small/merged.jsonl"
 rc=0
 "$ESCTL" merge --local "$tmp/job" --output "$small/out/merged.jsonl" >/dev/null 2>"$tmp/err" || rc=$?
-check "merge into a new path on a full disk leaves nothing" \
+expect "merge into a new path on a full disk leaves nothing" \
     '[ "$rc" -eq 2 ] && [ -z "$(find "$small" -type f)" ]'
-exit $fail
+summary

@@ -19,7 +19,14 @@
 #   ok TEXT...                 "ok - TEXT", counted in PASSED.
 #   fail WHAT [DETAIL...]      "not ok - WHAT", each DETAIL as a "#   " line,
 #                              a summary naming the script (from $0), exit 1.
-#   summary                    "# NAME: all N checks passed".
+#                              With ESD_TEST_KEEP_GOING=1 it records WHAT and
+#                              returns 0 (but ends the script from wait_for).
+#   summary                    "# NAME: all N checks passed"; in keep-going
+#                              mode, if any check failed, their list, exit 1.
+#   skip REASON                "# SKIP NAME: REASON", exit 0: the script
+#                              cannot run here; counted as skipped.
+#   (ESD_TEST_TALLY: the directory where `make integration` collects how
+#   each script ended: pass, fail or skip, one file per script.)
 # Setup:
 #   new_workdir                W, a fresh temporary directory (physical
 #                              path); ESD_SOCKET points into it (never a real
@@ -107,18 +114,66 @@ FAKE_RAY="$TOP/tests/tools/fake-ray"
 SCRIPT=${0##*/}
 SCRIPT=${SCRIPT%.sh}
 PASSED=0
+# ESD_TEST_KEEP_GOING=1: a failed check is recorded (in a file, so that a
+# failure inside $(...) or a pipeline counts too) and the script goes on;
+# summary then fails listing them. A failed wait_for still ends the script
+# (what follows depends on what it waited for), listing what failed so far.
+KEEP_GOING_LOG=
+if [ "${ESD_TEST_KEEP_GOING:-}" = 1 ]; then
+    KEEP_GOING_LOG=$(mktemp "${TMPDIR:-/tmp}/esd-failed.XXXXXX")
+fi
 ok() {
     PASSED=$((PASSED + 1))
     echo "ok - $*"
 }
-fail() {
-    echo "not ok - $1"
-    shift
-    for line in "$@"; do echo "#   $line"; done
-    echo "# $SCRIPT: FAILED after $PASSED checks passed"
+# failed_list: the checks recorded as failed in keep-going mode, one a line.
+failed_list() { [ -z "$KEEP_GOING_LOG" ] || cat "$KEEP_GOING_LOG" 2>/dev/null || true; }
+# tally_note WORD [TEXT]: tells `make integration` (ESD_TEST_TALLY, a
+# directory it makes) how this script ended; nothing when run by hand.
+tally_note() {
+    [ -n "${ESD_TEST_TALLY:-}" ] || return 0
+    printf '%s %s\n' "$1" "${2:-}" >"$ESD_TEST_TALLY/$SCRIPT" 2>/dev/null || true
+}
+# failed_exit: the keep-going report of the failed checks, and exit 1.
+failed_exit() {
+    local n
+    n=$(failed_list | wc -l)
+    echo "# $SCRIPT: FAILED: $n failed check(s), $PASSED passed:"
+    failed_list | sed 's/^/#   - /'
+    rm -f "$KEEP_GOING_LOG"
+    tally_note fail "$PASSED passed, $n failed"
     exit 1
 }
-summary() { echo "# $SCRIPT: all $PASSED checks passed"; }
+fail() {
+    echo "not ok - $1"
+    [ -z "$KEEP_GOING_LOG" ] || echo "$1" >>"$KEEP_GOING_LOG"
+    local what=$1 line
+    shift
+    for line in "$@"; do echo "#   $line"; done
+    if [ -n "$KEEP_GOING_LOG" ]; then
+        [ "${FUNCNAME[1]:-}" = wait_for ] || return 0
+        failed_exit
+    fi
+    echo "# $SCRIPT: FAILED after $PASSED checks passed"
+    tally_note fail "$PASSED passed, then: $what"
+    exit 1
+}
+summary() {
+    [ -z "$(failed_list)" ] || failed_exit
+    [ -z "$KEEP_GOING_LOG" ] || rm -f "$KEEP_GOING_LOG"
+    echo "# $SCRIPT: all $PASSED checks passed"
+    tally_note pass "$PASSED checks"
+}
+# skip REASON: the whole script cannot run here (a missing tool, not root):
+# one "# SKIP NAME: REASON" line, counted as skipped by `make integration`,
+# and exit 0. A script that skips only some of its checks prints a
+# "# skip: ..." note instead and goes on.
+skip() {
+    echo "# SKIP $SCRIPT: $*"
+    [ -z "$KEEP_GOING_LOG" ] || rm -f "$KEEP_GOING_LOG"
+    tally_note skip "$*"
+    exit 0
+}
 
 # ---- the temporary directory and what is started in the background ----
 # Background processes started by the script (BG), and processes or groups
@@ -347,26 +402,23 @@ EOF
 }
 # in_mount_ns WHAT "$@": re-runs the calling script in a private mount
 # namespace (where it may mount a small tmpfs that no one else sees), or
-# exits 0 with a skip notice naming WHAT when not root.
+# skips (skip) naming WHAT when not root.
 in_mount_ns() {
     local what=$1
     shift
     [ "${ESD_IN_NS:-}" != 1 ] || return 0
     if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
-        echo "skip - $what needs root and unshare(1) to mount a small tmpfs"
-        exit 0
+        skip "$what needs root and unshare(1) to mount a small tmpfs"
     fi
     exec unshare --mount --propagation private env ESD_IN_NS=1 TOP="$TOP" ESCTL="$ESCTL" \
         ESD="${ESD:-}" JSONL_CHECK="${JSONL_CHECK:-}" bash "$0" "$@"
 }
 # need_real_stack: VENV is the real Data-Juicer and Ray (ESD_VENV, else
-# scripts/venv's .venv); exits 0 with a skip notice when they are not
-# installed.
+# scripts/venv's .venv); the script skips (skip) when they are not installed.
 need_real_stack() {
     VENV=${ESD_VENV:-$TOP/.venv}
     if [ ! -x "$VENV/bin/dj-process" ] || [ ! -x "$VENV/bin/ray" ]; then
-        echo "# skipped: the real Data-Juicer and Ray are not installed (run scripts/venv)"
-        exit 0
+        skip "the real Data-Juicer and Ray are not installed (run scripts/venv)"
     fi
 }
 # not_owned_by USER PATH...: up to five files under the PATHs that are not
@@ -417,12 +469,13 @@ run() {
 }
 check() {
     local what=$1 want=$2 out=${3:-} err=${4:-}
+    # (a failed part returns: in keep-going mode the check counts once)
     [ "$RC" -eq "$want" ] ||
-        fail "$what" "exit status $RC, expected $want" "stdout: $OUT" "stderr: $ERR"
+        { fail "$what" "exit status $RC, expected $want" "stdout: $OUT" "stderr: $ERR"; return 0; }
     [ -z "$out" ] || [[ $OUT == *"$out"* ]] ||
-        fail "$what" "stdout lacks: $out" "stdout: $OUT" "stderr: $ERR"
+        { fail "$what" "stdout lacks: $out" "stdout: $OUT" "stderr: $ERR"; return 0; }
     [ -z "$err" ] || [[ $ERR == *"$err"* ]] ||
-        fail "$what" "stderr lacks: $err" "stdout: $OUT" "stderr: $ERR"
+        { fail "$what" "stderr lacks: $err" "stdout: $OUT" "stderr: $ERR"; return 0; }
     ok "$what"
 }
 
@@ -461,4 +514,23 @@ real_stack_as_nobody() {
     export DAEMON_AS=nobody
     mkdir -p "$W/home"
     chown nobody: "$W/home"
+}
+
+# ---- the real Ray dying under load ----
+# ray_heads_up NODE: how many times esd NODE logged its Ray head up.
+ray_heads_up() { grep -c 'ray head up on' "$W/$1/log" || true; }
+# ray_restarts_logged NODE: how many times esd NODE logged its head gone
+# (the head's exit, or a failed check and the restart it schedules).
+ray_restarts_logged() {
+    grep -c -E 'ray head \(pid [0-9]+\) exited|ray head on .*; restarting in' "$W/$1/log" || true
+}
+# ray_restarted_nodes NODE...: the NODEs whose head came up more than once
+# (the real Ray can die on a busy machine; esd restarts it), blank-separated.
+# A test of esd on the real Ray lets a shard of such a node have later
+# attempts, provided each one before the last was an infrastructure failure.
+ray_restarted_nodes() {
+    local n
+    for n in "$@"; do
+        [ "$(ray_heads_up "$n")" -le 1 ] || printf '%s ' "$n"
+    done
 }

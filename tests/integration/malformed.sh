@@ -6,11 +6,10 @@ set -euo pipefail
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 corpus=$TOP/tests/data/malformed
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+new_workdir
+tmp=$W
 printf 'process:\n  - whitespace_normalization_mapper:\n  - text_length_filter:\n' > "$tmp/recipe.yaml"
 
-pass=0 fail=0
 while IFS=$'\t' read -r name line fragment extra; do
     case "$name" in ''|'#'*) continue ;; esac
     job=$tmp/jobs/job-$name
@@ -29,16 +28,15 @@ while IFS=$'\t' read -r name line fragment extra; do
     left=$(find "$tmp/jobs" -mindepth 1 -maxdepth 1 -printf '%f ')
     [ -z "$left" ] || problems+=("left behind: $left")
     if [ ${#problems[@]} -eq 0 ]; then
-        pass=$((pass + 1))
-        echo "ok - $name"
+        ok "$name"
     else
-        fail=$((fail + 1))
-        echo "not ok - $name: ${problems[*]}"
-        sed 's/^/    stderr: /' "$tmp/err"
+        # every input is checked (ESD_TEST_KEEP_GOING=1) or the first
+        # failure ends the script
+        mapfile -t errs <"$tmp/err"
+        fail "$name: ${problems[*]}" "${errs[@]/#/stderr: }"
     fi
     rm -rf "${tmp:?}/jobs"
 done < "$corpus/EXPECT"
 
-echo "malformed corpus: $pass passed, $fail failed"
-[ "$pass" -ge 30 ] || { echo "corpus too small: $pass"; exit 1; }
-[ "$fail" -eq 0 ]
+[ "$PASSED" -ge 30 ] || fail "the corpus has at least 30 inputs" "only $PASSED"
+summary

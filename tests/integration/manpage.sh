@@ -22,27 +22,28 @@
 # suite tests/unit/check_config.c (test_man_page, which also runs mandoc on
 # esd.yaml.5, and test_sample); they are not checked twice here.
 #
-# Every check runs; the script fails at the end if any did.
+# Every check runs; the script fails at the end if any did (lib.bash's
+# keep-going mode is this script's default; ESD_TEST_KEEP_GOING=0 stops at
+# the first).
 # Environment: TOP, ESCTL, ESD (see lib.bash).
 set -euo pipefail
+ESD_TEST_KEEP_GOING=${ESD_TEST_KEEP_GOING:-1}
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 page=$TOP/man/esctl.1
 epage=$TOP/man/esd.8
-fail=0
-bad() {
-    echo "not ok - $1"
-    shift
-    for line in "$@"; do echo "#   $line"; done
-    fail=1
+# stop WHAT: a check that what follows needs failed: the script ends here.
+stop() {
+    fail "$@"
+    failed_exit
 }
 
 # ---- esctl(1) ----
 
-usage=$("$ESCTL" --help) || { bad "esctl --help failed"; exit 1; }
+usage=$("$ESCTL" --help) || stop "esctl --help failed"
 mapfile -t cmds < <(awk '/^commands:/ {on=1; next} on && /^  [a-z]/ {print $1} on && /^$/ {on=0}' \
     <<<"$usage")
-[ ${#cmds[@]} -gt 0 ] || { bad "no commands parsed from esctl --help"; exit 1; }
+[ ${#cmds[@]} -gt 0 ] || stop "no commands parsed from esctl --help"
 
 # The COMMANDS section as "C NAME" for each top-level entry, in page order,
 # and "O NAME OPT" for each option item of the lists nested in it.
@@ -58,7 +59,7 @@ sect=$(awk '
     }
 ' "$page")
 mapfile -t entries < <(awk '$1 == "C" {print $2}' <<<"$sect")
-[ ${#entries[@]} -gt 0 ] || bad "esctl.1 has no COMMANDS section with .It Cm entries"
+[ ${#entries[@]} -gt 0 ] || fail "esctl.1 has no COMMANDS section with .It Cm entries"
 
 in_list() {
     local x=$1
@@ -71,12 +72,12 @@ in_list() {
 for c in "${cmds[@]}"; do
     n=$(awk -v c="$c" '$1 == "C" && $2 == c' <<<"$sect" | wc -l)
     if [ "$n" -eq 0 ]; then
-        bad "command $c missing from the COMMANDS section of esctl.1"
+        fail "command $c missing from the COMMANDS section of esctl.1"
         continue
     fi
-    [ "$n" -eq 1 ] || bad "command $c has $n entries in esctl.1"
+    [ "$n" -eq 1 ] || fail "command $c has $n entries in esctl.1"
     if ! chelp=$("$ESCTL" "$c" --help); then
-        bad "esctl $c --help failed"
+        fail "esctl $c --help failed"
         continue
     fi
     mapfile -t opts < <(grep -o -- '^  --[a-z][a-z-]*' <<<"$chelp" | sed 's/^  --//')
@@ -84,20 +85,20 @@ for c in "${cmds[@]}"; do
     ok=1
     for o in ${opts[@]+"${opts[@]}"}; do
         if ! in_list "$o" ${documented[@]+"${documented[@]}"}; then
-            bad "option --$o of $c missing from its entry in esctl.1 (.It Fl \\-$o)"
+            fail "option --$o of $c missing from its entry in esctl.1 (.It Fl \\-$o)"
             ok=0
         fi
     done
     for o in ${documented[@]+"${documented[@]}"}; do
         if ! in_list "$o" ${opts[@]+"${opts[@]}"}; then
-            bad "esctl.1 documents --$o for $c, which $c does not accept"
+            fail "esctl.1 documents --$o for $c, which $c does not accept"
             ok=0
         fi
     done
-    [ $ok -eq 0 ] || echo "ok - $c documented with its ${#opts[@]} option(s)"
+    [ $ok -eq 0 ] || ok "$c documented with its ${#opts[@]} option(s)"
 done
 for e in ${entries[@]+"${entries[@]}"}; do
-    in_list "$e" "${cmds[@]}" || bad "esctl.1 documents $e, which esctl --help does not list"
+    in_list "$e" "${cmds[@]}" || fail "esctl.1 documents $e, which esctl --help does not list"
 done
 
 # Order: the commands both lists have, in the same order.
@@ -105,9 +106,9 @@ want=() have=()
 for c in "${cmds[@]}"; do in_list "$c" ${entries[@]+"${entries[@]}"} && want+=("$c"); done
 for e in ${entries[@]+"${entries[@]}"}; do in_list "$e" "${cmds[@]}" && have+=("$e"); done
 if [ "${want[*]-}" = "${have[*]-}" ]; then
-    echo "ok - commands of esctl.1 in the order of esctl --help"
+    ok "commands of esctl.1 in the order of esctl --help"
 else
-    bad "commands of esctl.1 not in the order of esctl --help" \
+    fail "commands of esctl.1 not in the order of esctl --help" \
         "esctl --help: ${want[*]-}" "esctl.1:      ${have[*]-}"
 fi
 
@@ -119,9 +120,9 @@ gopts=$({
 gsect=$(awk '/^\.Sh / {on = ($0 == ".Sh GLOBAL OPTIONS"); next} on' "$page")
 for o in $gopts; do
     if grep -Eq "^\.It Fl \\\\-${o#--}( |\$)" <<<"$gsect"; then
-        echo "ok - global option $o documented"
+        ok "global option $o documented"
     else
-        bad "global option $o missing from GLOBAL OPTIONS in esctl.1"
+        fail "global option $o missing from GLOBAL OPTIONS in esctl.1"
     fi
 done
 
@@ -134,16 +135,16 @@ if [ -f "$epage" ]; then
         grep -o '{ "[a-z][a-z-]*", [a-z_]*_argument' "$TOP/daemon/main.c" "$TOP/daemon/oneshot.c" |
             cut -d'"' -f2 | sed 's/^/--/'
     } | sort -u)
-    [ -n "$eopts" ] || { bad "no options parsed from esd --help and daemon/main.c"; exit 1; }
+    [ -n "$eopts" ] || stop "no options parsed from esd --help and daemon/main.c"
     for o in $eopts; do
         if grep -Eq "^\.It (.* )?Fl \\\\-${o#--}( |\$)" "$epage"; then
-            echo "ok - esd $o documented"
+            ok "esd $o documented"
         else
-            bad "option $o of esd missing from esd.8"
+            fail "option $o of esd missing from esd.8"
         fi
     done
 else
-    bad "man/esd.8 missing"
+    fail "man/esd.8 missing"
 fi
 
 # ---- mandoc ----
@@ -159,17 +160,17 @@ if command -v mandoc >/dev/null; then
         # unsupported input or a failure of mandoc itself.
         if [ -n "$rest" ] || [ "$rc" -gt 3 ]; then
             mapfile -t lines <<<"$rest"
-            bad "mandoc -Tlint ${p##*/} (status $rc)" "${lines[@]}"
+            fail "mandoc -Tlint ${p##*/} (status $rc)" "${lines[@]}"
         else
-            echo "ok - mandoc -Tlint ${p##*/}"
+            ok "mandoc -Tlint ${p##*/}"
         fi
         # Our own pages are not installed here: they must exist in man/.
         for xr in $({ grep -o 'Xr \(esd\|esctl\)[a-z.]* [1-9]' "$p" || true; } |
             sed 's/^Xr //; s/ /./' | sort -u); do
-            [ -f "$TOP/man/$xr" ] || bad "${p##*/} refers to $xr, which man/ does not have"
+            [ -f "$TOP/man/$xr" ] || fail "${p##*/} refers to $xr, which man/ does not have"
         done
     done
 else
-    echo "skip - mandoc not installed"
+    echo "# skip: mandoc -Tlint (mandoc not installed)"
 fi
-exit $fail
+summary

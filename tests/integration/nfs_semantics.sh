@@ -26,8 +26,7 @@ export LC_ALL=C
 . "$(dirname "$0")/lib.bash"
 
 if ! command -v bindfs >/dev/null || [ ! -c /dev/fuse ]; then
-    echo "skip - nfs_semantics needs bindfs and /dev/fuse (apt-get install bindfs)"
-    exit 0
+    skip "nfs_semantics needs bindfs and /dev/fuse (apt-get install bindfs)"
 fi
 in_mount_ns "the bindfs test" "$@"
 

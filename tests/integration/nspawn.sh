@@ -59,11 +59,6 @@ export LC_ALL=C
 # shellcheck source=tests/integration/lib.bash
 . "$(dirname "$0")/lib.bash"
 
-skip() {
-    echo "# skip: $*"
-    echo "# $SCRIPT: skipped"
-    exit 0
-}
 [ "$(id -u)" -eq 0 ] || skip "not root (systemd-nspawn needs root)"
 for t in systemd-nspawn nsenter setpriv make; do
     command -v "$t" >/dev/null || skip "no $t (systemd-nspawn is in package systemd-container)"

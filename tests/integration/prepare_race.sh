@@ -24,8 +24,7 @@ ESCTL=${ESCTL:-./esctl}
 . "$(dirname "$0")/lib.bash"
 
 if [ "$(id -u)" -ne 0 ] || ! command -v useradd >/dev/null || ! command -v setpriv >/dev/null; then
-    echo "# skip: needs root, useradd and setpriv to play other users"
-    exit 0
+    skip "needs root, useradd and setpriv to play other users"
 fi
 [ -x "$ESCTL" ] || fail "esctl exists" "not executable: $ESCTL (run make first)"
 

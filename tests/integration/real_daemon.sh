@@ -11,8 +11,9 @@
 #     (same ids in input order, same texts, other fields kept); every
 #     attempt was forked by its node's warm processor (esd's log);
 #   - both daemons report their head up on 127.0.0.1:<its port>, up once
-#     (a head that died while it started, as the real Ray may under load,
-#     is restarted before any attempt) and the job complete;
+#     or, when the real Ray died under load, again after a restart esd
+#     logged (an attempt it cost retried as an infrastructure failure), and
+#     the job complete;
 #   - after SIGTERM both exit 0, their heads stopped without a SIGKILL,
 #     and nothing of the heads is left (their process groups, their
 #     descendants, anything naming their temp dirs).
@@ -124,39 +125,52 @@ until complete; do
 done
 ok "the job is complete: merged.jsonl and finalize.json ($(($(date +%s) - T0)) s after the start)"
 
-# every shard: one done record, attempt 1, by a or b, on its own node's head
-split=$(python3 - "$JOB" "${PORT[a]}" "${PORT[b]}" <<'EOF'
+# every shard: one done record, by a or b, on its own node's head; attempt 1,
+# unless the real Ray died under an attempt (it can, on a busy machine) and
+# esd logged the head's restart after it had been up: then a shard of that
+# node may have later attempts, every one before the last an infrastructure
+# failure (esd's retry): lib.bash's ray_restarted_nodes.
+split=$(python3 - "$JOB" "${PORT[a]}" "${PORT[b]}" "$(ray_restarted_nodes "${NODES[@]}")" <<'EOF'
 import json, os, sys
 job, ports = sys.argv[1], {"a": sys.argv[2], "b": sys.argv[3]}
+restarted = sys.argv[4].split()
 m = json.load(open(os.path.join(job, "manifest.json")))
 ids = [s["id"] for s in m["shards"]]
 assert len(ids) == 4, ids
 done = sorted(f[:-5] for f in os.listdir(os.path.join(job, "state/done")))
 assert done == sorted(ids), ("done records", done, ids)
-nodes = {}
+nodes, attempts = {}, 0
 for i in ids:
     d = json.load(open(os.path.join(job, "state/done", i + ".json")))
-    assert d["status"] == "done" and d["shard_id"] == i and d["attempt_number"] == 1, d
+    assert d["status"] == "done" and d["shard_id"] == i, d
     assert d["node"] in ports, d["node"]
-    dirs = os.listdir(os.path.join(job, "attempts", i))
-    assert len(dirs) == 1, (i, dirs)
-    adir = os.path.join(job, "attempts", i, dirs[0])
+    dirs = sorted(os.listdir(os.path.join(job, "attempts", i)))
+    assert d["attempt_number"] == len(dirs), (i, d, dirs)
+    assert len(dirs) == 1 or d["node"] in restarted, ("a retry without a head restart", i, dirs)
+    for early in dirs[:-1]:
+        a = json.load(open(os.path.join(job, "attempts", i, early, "attempt.json")))
+        assert a.get("failure_class") == "infrastructure", ("an earlier attempt", i, early, a)
+    attempts += len(dirs)
+    adir = os.path.join(job, "attempts", i, dirs[-1])
     cmd = json.load(open(os.path.join(adir, "attempt.json")))["command"]
     addr = cmd[cmd.index("--ray_address") + 1]
     assert addr == "127.0.0.1:" + ports[d["node"]], (i, d["node"], addr)
     log = open(os.path.join(adir, "process.log"), errors="replace").read()
     assert "Connecting to existing Ray cluster" in log, (i, log[-2000:])
     nodes[d["node"]] = nodes.get(d["node"], 0) + 1
-print(" ".join("%s:%d" % kv for kv in sorted(nodes.items())))
+print(attempts, " ".join("%s:%d" % kv for kv in sorted(nodes.items())))
 EOF
-) || fail "one done record per shard, attempt 1, on the head of the node that ran it"
-ok "one done record per shard, attempt 1, each run on its node's own head (shards: $split)"
+) || fail "one done record per shard, attempt 1 (or retries after a logged head restart)," \
+    "on the head of the node that ran it"
+ATTEMPTS=${split%% *}
+ok "one done record per shard, each run on its node's own head, $ATTEMPTS attempts" \
+    "(shards: ${split#* }; heads up again after a restart: $(ray_restarted_nodes "${NODES[@]}"))"
 # Data-Juicer's own processor (a dj-process): each attempt a fork of its
 # node's warm processor (data_juicer.warm's default)
 nf=$(cat "$W/a/log" "$W/b/log" | grep -c 'forked by the warm processor' || true)
-[ "$nf" -eq 4 ] || fail "the 4 attempts were forked by their node's warm processor" "$nf were" \
+[ "$nf" -eq "$ATTEMPTS" ] || fail "the $ATTEMPTS attempts were forked by their node's warm processor" "$nf were" \
     "$(grep -h -E 'warm processor|started ' "$W/a/log" "$W/b/log")"
-ok "the 4 attempts were forked by their node's warm processor"
+ok "the $ATTEMPTS attempts were forked by their node's warm processor"
 [ "$(count "$JOB/state/locks")" -eq 0 ] || fail "no lock left" "$(ls "$JOB/state/locks")"
 ok "no lock left"
 
@@ -192,11 +206,11 @@ EOF
 ok "the merged rows are the recipe applied to the input: the same 256 ids in input order, the same texts"
 
 # ---- both daemons: the head up on their own port ----
-# (A head may die while it starts on a loaded machine, the real Ray's
-# doing: esd restarts it then, before its first attempt. What is checked
-# is esd's part: every restart was one before the head was ever up, so no
-# attempt ran on a head that died under it; the attempts above are all
-# attempt 1.)
+# (A head may die on a loaded machine, the real Ray's doing, while it
+# starts or after it was up: esd restarts it. What is checked is esd's
+# part: every time the head came up again followed a restart esd logged,
+# and the attempts the dead head cost were retried as infrastructure
+# failures, checked above; the job's output is checked in full either way.)
 job_complete_on() {
     dstatus "$1"
     [ "$(py '[x["state"] for x in j["jobs"]]' "$W/$1/status.json")" = "['complete']" ]
@@ -206,14 +220,17 @@ for n in "${NODES[@]}"; do
     got=$(py '"%s %s" % (j["ray"]["state"], j["ray"].get("address"))' "$W/$n/status.json")
     [ "$got" = "up 127.0.0.1:${PORT[$n]}" ] ||
         fail "esd $n reports its head up on 127.0.0.1:${PORT[$n]}" "$got"
-    ups=$(grep -c 'ray head up on' "$W/$n/log" || true)
-    [ "$ups" -eq 1 ] ||
-        fail "esd $n had its head up once (restarts only before it was ever up)" \
+    # Up once; or, if the real Ray died after it was up, every further "up"
+    # follows a restart esd logged (the head's exit or its failed check).
+    ups=$(ray_heads_up "$n")
+    downs=$(ray_restarts_logged "$n")
+    [ "$ups" -ge 1 ] && [ $((ups - 1)) -le "$downs" ] ||
+        fail "esd $n had its head up once, or again only after a restart it logged" \
             "$(grep 'ray head' "$W/$n/log")"
     # (the node that did not merge sees finalize.json at its next poll)
     wait_for "esd $n sees the job complete" 20 job_complete_on "$n"
 done
-ok "esd a and b: ray up on 127.0.0.1:${PORT[a]} and :${PORT[b]}, up once each, job complete"
+ok "esd a and b: ray up on 127.0.0.1:${PORT[a]} and :${PORT[b]}, up (once, or again after a logged restart), job complete"
 
 # ---- stop: both exit 0, nothing of their heads is left ----
 # ray_procs PGID TEMP_DIR: the live processes of a head: its process group,

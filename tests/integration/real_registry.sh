@@ -21,8 +21,7 @@ set -euo pipefail
 
 PY="$TOP/.venv/bin/python"
 if [ ! -x "$PY" ]; then
-    echo "skip - the real Data-Juicer is not installed (run scripts/venv)"
-    exit 0
+    skip "the real Data-Juicer is not installed (run scripts/venv)"
 fi
 CLASSIFY="$TOOLS/classify"
 [ -x "$CLASSIFY" ] || fail "classify exists" "not executable: $CLASSIFY (run make tools)"

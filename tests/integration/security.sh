@@ -38,11 +38,10 @@ export LC_ALL=C
 . "$(dirname "$0")/lib.bash"
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "# skip: security.sh plays other users' attacks on a root esd: it needs root"
-    exit 0
+    skip "security.sh plays other users' attacks on a root esd: it needs root"
 fi
 for t in useradd userdel groupadd groupdel setpriv timeout mkfifo; do
-    command -v "$t" >/dev/null || { echo "# skip: security.sh needs $t"; exit 0; }
+    command -v "$t" >/dev/null || skip "security.sh needs $t"
 done
 need_daemon_tools
 new_workdir

@@ -39,10 +39,9 @@ export LC_ALL=C
 . "$(dirname "$0")/lib.bash"
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "# skip: warm.sh runs esd as root for jobs of a throwaway user: it needs root"
-    exit 0
+    skip "warm.sh runs esd as root for jobs of a throwaway user: it needs root"
 fi
-command -v python3 >/dev/null || { echo "# skip: warm.sh needs python3"; exit 0; }
+command -v python3 >/dev/null || skip "warm.sh needs python3"
 new_workdir
 unset_knobs
 need_daemon_tools
