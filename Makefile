@@ -1,7 +1,10 @@
 # esd: one GNU Makefile for the library, the programs, the tests and the benchmarks.
 #
-#   make                     build common/libesd.a and ctl/esctl
-#   make check               unit tests (check) and integration scripts
+#   make                     build common/libesd.a and ctl/esctl (installs nothing)
+#   make deps                install the build dependencies (root; else the apt-get line)
+#   make test-deps           also the test tools and the real Data-Juicer and Ray
+#   make check               test-deps, unit tests (check) and integration scripts
+#   make format-check        clang-format --dry-run over the C sources (make format: rewrite)
 #   make demo                two daemons as two nodes on the real Data-Juicer and Ray
 #                            (STANDIN=1: the test stand-in mini-dj, in seconds)
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
@@ -102,16 +105,28 @@ INTEGRATION := $(filter-out $(INTEGRATION_SKIP:%=tests/integration/%.sh),\
                  $(sort $(wildcard tests/integration/*.sh)))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all deps test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
+.PHONY: all deps depcheck depcheck-unit depcheck-fuzz test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
 ESD_DJ := $(BUILD)/esd-dj
-all: deps $(ESCTL) $(ESD) $(ESD_DJ)
+all: $(ESCTL) $(ESD) $(ESD_DJ)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
 	$(Q)ln -sf $(CURDIR)/$(ESD) esd
 
 # Installs missing Debian build dependencies when run as root, otherwise
-# prints the exact apt-get line and fails.
+# prints the exact apt-get line and fails. Only deps, test-deps, check and
+# demo install anything.
 deps:
 	$(Q)scripts/deps
+
+# Every other build only checks, before the first compiler runs, and fails
+# with one line naming the missing packages (order-only: a check never
+# makes anything out of date). make check and make demo, the README's
+# newcomer commands, install first.
+depcheck: $(if $(filter check,$(MAKECMDGOALS)),test-deps,$(if $(filter demo,$(MAKECMDGOALS)),deps))
+	$(Q)PKG_CONFIG='$(PKG_CONFIG)' CC='$(CC)' scripts/deps --check
+depcheck-unit: depcheck
+	$(Q)PKG_CONFIG='$(PKG_CONFIG)' CC='$(CC)' scripts/deps --check --unit
+$(COMMON_OBJ) $(DAEMON_OBJ) $(CTL_OBJ) $(TOOL_BINS): | depcheck
+$(UNIT_HOBJ) $(UNIT_BINS): | depcheck-unit
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -184,7 +199,7 @@ demo: all $(if $(STANDIN),tools)
 	$(Q)ESD=$(CURDIR)/$(ESD) ESCTL=$(CURDIR)/$(ESCTL) TOOLS=$(CURDIR)/$(BUILD)/tools \
 		STANDIN=$(STANDIN) scripts/demo
 
-unit: deps $(UNIT_BINS)
+unit: $(UNIT_BINS)
 	$(Q)fail=0; for t in $(UNIT_BINS); do \
 		echo "== $$t"; \
 		CK_DEFAULT_TIMEOUT=$${CK_DEFAULT_TIMEOUT:-60} ESD_TEST_DATA=$(CURDIR)/tests/data $$t || fail=1; \
@@ -195,7 +210,9 @@ unit: deps $(UNIT_BINS)
 # error or a leak there makes that test fail with --error-exitcode.
 VALGRIND := valgrind -q --leak-check=full --show-leak-kinds=definite,indirect \
 	--errors-for-leak-kinds=definite,indirect --error-exitcode=99
-valgrind: deps $(UNIT_BINS)
+valgrind: $(UNIT_BINS)
+	$(Q)command -v valgrind >/dev/null || \
+		{ echo "esd: missing test tool: valgrind; run \`make test-deps\` (as root) to install it" >&2; exit 1; }
 	$(Q)fail=0; for t in $(UNIT_BINS); do \
 		echo "== valgrind $$t"; \
 		CK_DEFAULT_TIMEOUT=600 ESD_TEST_DATA=$(CURDIR)/tests/data $(VALGRIND) $$t || fail=1; \
@@ -229,7 +246,10 @@ $(FUZZ_BUILD)/fuzz_ctl: tests/fuzz/fuzz_ctl.c $(COMMON_SRC) $(FUZZ_DAEMON_SRC)
 	$(Q)$(CLANG) -std=c11 -D_GNU_SOURCE -g -O1 -Icommon -iquote daemon $(PKG_CFLAGS) $(SD_CFLAGS) \
 		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 		-o $@ $< $(COMMON_SRC) $(FUZZ_DAEMON_SRC) $(PKG_LIBS) $(DAEMON_LIBS) -lm -pthread
-fuzz-build: deps $(FUZZ_BINS)
+$(FUZZ_BINS): | depcheck-fuzz
+depcheck-fuzz:
+	$(Q)PKG_CONFIG='$(PKG_CONFIG)' CC='$(CC)' CLANG='$(CLANG)' scripts/deps --check --fuzz
+fuzz-build: $(FUZZ_BINS)
 fuzz: fuzz-build
 	$(Q)for f in $(FUZZ_BINS); do \
 		n=$$(basename $$f); mkdir -p build/fuzz/corpus/$$n; \
