@@ -1,7 +1,8 @@
 /*
- * recipe: loads a Data-Juicer YAML recipe with libyaml and validates it for
- * per-shard execution (spec §7), with bounded memory and time whatever the
- * input (size cap, node budget counted through aliases, depth cap).
+ * recipe: loads a Data-Juicer YAML recipe with pyyaml (pyyaml.h, PyYAML's
+ * safe_load bit for bit) and validates it for per-shard execution (spec
+ * §7), with bounded memory and time whatever the input (size cap, node
+ * budget counted through aliases, depth cap).
  *
  * esd has no Python operator registry, so operators are classified by
  * Data-Juicer's naming convention: names ending in "_mapper" or "_filter"
@@ -15,11 +16,9 @@
  * allow list (accepted whatever the name) given by the caller take
  * precedence over both, deny first.
  *
- * Scalars are typed as PyYAML's SafeLoader types them (YAML 1.1: null, bool
- * with yes/no/on/off, int incl. 0x, 0-prefixed octal, 0b and sexagesimal,
- * float incl. .inf/.nan, timestamps,
- * quoted scalars are strings), so "truthy" means what it means to the
- * reference. Merge keys ("<<") are honoured; later duplicate keys win.
+ * The rules read the mapping safe_load would return (pyyaml.h: YAML 1.1
+ * scalar types, merge keys honoured, later duplicate keys win), so "truthy"
+ * means what it means to the reference.
  */
 #ifndef ESD_RECIPE_H
 #define ESD_RECIPE_H
