@@ -1225,16 +1225,23 @@ pyyaml_str(const struct pyyaml_node *nd, char **ret)
     return 0;
 }
 
-/* For messages: a value as Python's repr shows it, shortened. Caller frees. */
-char *
-pyyaml_msg_repr(const struct pyyaml_node *nd)
+/* A value as Python's repr shows it, cut at max bytes. Caller frees. */
+static char *
+repr_cut(const struct pyyaml_node *nd, size_t max)
 {
     struct buf b;
-    struct repr r = { &b, MSG_REPR_MAX };
+    struct repr r = { &b, max };
 
     buf_init(&b);
     node_repr(nd, &r);
     return buf_steal(&b);
+}
+
+/* For messages: a value as Python's repr shows it, shortened. Caller frees. */
+char *
+pyyaml_msg_repr(const struct pyyaml_node *nd)
+{
+    return repr_cut(nd, MSG_REPR_MAX);
 }
 
 /* For messages: str() of an operator name, shortened. Caller frees. */
@@ -1350,10 +1357,5 @@ pyyaml_parse(struct pyyaml_doc *d, const char *data, size_t len, const char *nam
 char *
 pyyaml_repr(const struct pyyaml_node *nd)
 {
-    struct buf b;
-    struct repr r = { &b, STR_REPR_MAX };
-
-    buf_init(&b);
-    node_repr(nd, &r);
-    return buf_steal(&b);
+    return repr_cut(nd, STR_REPR_MAX);
 }
