@@ -40,7 +40,11 @@ emit(const struct op_env *env, cJSON *ev)
         cJSON_Delete(ev);
 }
 
-/* A path argument: absolute when confined, resolved as the CLI resolves. */
+/* A path argument: absolute when confined, resolved as the CLI resolves.
+ * Confined means the request came from another process over esd's socket:
+ * its working directory is not ours, so a relative path would silently name
+ * a different file here. Both modes then resolve as spec §3 does (realpath,
+ * non-existent tails allowed) so that esctl --local and esd agree. */
 static int
 path_arg(const struct op_env *env, const cJSON *args, enum opt_id o, char **ret,
          struct esd_err *err)
@@ -64,6 +68,9 @@ limits_from(const cJSON *args, struct jsonl_limits *lim)
     *lim = jsonl_default_limits;
     if (cmd_arg_has(args, O_MAX_LINE_BYTES))
         lim->max_line = (size_t)cmd_arg_num(args, O_MAX_LINE_BYTES, 0);
+    /* 4096 is the most levels jsonl's scanner can track (its container
+     * stack is one bit a level in 512 bytes); asking for more would only
+     * be cut there without saying so. */
     if (d > 0)
         lim->max_depth = (unsigned)(d > 4096 ? 4096 : d);
 }
@@ -96,7 +103,11 @@ progress_event(const char *phase, uint64_t done, uint64_t total, uint64_t rows, 
     return ev;
 }
 
-/* Progress events at most 10 a second, and the last one of a phase. */
+/* Progress events at most 10 a second, and the last one of a phase. Every
+ * event is a line on the control socket (or a render on esctl's terminal);
+ * prepare reports every 8 MiB and merge once a shard, which on a fast file
+ * system or a job of many small shards is hundreds a second. The last event
+ * of a phase always goes so that the figures left on screen are the totals. */
 struct pace {
     const struct op_env *env;
     double last;
@@ -170,7 +181,11 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
     if (cmd_arg_str(args, O_RAY_ADDRESS))
         o.ray_address = cmd_arg_str(args, O_RAY_ADDRESS);
     o.dj_root = dj_root ? dj_root : env->dj_root;
-    /* The Data-Juicer that this node's workers would run. */
+    /* The Data-Juicer that this node's workers would run: its commit goes
+     * into the manifest's data_juicer block (spec §5.2), which workers
+     * compare with their own at start-up (spec §8.1), so it must be the
+     * processor the workers of this node run, not whatever python is first
+     * on this process's PATH. */
     if (cmd_arg_str(args, O_PROCESSOR))
         strv_split(&processor, cmd_arg_str(args, O_PROCESSOR));
     ao.processor = processor.n ? (const char *const *)processor.v : env->processor;
@@ -179,7 +194,11 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
     o.dj_commit = djv.version;
     o.dj_dirty = djv.dirty;
     /* The operators that Data-Juicer registers: a name it does not know
-     * is refused (with the closest one), however shard-safe it sounds. */
+     * is refused (with the closest one), however shard-safe it sounds
+     * (spec §7: "Unknown operator ...; cannot prove it is shard-safe").
+     * When the registry cannot be read (no Data-Juicer here) prepare still
+     * runs on esd's own classification, and the result says so below
+     * rather than claiming a check that did not happen. */
     if (djversion_registry(djv.python, o.dj_root, &registry, &registry_why) == 0) {
         registry_source = xasprintf("%zu operators of data_juicer.ops in %s", registry.n,
                                     djv.python);
@@ -231,7 +250,9 @@ out:
 /* ---- status with the shards' history (--all, --state, --sort) ---- */
 
 /* Shards listed with their attempts, and the bytes of attempt records a
- * listing may hold: a reply stays well inside the protocol's 1 MiB. */
+ * listing may hold: a reply stays well inside the protocol's 1 MiB
+ * (PROTO_MAX_MESSAGE), leaving 384 KiB for the summary, the shard entries
+ * and their last_error, each of which is clipped to HISTORY_ERROR_MAX. */
 #define HISTORY_LIST_MAX STATUS_VIEW_DETAILS
 #define HISTORY_LIST_BYTES (640 << 10)
 #define HISTORY_SHARD_ATTEMPTS 8 /* attempts listed per shard, the latest */
@@ -276,6 +297,9 @@ cmp_key(const void *x, const void *y, void *ctx)
     case SORT_NONE:
         break;
     }
+    /* Ties broken by shard id: qsort_r is not stable, and the same job
+     * must list in the same order each time. Ids of one job are zero-padded
+     * to one width (spec §6.5), so strcmp is manifest order. */
     return c ? c : sort_by == SORT_NONE ? 0 : strcmp(a->id, b->id);
 }
 
@@ -320,6 +344,11 @@ attach_attempts(cJSON *x, const struct history_shard *h, size_t *budget)
         cJSON_DeleteItemFromObjectCaseSensitive(a, "error");
         if (h->v[k].error)
             add_clipped(a, "error", h->v[k].error);
+        /* The budget is spent in printed bytes, the measure the
+         * protocol's limit is in; once one attempt does not fit, the rest
+         * of this shard are counted as omitted, not skipped silently, and a
+         * smaller later one is not let in, so that the listed attempts of
+         * a shard stay a contiguous run. */
         text = cJSON_PrintUnformatted(a);
         len = text ? strlen(text) : 0;
         free(text);
@@ -392,6 +421,9 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
             if (h.n) {
                 const struct history_attempt *last = &h.v[h.n - 1];
 
+                /* A running attempt has no elapsed yet: its age so far
+                 * (wall clock, as its start was recorded by another node's
+                 * wall clock; a start in our future counts as unknown). */
                 keys[n].start = h.v[0].start;
                 keys[n].elapsed = last->elapsed >= 0                           ? last->elapsed
                                   : last->start > 0 && !last->end && now > last->start
@@ -415,6 +447,10 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
                 const char *st = json_get_str(keys[i].item, "status");
 
                 attach_attempts(keys[i].item, &h, &budget);
+                /* A failed shard already carries its failed record's
+                 * "error" (spec §5.9); last_error is for a shard that is
+                 * pending or running again after failures, whose cause a
+                 * reader would otherwise have to dig out of attempts. */
                 if (e && st && strcmp(st, "done") && !json_get_str(keys[i].item, "error"))
                     add_clipped(keys[i].item, "last_error", e);
             }
@@ -450,7 +486,9 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
     }
     j = status_json(&m, &st);
     /* Per node (esd's node name, else the host name the reference
-     * records): shards done there, and shards its locks hold now. */
+     * records): shards done there, and shards its locks hold now. The
+     * names point into st, which outlives the loop; a job has few nodes,
+     * so a linear search per shard is cheaper than a table. */
     struct node_count {
         const char *name;
         long long n[3]; /* done, running, stale */
@@ -500,7 +538,9 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
             return r;
         }
     } else if (env->confined) {
-        /* through esd: a reply within the protocol's line limit */
+        /* through esd: a reply within the protocol's line limit; esctl
+         * --local prints to a terminal or a pipe and has no such limit, so
+         * it keeps every shard, as the reference's status --json does */
         status_json_bound(j, STATUS_VIEW_DETAILS);
     }
     status_free(&st);
@@ -601,6 +641,8 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
         manifest_free(&m);
         if (r < 0)
             return r;
+        /* spec §13.9: fewer distinct hostnames than expected fails verify
+         * (exit 2), with the reference's wording. */
         if (want > 0 && res.nowners < (size_t)want) {
             r = err_set(err, -EINVAL, "Only %zu node(s) completed shards; expected at least %lld",
                         res.nowners, want);
@@ -620,6 +662,11 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
         r = fs_resolve_cli(dflt, &output, err);
         free(dflt);
     }
+    /* Through esd the merge runs in esd's mount namespace (esd.service:
+     * PrivateTmp=yes, ProtectSystem=strict): an output elsewhere could land
+     * in esd's private /tmp, invisible to the caller, or hit a read-only
+     * mount. The job directory is the one place esd must be able to write
+     * and that both see alike. fs_is_inside compares resolved paths. */
     if (r == 0 && env->confined && !fs_is_inside(m.job_dir, output))
         r = err_set(err, -EACCES, "output %s is outside the job directory %s; through esd a "
                     "merge writes only inside it (esctl merge --local writes anywhere you may)",
@@ -641,7 +688,9 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
     return r;
 }
 
-/* The attempt number of an attempt directory's name "NNNN-<uuid>", or -1. */
+/* The attempt number of an attempt directory's name "NNNN-<uuid>", or -1.
+ * Numbers are not unique (spec §16.3: two claimers may count the same
+ * directories), so this only orders; the token keeps names distinct. */
 static long
 attempt_number(const char *name)
 {
@@ -664,6 +713,9 @@ op_latest_log(const char *job_dir, const char *shard, char **ret_path, struct es
     int r;
 
     *ret_path = NULL;
+    /* The shard comes from the request and becomes a path component; a
+     * slash or a dot name would leave attempts/ before fs_join_inside
+     * could say so in terms of shards. */
     if (!*shard || strchr(shard, '/') || !strcmp(shard, ".") || !strcmp(shard, ".."))
         return err_set(err, -EINVAL, "not a shard id: %s", shard);
     rel = xasprintf("attempts/%s", shard);
@@ -714,7 +766,10 @@ emit_data(const struct op_env *env, const char *p, size_t n)
 }
 
 /* Sends fd's bytes from *pos on, whole lines (a line longer than a chunk
- * in pieces); an unterminated last line only when flush_partial. */
+ * in pieces); an unterminated last line only when flush_partial. Cutting at
+ * newlines keeps a UTF-8 sequence in one event (jsonl_utf8_clean would turn
+ * the halves of a split one into replacement characters); while following,
+ * the last line is held back because the child may still be writing it. */
 static int
 send_from(const struct op_env *env, int fd, off_t *pos, bool flush_partial)
 {
@@ -829,6 +884,9 @@ op_logs(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err
     manifest_free(&m);
     if (r < 0)
         return r;
+    /* process.log lives in a directory the job's own child writes: a
+     * symlink planted there must not make us read another file, and a FIFO
+     * must not block the open (O_NONBLOCK; S_ISREG refuses it next). */
     fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         r = err_sys(err, -errno, "cannot open %s", path);
@@ -845,6 +903,8 @@ op_logs(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err
         err_sys(err, r, "cannot read %s", path);
         goto out;
     }
+    /* Following polls: the writer is usually on another node, and inotify
+     * sees no writes made through another NFS client. */
     while (cmd_arg_flag(args, O_FOLLOW) && !(env->cancel && *env->cancel)) {
         struct timespec ts = { 0, FOLLOW_POLL_NS };
 
@@ -892,6 +952,8 @@ op_status_exit(const cJSON *result)
     const cJSON *counts = cJSON_GetObjectItemCaseSensitive(result, "counts");
     long long failed = 0;
 
+    /* spec §12: the reference's status exits 0 complete, 2 with a failed
+     * shard, 1 otherwise; scripts written for it test exactly these. */
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(result, "complete")))
         return 0;
     json_get_int(counts, "failed", &failed);
