@@ -70,6 +70,8 @@ load_results(struct ctx *c, struct esd_err *err)
         int r;
 
         x->id = m->shards[i].id;
+        /* A done record is a few hundred bytes; the cap keeps a planted or
+         * corrupt file from deciding how much this reads into memory. */
         r = json_load_object(path, 1 << 20, &d, err);
         if (r == 0) {
             rel = json_get_str(d, "output_path");
@@ -78,13 +80,16 @@ load_results(struct ctx *c, struct esd_err *err)
                 json_get_int(d, "rows", &x->rows) < 0)
                 r = err_set(err, -EINVAL,
                             "Malformed done record %s: needs output_path, rows and sha256", path);
-            else
+            else /* spec §3: a stored path must stay inside the job */
                 r = fs_join_inside(m->job_dir, rel, &x->path, err);
         }
         if (r == 0) {
             memcpy(x->sha256, sha, SHA256_HEX_LEN + 1);
             if ((host = json_get_str(d, "hostname")) && *host)
                 x->hostname = xstrdup(host);
+            /* The size only scales progress (spec §11: size_bytes is not
+             * checked); a missing result fails here, before a byte of the
+             * output is written. */
             if (stat(x->path, &st) < 0)
                 r = err_sys(err, -errno, "Cannot read result of %s: %s", x->id, x->path);
             else
@@ -104,6 +109,10 @@ struct sink {
     int r;
 };
 
+/* The reader's raw chunks, as read: digests and output are of the exact
+ * bytes (a \r before a newline included), never of a re-serialised line,
+ * which is what makes the merged file byte-equal to the results. A
+ * write error is kept for the loop, which sees it at the next line. */
 static void
 sink_data(void *arg, const char *p, size_t n)
 {
@@ -183,12 +192,17 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
         if (r == 0 && sink.r < 0)
             r = err_sys(err, sink.r, "Cannot write %s", c->out_tmp);
         if (r == 0 && !nl) {
-            /* The output gets the missing newline; the shard digest not. */
+            /* The output gets the missing newline; the shard digest not:
+             * the done record's sha256 is of processed.jsonl as it is
+             * (spec §5.5), merge.json's of the merged bytes (spec §5.8). */
             hashq_update(c->hq, &c->out_sha, "\n", 1);
             if (c->out_fd >= 0 && (r = fs_write_all(c->out_fd, "\n", 1)) < 0)
                 err_sys(err, r, "Cannot write %s", c->out_tmp);
             res->bytes++;
         }
+        /* shard_sha lives on this stack frame and the hashing thread may
+         * still be updating it: wait before finishing or leaving it, and
+         * before the next shard reuses the slot. */
         hashq_sync(c->hq2);
         if (r < 0) {
             sha256_abort(&shard_sha);
@@ -218,6 +232,9 @@ cmp_owner(const void *a, const void *b)
                   ((const struct merge_owner *)b)->hostname);
 }
 
+/* The distinct hostnames of the done records (the reference's verify
+ * counts these, spec §13.9), sorted so that merge and verify print the
+ * same owners in the same order on every node. */
 static void
 collect_owners(struct ctx *c, struct merge_result *res)
 {
@@ -284,6 +301,8 @@ check_ready(struct ctx *c, struct esd_err *err)
         return err_set(err, -EINVAL,
                        "Output %s would overwrite part of the job directory; choose another path",
                        c->o->output);
+    /* lstat: a dangling symlink at the output's place is a name that
+     * exists; publication by link() would fail on it too. */
     if (c->o->output && !c->o->overwrite && lstat(c->o->output, &sb) == 0)
         return err_set(err, -EEXIST, "Output already exists: %s; pass --overwrite to replace it",
                        c->o->output);
@@ -396,6 +415,8 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
 
     if (!o->output)
         return err_set(err, -EINVAL, "merge needs an output path");
+    /* Confined, the output is reached below as a path relative to job_fd,
+     * so it must be textually below job_dir, not just resolve there. */
     if (o->confined && (strncmp(o->output, m->job_dir, jl) || o->output[jl] != '/' ||
                         !o->output[jl + 1]))
         return err_set(err, -EACCES, "Output %s is not inside the job directory %s", o->output,
@@ -412,6 +433,11 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     } else if ((r = fs_mkdir_p(parent, 0755, err)) < 0) {
         goto out;
     }
+    /* The temporary file sits beside the output so that the rename or
+     * link below stays in one directory of one file system (atomic).
+     * inflight_tmp is set before the file exists: a signal in between
+     * unlinks a name that is not there yet, which is harmless; set after,
+     * a signal could leave the file behind. */
     tmp = fs_tmp_path(o->output);
     c.out_tmp = tmp;
     inflight_tmp = tmp;
@@ -425,14 +451,23 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
         goto out;
     hashq_sync(c.hq);
     sha256_final(&c.out_sha, res.sha256);
+    /* Data on disk before the name: after a crash the output is either
+     * absent or complete, never a published name over missing blocks. */
     if (fsync(c.out_fd) < 0) {
         r = err_sys(err, -errno, "Cannot write %s", tmp);
         goto out;
     }
     close(c.out_fd);
     c.out_fd = -1;
+    /* The fence is checked as late as it can be, with nothing left to do
+     * but the rename: a finalizer that lost its election meanwhile leaves
+     * no output, and the window between check and publication is one
+     * system call. */
     if (o->before_publish && (r = o->before_publish(o->publish_ctx, err)) < 0)
         goto out;
+    /* Without --overwrite the name is published by link(), which, unlike
+     * rename(), fails when the name exists: two merges racing for a new
+     * output cannot replace each other's file. */
     if (o->confined) {
         /* (a name planted at the output's place is replaced, never followed) */
         if (o->overwrite ? renameat(pfd, fs_basename(tmp), pfd, base) < 0
@@ -458,6 +493,11 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     }
     if (r == 0 && !o->confined)
         r = fs_fsync_dir(parent, err);
+    /* merge.json after the output, as the reference does (spec §11 step 4):
+     * a crash in between leaves the output with no merge.json or with the
+     * previous merge's. verify compares merge.json with the results rather
+     * than trusting it, so a stale one of other results shows as a
+     * mismatch (check_merged_output). */
     if (r == 0)
         r = write_merge_json(m, o->output, &res, err);
 out:
@@ -480,7 +520,11 @@ out:
     return 0;
 }
 
-/* Checks the file merge.json names against it, if both exist. */
+/* Checks the file merge.json names against it, if both exist. merge.json
+ * is compared with the results just streamed, so a record left by an
+ * earlier merge of other results is caught; an output that is not there
+ * (moved away, or on a path this node cannot see) is not checked, and
+ * checked_output tells the caller so rather than failing. */
 static int
 check_merged_output(const struct manifest *m, struct merge_result *res, struct esd_err *err)
 {
