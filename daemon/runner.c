@@ -37,6 +37,8 @@
  * gone: only a process outside it (one that was passed the descriptor)
  * can hold it, and esd never waits on that. */
 #define OUT_DRAIN 2.0
+/* Bytes of one line in esd's log: a journal entry is one line, and a
+ * processor that prints a megabyte without a newline is still readable. */
 #define LOG_LINE_MAX 8192
 /* Bytes of one attempt's output copied into esd's log (process.log keeps
  * everything): a processor that prints without end must not flood the
@@ -180,6 +182,9 @@ runner_ahead_in(double lead)
 static void
 run_open_gates(void)
 {
+    /* Oldest first: attempts claimed ahead hold leases and locks other
+     * nodes could have taken, so the one claimed longest ago is the one to
+     * get going. */
     size_t busy = runner_busy();
 
     while (busy < (size_t)R.conf->slots) {
@@ -201,12 +206,17 @@ run_open_gates(void)
             busy = runner_busy();
             continue;
         }
+        /* A warm fork claimed ahead has made its Ray executor and waits
+         * for one byte on its gate pipe: "r" lets it run (esd-dj.py
+         * _gate_before_running; end of file makes it give up). */
         if (oldest->gate_w >= 0) {
             if (write(oldest->gate_w, "r", 1) != 1)
                 log_warning(&oldest->ctx, "cannot let the attempt run: %s", strerror(errno));
             close(oldest->gate_w);
             oldest->gate_w = -1;
         }
+        /* the timeout counts from here: the wait for a slot was no time
+         * of the processor's (run_started left it off while gated) */
         if (oldest->running && R.conf->attempt_timeout_secs > 0)
             ev_timer_start(R.loop, &oldest->timeout_w);
         log_debug(&oldest->ctx, "a slot is free: the attempt claimed ahead runs");
@@ -296,7 +306,7 @@ run_log_line(struct run *r, const char *p, size_t n)
 {
     if (r->logged >= LOG_ATTEMPT_MAX)
         return;
-    r->logged += n + 1;
+    r->logged += n + 1; /* (its newline) */
     if (r->logged >= LOG_ATTEMPT_MAX) {
         log_notice(&r->ctx, "the processor printed more than %zu bytes: the rest of its output "
                    "is only in %s", LOG_ATTEMPT_MAX, r->cmd.log_path);
@@ -345,6 +355,9 @@ run_out_cb(struct ev_loop *loop, ev_io *w, int revents)
     if (n < 0 && (errno == EINTR || errno == EAGAIN))
         return;
     if (n > 0) {
+        /* process.log is diagnostics, not the result: a full or failing
+         * disk there must not fail a shard whose output may be fine, so
+         * the attempt runs on and only esd's log keeps its output. */
         if (r->log_fd >= 0 && fs_write_all(r->log_fd, chunk, (size_t)n) < 0) {
             log_warning(&r->ctx, "cannot write %s: %s; the output still goes to the log",
                         r->cmd.log_path, strerror(errno));
@@ -400,13 +413,20 @@ run_keeper_gone(struct run *r, bool told, const char *how)
 
     r->exited = true;
     r->ended_at = time_mono();
+    /* Only a reported end measures the processor: a keeper that died
+     * without its report says nothing of how long the work takes. */
     if (was_busy && r->running && told) {
-        /* this node's mean time of the job's processor, for claim-ahead */
+        /* this node's mean time of the job's processor, for claim-ahead;
+         * a moving average that halves an old figure's weight at each
+         * attempt, so a job whose shards change in cost is followed within
+         * a few attempts */
         double d = time_mono() - r->ran_at;
         struct job *j = r->job;
 
         j->proc_avg = j->proc_avg > 0 ? 0.5 * j->proc_avg + 0.5 * d : d;
     }
+    /* The slot is free from now, not from publication: finishing is a
+     * helper's file I/O, and the next processor may start beside it. */
     if (was_busy) {
         run_open_gates();
         if (R.freed)
@@ -478,6 +498,8 @@ run_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
     (void)loop;
     (void)revents;
+    /* the lock is the job owner's file: renewing its mtime is done with
+     * the owner's file system identity, as creating it was */
     struct fsid prev = jobs_fs_owner(r->job);
     rc = claim_heartbeat(&r->cl, &err);
     jobs_fs_restore(prev);
@@ -487,12 +509,19 @@ run_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
         log_debug(&r->ctx, "%s (finishing)", err.msg);
         ev_timer_stop(loop, w);
     } else if (rc == -ESTALE) {
+        /* Another node may run this shard now. Our result would be refused
+         * at publication anyway (attempt_finish is fenced on the lock's
+         * inode and token), so the processor is stopped at once rather
+         * than left to burn the node for nothing. */
         r->lease_lost = true;
         snprintf(r->error, sizeof(r->error), "%s", err.msg);
         log_warning(&r->ctx, "%s: stopping the attempt", err.msg);
         ev_timer_stop(loop, w);
         run_kill(r);
     } else if (rc < 0) {
+        /* An I/O error (an NFS server that does not answer, say) is not a
+         * lost lease: renewals come every lease/4, so three can fail before
+         * another node may judge the lock stale. */
         log_warning(&r->ctx, "%s; retrying at the next renewal", err.msg);
     }
 }
@@ -540,10 +569,15 @@ static void
 run_started(struct run *r)
 {
     r->running = true;
+    /* non-blocking: callbacks never block (run_out_cb reads until EAGAIN
+     * would be the wrong loop to be stuck in) */
     fcntl(r->child.out_fd, F_SETFL, fcntl(r->child.out_fd, F_GETFL) | O_NONBLOCK);
     ev_io_init(&r->out_w, run_out_cb, r->child.out_fd, EV_READ);
     r->out_w.data = r;
     ev_io_start(R.loop, &r->out_w);
+    /* A warm attempt's keeper was forked by the warm processor, not by esd,
+     * so esd gets no SIGCHLD for it: the end of its report pipe stands in
+     * for its exit. */
     if (r->warm) {
         ev_io_init(&r->rep_w, run_rep_cb, r->child.report_fd, EV_READ);
         r->rep_w.data = r;
@@ -560,7 +594,9 @@ run_started(struct run *r)
         ev_timer_start(R.loop, &r->timeout_w);
 }
 
-/* The attempt could not start: it ends as an infrastructure failure. */
+/* The attempt could not start: it ends as an infrastructure failure
+ * (run_outcome), since nothing of the recipe ran and a shard must not use
+ * up its retries on a node that cannot fork or open a log. */
 static void
 run_start_failed(struct run *r, const char *why)
 {
@@ -581,6 +617,10 @@ run_exec(struct run *r)
     const struct spawn_cred *cred = r->cred.uid ? &r->cred : NULL;
     struct esd_err err;
 
+    /* The cgroup is containment on top of the keeper, which kills the
+     * processor's tree on its own (run_kill); without the cgroup only what
+     * escapes the keeper's reach may outlive the attempt, which is not
+     * worth failing the attempt for. */
     if (r->cgroup && spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, cred, &keep, &r->child,
                                 &err) < 0) {
         /* (a cgroup the keeper could not enter, say: try once without) */
@@ -605,6 +645,10 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
     struct run *r = arg;
 
     r->warm_pending = false;
+    /* No fork, or the attempt was stopped or lost its lease while the warm
+     * processor was asked: a fork (if any) is let go by closing its go pipe
+     * unwritten. Stopped or lost, the attempt ends without having run
+     * (run_outcome classes it by those flags); otherwise it is exec'd. */
     if (pid <= 0 || r->stopped || r->lease_lost) {
         /* (a fork that waits for its go ends at this end of file) */
         close(r->go_w);
@@ -745,7 +789,7 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     bool as_owner = geteuid() == 0 && !c->run_mode; /* (esd run: its caller's own job) */
 
     r->job = j;
-    r->cl = *cl;
+    r->cl = *cl; /* the run owns the claim now; the caller's copy is emptied */
     memset(cl, 0, sizeof(*cl));
     r->ctx.job = &j->log;
     r->ctx.shard = r->cl.shard_id;
@@ -755,6 +799,8 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     r->started = r->ran_at = time_mono();
     r->gated = ahead;
     r->grace = (double)c->attempt_kill_grace_secs;
+    /* The head's generation now: a non-zero exit after it changed is the
+     * head's loss, not the recipe's failure (run_outcome). */
     r->ray_gen = ray_generation();
     snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : j->m.ray_address);
     buf_init(&r->line);
@@ -763,11 +809,16 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     R.head = r;
     R.n++;
     j->running++;
+    /* Recorded before anything here can fail, so that a crash of esd from
+     * now on leaves a record for the restarted esd to take the lock back
+     * by (jobs.h), instead of waiting out the lease. */
     jobs_claim_record(j, &r->cl);
     ev_timer_init(&r->grace_w, run_grace_cb, r->grace + KEEPER_SLACK, 0);
     r->grace_w.data = r;
     ev_timer_init(&r->drain_w, run_drain_cb, OUT_DRAIN, 0);
     r->drain_w.data = r;
+    /* lease/4: three renewals may fail before the lock can be judged
+     * stale by another node (claim.h) */
     ev_timer_init(&r->beat_w, run_beat_cb, (double)r->cl.lease_secs / 4.0,
                   (double)r->cl.lease_secs / 4.0);
     r->beat_w.data = r;
@@ -801,6 +852,8 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
         return;
     }
     strv_free(&env);
+    /* truncated, as the reference's (spec §8.4): a directory is one
+     * attempt's, so there is nothing earlier in it to keep */
     r->log_fd = fs_open_job(r->cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644, 0, NULL, &err);
     jobs_fs_restore(prev);
     if (r->log_fd < 0) {
@@ -808,7 +861,8 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
         return;
     }
     r->cgroup = contain_begin(r->cl.token);
-    /* the lease is renewed from the claim on, whoever starts it */
+    /* the lease is renewed from the claim on, whoever starts it: the wait
+     * for a warm fork or for a slot (claimed ahead) may outlast a lease */
     ev_timer_start(R.loop, &r->beat_w);
     if (c->dj_warm && ao.dj_python && ao.dj_runner && run_warm_ask(r)) {
         log_debug(&r->ctx, "asked the warm processor for the attempt%s",
@@ -854,7 +908,9 @@ run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen
 
     memset(out, 0, sizeof(*out));
     *need_result = false;
-    /* the processor's time: from when it was let run to its end */
+    /* the processor's time: from when it was let run to its end, measured
+     * on the monotonic clock and only then placed on the wall clock, so a
+     * clock step during the attempt does not change its duration */
     time_iso_now(iso, &wall);
     out->duration = end - r->ran_at;
     out->started_epoch = wall - (now - r->ran_at);
@@ -864,6 +920,13 @@ run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen
     if (r->running)
         spawn_describe(r->status, how, &code);
     out->return_code = r->running ? code : -1;
+    /* First match wins. A stop is esd's own decision (drain, shutdown):
+     * the shard is released, no failure counted. Start failures and lost
+     * leases are the node's fault, and so is a processor that failed while
+     * the persistent Ray head it used went down; only then come the
+     * processor's own failures, which use up the shard's retries. A
+     * timeout is one of those (esd.yaml(5)): the node was fine, the work
+     * took longer than the operator allows. */
     if (r->stopped) {
         out->released = true;
         out->error = "esd stopped the attempt (drain or shutdown)";
@@ -889,7 +952,11 @@ run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen
     }
 }
 
-/* In the finishing child: validate, publish, report one JSON line. */
+/* In the finishing child: validate, publish, report one JSON line.
+ * Validation reads the whole result and publication does fenced link and
+ * rename calls on the shared file system, either of which can block for
+ * long on NFS: in a child, bounded by helper_timeout_secs, the event loop
+ * and every other attempt go on. */
 static void __attribute__((noreturn))
 finish_child(struct run *r, int fd)
 {
@@ -1000,6 +1067,9 @@ run_report(struct run *r)
     fin.shard_done = done;
     fin.shard_failed = failed;
     fin.index = r->cl.index;
+    /* counted: the failures that use up the shard's retries (spec §8.7's
+     * limit); infrastructure ones have their own budget
+     * (max_infra_failures, 10 by default) */
     fin.counted = cls && (!strcmp(cls, "processor") || !strcmp(cls, "output"));
     jobs_attempt_ended(j, &fin);
     claimer_forget(&j->claimer, &r->cl, done, failed);
@@ -1022,6 +1092,9 @@ run_fin_io_cb(struct ev_loop *loop, ev_io *w, int revents)
         return;
     if (n > 0)
         helper_guard_fed(&r->fin_guard, loop);
+    /* The report is one short line; past 1 MiB the rest is read and
+     * dropped (so the child never blocks on a full pipe) and the report
+     * will not parse. */
     if (n > 0 && r->fin_out.len < (1u << 20)) {
         buf_append(&r->fin_out, chunk, (size_t)n);
         return;
