@@ -569,8 +569,8 @@ static void
 run_started(struct run *r)
 {
     r->running = true;
-    /* non-blocking: callbacks never block (run_out_cb reads until EAGAIN
-     * would be the wrong loop to be stuck in) */
+    /* non-blocking: a callback must never block the loop (run_out_cb
+     * treats EAGAIN as "nothing yet") */
     fcntl(r->child.out_fd, F_SETFL, fcntl(r->child.out_fd, F_GETFL) | O_NONBLOCK);
     ev_io_init(&r->out_w, run_out_cb, r->child.out_fd, EV_READ);
     r->out_w.data = r;
