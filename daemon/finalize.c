@@ -1,5 +1,14 @@
 /*
  * finalize: the merge election, the merging child and the waiters' poll.
+ *
+ * Once every shard is done, each node's esd tries to create
+ * state/esd/finalize.lock with O_EXCL: the one that succeeds merges, the
+ * others wait for state/esd/finalize.json, the record all nodes apply
+ * alike. Unlike the reference's DLC election (spec §13, §16.6: a
+ * coordinator that dies after taking its lock blocks the run for good),
+ * the lock carries a lease that its holder renews and that waiters take
+ * over once it runs out, and the merge publishes only under the fence of
+ * that lock.
  */
 #include "finalize.h"
 
@@ -117,7 +126,6 @@ fin_free(struct fin *f)
     free(f);
 }
 
-/* Applies finalize.json if it is there: true when the job ended. */
 /* Tells the scheduler that j's finalize ended (decided, or given up). */
 static void
 fin_done(struct job *j)
@@ -132,6 +140,11 @@ fin_done(struct job *j)
     }
 }
 
+/* Applies finalize.json if it is there: true when the job ended. Every
+ * node, winner or waiter, ends the job through this one record, so all of
+ * them agree on complete or failed; a merge that should be tried again
+ * never writes it (fin_merge_child), so a passing fault on one node does
+ * not fail the job on all. The stat first keeps a waiter's look cheap. */
 static bool
 fin_apply(struct fin *f)
 {
@@ -249,6 +262,9 @@ fin_merge_child(struct fin *f, int fd)
                     j->job_dir);
     } else {
         o.output = j->output;
+        /* an election held again replaces what an earlier winner may have
+         * published without recording it, as the reference's DLC verify
+         * merges with --overwrite (spec §13.9) */
         o.overwrite = true;
         o.confined = true;
         o.job_fd = dfd;
@@ -257,7 +273,8 @@ fin_merge_child(struct fin *f, int fd)
         r = merge_run(&j->m, &o, &res, &err);
     }
     /* (a merge that failed before it came to publish takes the fence now,
-     * to record or give up what is still this node's) */
+     * to record or give up what is still this node's: a node whose lease
+     * ran out must not write finalize.json over the new winner's) */
     if (r < 0 && fence_fd < 0 && fin_fence(f, &ferr) < 0)
         status = "lost";
     else
@@ -275,6 +292,10 @@ fin_merge_child(struct fin *f, int fd)
     } else {
         json_add_str(rec, "error", err.msg);
     }
+    /* finalize.json before the lock goes, both under the fence: a waiter
+     * that finds the lock gone finds the record (fin_poll looks for it
+     * first), and a merge to be tried again leaves no record, only a
+     * released lock, so the election is simply held again. */
     if (fence_fd >= 0) {
         if (strcmp(status, "retry") &&
             json_write_atomic(f->result, rec, JSON_PRETTY, &ferr) < 0) {
@@ -338,9 +359,13 @@ fin_merged_as_owner(struct fin *f)
         return;
     }
     /* a failure of the storage or the node, or no result at all: the
-     * election again after a backoff, never a job failed for good */
+     * election again after a backoff, never a job failed for good; the
+     * lock is released here too (the child may have died before it could)
+     * so that any node, not only this one, may merge next */
     fin_release(f);
     helper_describe(f->status, how);
+    /* (the shift is capped so it cannot overflow; 5 s << 7 is already
+     * past MERGE_RETRY_MAX) */
     wait = MERGE_RETRY_FIRST * (double)(1u << (j->merge_failures < 7 ? j->merge_failures : 7));
     if (wait > MERGE_RETRY_MAX)
         wait = MERGE_RETRY_MAX;
@@ -420,9 +445,12 @@ fin_beat_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
     (void)loop;
     (void)revents;
+    /* Other errors are left for the next renewal: waiters allow twice the
+     * lease (fin_poll), eight renewals, before they take over. */
     if (r == -ESTALE && f->pid > 0) {
         /* taken over (this node was frozen past its lease): the merge
-         * cannot publish any more; stop it */
+         * cannot publish any more (its fence would refuse); stop it now
+         * rather than let it stream the whole job for nothing */
         log_warning(&f->ctx, "this node lost the finalize election (%s): stopping the merge",
                     err.msg);
         f->lost = true;
@@ -445,9 +473,17 @@ fin_poll(struct fin *f)
     if (fin_apply(f))
         return;
     if (stat(f->lock, &st) < 0) {
-        fin_elect(f); /* released without a result: elect again */
+        /* released without a result: elect again. (A winner that writes
+         * its result and removes the lock between fin_apply above and
+         * this stat makes the new winner merge once more: wasted work,
+         * the same output replaced atomically, the same record.) */
+        fin_elect(f);
         return;
     }
+    /* Ages on the file server's clock (claimer_now), as for shard locks:
+     * the nodes' own clocks may disagree (spec §16.2). Twice the lease: a
+     * takeover here redoes the whole merge, so the merging node gets more
+     * slack than a shard's owner does. */
     if (claimer_now(&f->job->claimer, &now, &err) == 0 &&
         now - ((double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9) >
             (double)F.conf->lease_secs * 2) {
@@ -490,6 +526,9 @@ fin_elect(struct fin *f)
 
     ev_timer_stop(F.loop, &f->poll_w);
     time_iso_now(now, NULL);
+    /* a fresh token each election: the fence and the renewal recognise
+     * this node's lock by it, not by its name, which the next winner
+     * reuses */
     rand_hex32(f->token);
     json_add_str(o, "node", F.conf->node_name);
     json_add_str(o, "token", f->token);
@@ -500,6 +539,8 @@ fin_elect(struct fin *f)
     buf_init(&b);
     json_dump(o, JSON_LINE, &b);
     cJSON_Delete(o);
+    /* O_EXCL is the election: exactly one creator succeeds, on NFS too
+     * (exclusive create is atomic there since NFSv3) */
     r = fs_create_excl(f->lock, b.p, b.len, 0644, NULL, &err);
     buf_free(&b);
     if (r == -EEXIST) {
@@ -520,6 +561,8 @@ fin_elect(struct fin *f)
     log_notice(&f->ctx, "every shard is done; merging into %s", j->output);
     jobs_helper_id(j, &who);
     if ((pid = helper_fork("merge", &who, &fd, &err)) < 0) {
+        /* released at once: another node may merge instead of waiting two
+         * leases for this one */
         log_err(&f->ctx, "%s; retrying", err.msg);
         fin_release(f);
         ev_timer_set(&f->poll_w, (double)F.conf->poll_interval_secs, 0);
@@ -574,6 +617,7 @@ finalize_start_as_owner(struct job *j)
     f->poll_w.data = f;
     j->finalize = f;
     jobs_set_state(j, JOB_FINALIZING, NULL);
+    /* another node (or this one before a restart) may have decided it */
     if (fin_apply(f))
         return;
     if (jobs_check_bound(j, &err) < 0) {
@@ -591,7 +635,9 @@ finalize_start_as_owner(struct job *j)
     fin_elect(f);
 }
 
-/* As the owner: moves a failed merge record aside; true if there was one. */
+/* As the owner: moves a failed merge record aside; true if there was one.
+ * Aside, not removed: it is the only account of why the merge failed, and
+ * the timestamp in its name keeps one per retry. */
 static bool
 forget_failed_record(struct job *j)
 {
