@@ -113,7 +113,10 @@ sched_forget_job(const struct job *j)
         S.rr = NULL;
 }
 
-/* The next job after S.rr that may be asked for a claim now. */
+/* The next job after S.rr that may be asked for a claim now. Starting
+ * after the job that got the last claim, not at the first job, is what
+ * makes the slots go round: a big job listed first cannot take every slot
+ * while a later one waits. */
 static struct job *
 next_job(double now)
 {
@@ -147,6 +150,9 @@ job_idle(struct job *j, double now)
             finalize_start(j);
         return;
     }
+    /* every shard done or failed, at least one failed: nothing any node
+     * can do without esctl retry (spec §8.2 step 4: the reference's
+     * worker exits 2 here) */
     if (j->idle.terminal) {
         char *why = failed_reason(j);
 
@@ -161,7 +167,10 @@ job_idle(struct job *j, double now)
         return;
     }
     /* wake when a lock seen fresh could have run out, if that is sooner,
-     * but not before the claimer's idle rate allows */
+     * but not before the claimer's idle rate allows; the 50 ms land the
+     * look just after the lease's end rather than just before it. The
+     * idle rate bounds what idle nodes cost the file server (spec §16.4:
+     * the reference's idle workers stat every shard every poll). */
     if (j->idle.next_secs >= 0 && j->idle.next_secs + 0.05 < wait)
         wait = j->idle.next_secs + 0.05;
     wait = jitter(wait);
@@ -182,6 +191,9 @@ fill(void)
         bool ahead = false;
         int r;
 
+        /* No claims while the Ray head is down: the attempt would fail at
+         * once as an infrastructure failure, and its lock would keep other
+         * nodes, whose head is up, from the shard meanwhile. */
         if (S.draining || S.held || !ray_ready())
             break;
         /* a free slot, or (claim-ahead) a busy one about to end: its next
@@ -194,9 +206,12 @@ fill(void)
         }
         if (!(j = next_job(now)) || (ahead && !runner_can_start_ahead(j)))
             break;
+        /* as the job's owner: the lock and attempt directory are its files */
         struct fsid prev = jobs_fs_owner(j);
         r = claim_acquire(&j->claimer, &cl, &j->idle, &err);
         jobs_fs_restore(prev);
+        /* an I/O error is the storage's, not the job's: the job stays
+         * active and this node looks again at its next poll */
         if (r < 0) {
             log_warning(&(struct log_ctx){ .job = &j->log }, "%s; trying again later",
                         err.msg);
@@ -250,6 +265,8 @@ fill(void)
             next = now + in;
     }
     ev_timer_stop(S.loop, &S.poll_w);
+    /* (a job already due, while every slot is busy, say: 50 ms keeps it
+     * from spinning the loop; a freed slot kicks at once anyway) */
     if (!S.draining && !S.held && isfinite(next)) {
         ev_timer_set(&S.poll_w, next > now ? next - now : 0.05, 0);
         ev_timer_start(S.loop, &S.poll_w);
@@ -266,6 +283,9 @@ sched_kick_cb(struct ev_loop *loop, ev_timer *w, int revents)
     fill();
 }
 
+/* Asks for a fill from the loop, not now: callers are in the middle of
+ * changing a job or a run (runner_set_freed calls it from a run's end),
+ * and many kicks in one turn of the loop make one fill. */
 void
 sched_kick(void)
 {
@@ -314,6 +334,8 @@ sched_check_cancelled(void)
     }
 }
 
+/* The hold is the file's existence, in the state directory: an esctl drain
+ * before maintenance still holds after the reboot that maintenance needs. */
 static void
 write_held(bool held)
 {
@@ -369,6 +391,9 @@ sched_held(void)
     return S.held;
 }
 
+/* Drained once no attempt and no merge runs: both end by releasing their
+ * locks (or recording their result), so the node leaves nothing that other
+ * nodes would have to wait a lease for. */
 static void
 check_drained(void)
 {
@@ -394,6 +419,8 @@ attempt_done(struct job *j, const struct attempt_final *fin)
     if (!strcmp(fin->status, "done")) {
         j->fail_streak = 0;
     } else if (!strcmp(fin->status, "failed") && ++j->fail_streak >= FAIL_STREAK) {
+        /* 1 s doubling; k is capped before the shift so a long streak
+         * cannot overflow it */
         unsigned k = j->fail_streak - FAIL_STREAK;
         double pause = k >= 6 ? PAUSE_MAX : (double)(1u << k);
 
@@ -480,6 +507,8 @@ sched_init(struct ev_loop *loop, const struct esd_conf *c)
         S.held = true;
         log_notice(NULL, "drained (%s exists): no claims until esctl resume", S.held_path);
     }
+    /* per process and time, so that nodes started together by one
+     * scheduler do not jitter alike */
     srandom((unsigned)getpid() ^ (unsigned)time(NULL));
     ev_timer_init(&S.kick_w, sched_kick_cb, 0, 0);
     ev_timer_init(&S.poll_w, sched_poll_cb, 0, 0);
@@ -542,6 +571,7 @@ status_line(void)
 
         if (j->state != JOB_ACTIVE && j->state != JOB_FINALIZING)
             continue;
+        /* STATUS= is one line of systemctl status: three jobs at most */
         if (shown++ == 3) {
             buf_puts(&b, ", ...");
             break;
