@@ -79,7 +79,10 @@ find(const char *key)
     return NULL;
 }
 
-/* Writes the job's registry file (atomically). */
+/* setfsuid/setfsgid, not seteuid: only file system access changes, so
+ * esd keeps its own identity for signals, its control socket and systemd
+ * while it touches a job directory as the owner; and they are per thread,
+ * so no other part of esd sees the switch. A no-op unless esd is root. */
 static struct fsid
 fs_switch(uid_t uid, gid_t gid)
 {
@@ -138,6 +141,9 @@ jobs_fs_restore(struct fsid prev)
     }
 }
 
+/* Writes the job's registry file (atomically), as esd itself: the registry
+ * is esd's state directory, which no job owner may write. A failure keeps
+ * the state in memory only; a restart then sees the previous state. */
 static void
 persist(struct job *j)
 {
@@ -263,6 +269,10 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
 
     if (!dir || dir[0] != '/')
         return err_set(err, -EINVAL, "job_dir must be an absolute path");
+    /* The path must be its own canonical form: a symbolic link on it is
+     * something its owner (or the owner of any directory above) may swap
+     * later, pointing esd, which acts as the recorded owner, at a
+     * directory of someone else's. */
     if ((r = fs_realpath_lax(dir, &real, err)) < 0)
         return r;
     r = strcmp(real, dir);
@@ -270,6 +280,8 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
     if (r)
         return err_set(err, -ELOOP, "%s is not the directory it names: a symbolic link is on "
                        "its path; not following it", dir);
+    /* ownership and inode from the opened directory, not from a second
+     * lookup of the name that could meanwhile name another */
     fd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return err_sys(err, -errno, "cannot open the job directory %s", dir);
@@ -293,6 +305,8 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
     if (output) {
         if (output[0] != '/')
             return err_set(err, -EINVAL, "output must be an absolute path, got %.200s", output);
+        /* resolved as the owner: only links the owner could follow count,
+         * as for a merge the owner ran themselves */
         prev = fs_switch(st.st_uid, st.st_gid);
         r = fs_realpath_lax(output, &out, err);
         jobs_fs_restore(prev);
@@ -984,7 +998,10 @@ jobs_rescan(void)
 }
 
 /* One esd per state directory: its claim records are then known to be of
- * a previous run when esd starts. The lock file holds the pid. */
+ * a previous run when esd starts. The lock file holds the pid. A flock,
+ * held for esd's lifetime through J.lock_fd: the kernel drops it when esd
+ * dies however it dies, so a lock file left behind never keeps a restart
+ * out (the pid inside is only for the message). */
 static int
 lock_state_dir(const struct esd_conf *c, struct esd_err *err)
 {
@@ -1029,6 +1046,7 @@ jobs_claim_record(struct job *j, const struct claim *cl)
     json_add_str(o, "shard_id", cl->shard_id);
     json_add_str(o, "token", cl->token);
     json_add_int(o, "attempt_number", cl->attempt_number);
+    /* (the record is esd's, in its state directory, not the owner's) */
     struct fsid prev = jobs_fs_self();
     if (json_write_atomic(path, o, JSON_PRETTY, &err) < 0)
         log_warning(&(struct log_ctx){ .job = &j->log, .shard = cl->shard_id },
@@ -1050,7 +1068,12 @@ jobs_claim_forget(struct job *j, const struct claim *cl)
     free(path);
 }
 
-/* Takes over at once the claims this node's previous run held on j. */
+/* Takes over at once the claims this node's previous run held on j. Safe
+ * without waiting for the lease because esd.lock proves the records are a
+ * dead process's: its attempts died with it (PR_SET_PDEATHSIG on keeper
+ * and processor), and a leftover descendant could not publish anyway,
+ * since publication is esd's finishing helper's, fenced by the token this
+ * takeover replaces. */
 static void
 recover_claims(struct job *j)
 {
@@ -1112,7 +1135,9 @@ dir_changed_cb(struct ev_loop *loop, ev_io *w, int revents)
         for (char *p = buf; p < buf + n;) {
             const struct inotify_event *e = (const struct inotify_event *)p;
 
-            /* a registration is a visible *.json; temporary files are not */
+            /* a registration is a visible *.json; temporary files are not
+             * (".<name>.<hex>.tmp", fs_tmp_path): a half-written one wakes
+             * nobody, its rename into place does (IN_MOVED_TO) */
             if (e->len && e->name[0] != '.' && strstr(e->name, ".json"))
                 any = true;
             p += sizeof(*e) + e->len;
@@ -1283,7 +1308,8 @@ struct jobload {
 };
 
 /* Most bytes a loading helper may send: the compact form of a manifest
- * of MANIFEST_MAX_SHARDS shards, with room. */
+ * of MANIFEST_MAX_SHARDS shards, with room. The helper reads a directory
+ * its owner controls, so what it sends is bounded before esd buffers it. */
 #define LOAD_MAX_REPORT ((size_t)512 << 20)
 #define LOAD_MAX_WHY ((size_t)64 << 10)
 
@@ -1296,6 +1322,9 @@ refusal(const struct manifest *m, int dfd)
     struct esd_err err;
     size_t len = 0;
 
+    /* spec §8.1's start-up checks, in its order: the Data-Juicer commit
+     * the job was prepared with (unless the mismatch is allowed), then the
+     * recipe snapshot against the manifest's hash. */
     if (djversion_judge(m->dj_commit, &J.djv, &err) < 0 && !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
                          "intentional)", err.msg);
@@ -1321,7 +1350,9 @@ refusal(const struct manifest *m, int dfd)
 
 /* The loading helper: checks the directory, reads and checks the
  * manifest and the recipe, and reports "M<compact manifest>" or
- * "E<why>". */
+ * "E<why>". A helper as the owner, because the job directory is the
+ * owner's to fill with FIFOs, links and huge files: reading it must use
+ * only the owner's rights and must not block esd's loop. */
 static void __attribute__((noreturn))
 load_child(struct job *j, int fd)
 {
@@ -1527,7 +1558,9 @@ load_start(struct job *j)
     int fd;
     pid_t pid;
 
-    /* (the owner's groups as the user database has them now) */
+    /* (the owner's groups as the user database has them now: a user
+     * added to or removed from a group since the registration gets the
+     * access the database gives today, as a fresh login would) */
     struct spawn_cred now;
 
     if (spawn_cred_for_uid(j->uid, &now, &err) == 0) {
@@ -1560,6 +1593,11 @@ load_start(struct job *j)
     j->load = l;
 }
 
+/* Tracks the shards whose attempts failed here, for badnode_check. Only
+ * counted failures (the processor's or its output's) of shards still
+ * claimable: an infrastructure failure says nothing about this node's
+ * processor, and a shard failed for good will never be done elsewhere.
+ * The list is bounded (JOBS_BADNODE_TRACK): a verdict needs only a few. */
 void
 jobs_attempt_ended(struct job *j, const struct attempt_final *fin)
 {
@@ -1588,6 +1626,8 @@ badnode_check(struct job *j)
 
     if (j->stopped)
         return false;
+    /* one lstat per tracked shard, at most once a poll: next_job calls
+     * this before every claim */
     if (!j->nfailed_idx || now - j->badnode_checked < (double)J.conf->poll_interval_secs)
         return true;
     j->badnode_checked = now;
@@ -1684,6 +1724,8 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
     json_add_int(o, "ino", (long long)st->st_ino);
     json_add_int(o, "submitted_by", (long long)by);
     json_add_str(o, "node", J.conf->node_name);
+    /* (no "dev" in the spool copy: the same NFS mount has a different
+     * device number on each node; each binds its own, jobs_check_bound) */
     manifest_dir_key(job_dir, key);
     /* submitted again: what this node forgot of it no longer holds */
     path = forgotten_path(key);
@@ -1713,6 +1755,8 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
         /* Submitted again by its owner: bound anew (it may have been
          * prepared again at the same path), the output given now, and a
          * stopped job works again (a failed one after `esctl retry`). */
+        /* attempts and a merge in flight run as the old owner: a new owner
+         * only once they are over */
         if (j->uid != now.st_uid && (j->running || j->finalize)) {
             err_set(err, -EBUSY, "job %s of uid %u still runs here; try again once it has "
                     "stopped", job_dir, (unsigned)j->uid);
@@ -1854,7 +1898,10 @@ jobs_find(const char *job_dir)
     return find(key);
 }
 
-/* <job>/state/esd/cancelled.json: the job is cancelled on every node. */
+/* <job>/state/esd/cancelled.json: the job is cancelled on every node. In
+ * the job directory, not the spool: every node working the job sees it
+ * through the mount it already reads, the spool registration can go at
+ * once, and the owner may write it. */
 static char *
 cancel_marker(const char *job_dir)
 {
