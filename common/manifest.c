@@ -15,6 +15,12 @@
 #include "json.h"
 #include "sha256.h"
 
+/* A shard id becomes a file name in state/locks, done, failed, stale_locks
+ * and attempts (spec §4), so it must be a plain name. No leading dot:
+ * dot names are the temporaries in those directories, which every listing
+ * skips (manifest_list_state). At most 200 bytes: the longest name built
+ * from it, "<id>.<10-digit epoch>.<32 hex>.lock" in state/stale_locks
+ * (spec §5.7), then stays within NAME_MAX (255). */
 bool
 manifest_id_ok(const char *id)
 {
@@ -31,6 +37,10 @@ manifest_id_ok(const char *id)
     return true;
 }
 
+/* The job id is the job directory's name and goes into the processor's
+ * argv (--job_id <job_id>_<shard>_<token>, spec §8.4): no '-' first, which
+ * argparse would take for an option, no control characters, which would
+ * reach logs and the journal. */
 bool
 manifest_job_id_ok(const char *id)
 {
@@ -54,6 +64,8 @@ job_id_refused(const char *path, const char *id, struct esd_err *err)
     return r;
 }
 
+/* spec §6.5: the width is that of n, at least 5, so that the ids of one
+ * job sort by strcmp in manifest order. */
 char *
 manifest_shard_id(long long i, long long n)
 {
@@ -90,6 +102,8 @@ policy_int(const cJSON *policy, const char *key, long long def, long long min, l
     const cJSON *v = policy ? cJSON_GetObjectItemCaseSensitive(policy, key) : NULL;
     long long x;
 
+    /* absent or null: the reference's default (spec §14), as its workers
+     * would use for a manifest that lacks the policy */
     if (!v || cJSON_IsNull(v)) {
         *ret = def;
         return 0;
@@ -279,6 +293,9 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     long long schema;
     int r, i = 0;
 
+    /* spec §5.2's load-time checks first, in its order: a job the
+     * reference refuses is refused here too. Schema 3 (spec §17) keeps the
+     * lock as a terminal fence and would be misread as schema 2. */
     if (json_get_int(doc, "schema_version", &schema) < 0 || schema != MANIFEST_SCHEMA) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, "schema_version");
         char *txt = v ? cJSON_PrintUnformatted(v) : NULL;
@@ -356,6 +373,9 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
                                !str_clean(m->recipe_snapshot, strlen(m->recipe_snapshot))))
         return err_set(err, -EINVAL, "Malformed manifest %s: recipe.snapshot_path is not a "
                        "plain path", path);
+    /* A commit that is not plain text pins nothing: "unknown" is what the
+     * reference writes when it cannot tell, and the version check is then
+     * skipped (spec §8.1), as for any job that records no version. */
     if (m->dj_commit && (strlen(m->dj_commit) > 256 || !str_clean(m->dj_commit,
                                                                   strlen(m->dj_commit))))
         m->dj_commit = "unknown";
@@ -364,7 +384,9 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     return 0;
 }
 
-/* The index for manifest_find, which also finds duplicate ids. */
+/* The index for manifest_find, which also finds duplicate ids: two shards
+ * of one id would share one lock and one done record, so one's result
+ * would be taken for the other's. */
 static int
 index_ids(struct manifest *m, const char *path, struct esd_err *err)
 {
@@ -487,7 +509,11 @@ manifest_load_doc(const char *job_dir, struct manifest *ret, cJSON **ret_doc,
     return load(job_dir, ret, ret_doc, err);
 }
 
-/* ---- the compact form: one line a field set, tab-separated ---- */
+/* ---- the compact form: one line a field set, tab-separated ----
+ *
+ * What a loading helper sends esd (jobs.c): a manifest of 100,000 shards is
+ * tens of megabytes of JSON; esd reads these lines as they arrive, into one
+ * arena, instead of parsing the owner's JSON into a tree itself. */
 
 /* A string field: "=" and the value, or "" for none. The values are free
  * of control characters (check_doc saw to it), so no tab or newline. */
@@ -646,6 +672,8 @@ manifest_reader_feed(struct manifest_reader *rd, const char *p, size_t n, struct
         if (r < 0)
             return r;
     }
+    /* a line holds a few bounded fields: a partial line longer than they
+     * can make is refused before it grows without bound */
     if (rd->part.len > (size_t)MANIFEST_PATH_MAX * 4)
         return err_set(err, -EINVAL, "Malformed compact manifest: a line longer than %d bytes",
                        MANIFEST_PATH_MAX * 4);
@@ -679,6 +707,9 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
     m.lock_timeout_secs = rd->lock_timeout;
     m.max_retries = rd->max_retries;
     m.poll_interval_secs = rd->poll;
+    /* Checked again although the helper checked them: it runs as the job's
+     * owner, who can tamper with their own processes, and esd builds file
+     * names from these. */
     for (size_t i = 0; i < m.nshards; i++) {
         struct manifest_shard *s = &m.shards[i];
 
@@ -783,6 +814,8 @@ manifest_list_state(const struct manifest *m, const char *kind, const char *suff
         char *id;
         long k;
 
+        /* dot names are temporaries (".<name>.<hex>.tmp", spec §4): a
+         * record is there only once it has its own name */
         if (e->d_name[0] == '.' || n <= slen || strcmp(e->d_name + n - slen, suffix) != 0)
             continue;
         id = xstrndup(e->d_name, n - slen);
@@ -798,6 +831,9 @@ manifest_list_state(const struct manifest *m, const char *kind, const char *suff
     return r;
 }
 
+/* 64 bits of the path's SHA-256: a fixed-length, file-name-safe key for
+ * the registry, the spool and the claim records, the same on every node
+ * for the same path. */
 void
 manifest_dir_key(const char *job_dir, char ret_key[17])
 {
