@@ -22,7 +22,9 @@ const char *const status_state_name[ST__COUNT] = {
     "pending", "running", "stale", "done", "failed",
 };
 
-/* A copy of obj[key], or JSON null when it is missing. */
+/* A copy of obj[key], or JSON null when it is missing. The raw value, not
+ * a string: status --json shows a record's "hostname" and "pid" as the
+ * file has them (spec §5.9), whatever their type, as the reference does. */
 static cJSON *
 value_or_null(const cJSON *obj, const char *key)
 {
@@ -66,10 +68,19 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
 
     if (lock_timeout <= 0)
         lock_timeout = m->lock_timeout_secs;
+    /* Three listings instead of a stat per shard per state (spec §16.4's
+     * cost). They are not one snapshot: a shard published between the
+     * done listing and the locks listing (done record linked, then the
+     * lock removed) shows as pending for this pass. Errors go that way
+     * only: a shard is never shown done before its record exists. */
     if ((r = manifest_list_state(m, "done", ".json", done, err)) < 0 ||
         (r = manifest_list_state(m, "failed", ".json", failed, err)) < 0 ||
         (r = manifest_list_state(m, "locks", ".lock", locked, err)) < 0)
         goto out;
+    /* Lock ages on this machine's wall clock against the server's mtime,
+     * as the reference's status does (spec §9). Claims judge staleness on
+     * the server's clock (claimer_now); status only displays "stale" and
+     * reclaims nothing, so a skew here misleads nobody's decision. */
     clock_gettime(CLOCK_REALTIME, &now);
     st.total = m->nshards;
     st.shards = xcalloc(m->nshards, sizeof(*st.shards));
@@ -78,6 +89,7 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
         const char *id = m->shards[i].id;
         char *path;
 
+        /* spec §9's precedence, first match wins: done, failed, lock */
         if (done[i]) {
             s->state = ST_DONE;
             if (details) {
@@ -114,6 +126,8 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
                 s->pid_value = value_or_null(lock, "pid");
                 if (json_get_int(lock, "pid", &s->pid) == 0)
                     s->has_pid = true;
+                /* an esd lock carries its own lease; a reference lock
+                 * has none and goes by the job's lock timeout (claim.h) */
                 if (json_get_int(lock, "lease_secs", &v) == 0 && v > 0)
                     timeout = v;
             }
@@ -236,7 +250,14 @@ status_counts_text(const struct job_status *st, struct buf *out)
         buf_printf(out, "%s%s=%zu", k ? " " : "", status_state_name[k], st->counts[k]);
 }
 
-/* ---- views ---- */
+/* ---- views ----
+ *
+ * A view is status computed in steps of a bounded cost (status_view_step),
+ * so that esd's event loop can keep the status of a 100,000-shard job
+ * without ever blocking on it. Each shard keeps two states: the one being
+ * read and the one of the last complete reading, so readers always see a
+ * whole reading, never half of two. Done records are read once, since
+ * they never change while the job directory is the same. */
 
 /* A view's byte a shard: the state of the reading in progress (bits 0-2),
  * that of the last complete reading (bits 3-5), and whether its done
@@ -398,7 +419,8 @@ load_fd(int fd, size_t max)
 }
 
 /* name's index + 1 in v->names (added when new), 0 for none or when the
- * table is full. */
+ * table is full. Two bytes a shard instead of a pointer: a job has a
+ * fleet's worth of names, not one per shard. */
 static unsigned short
 intern(struct status_view *v, const char *name)
 {
@@ -485,6 +507,9 @@ view_lock(struct status_view *v, const struct manifest *m, size_t i, const char 
     int fd;
     enum shard_state state;
 
+    /* opened as a job file (no FIFO, no device, bounded), and aged by the
+     * fstat of the open file: on NFS the open revalidates the attributes
+     * that a bare stat may take from its cache (spec §16.1) */
     fd = fs_open_job_at(dirfd(v->dir), name, NULL, O_RDONLY, 0, LOCK_MAX_BYTES, &sb, NULL);
     if (fd < 0)
         return; /* released since the listing: pending */
@@ -609,6 +634,8 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
         struct timespec now;
         struct stat sb;
 
+        /* the whole reading below this descriptor: the path may be
+         * swapped meanwhile, the directory read stays the one checked */
         v->jobfd = open(m->job_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (v->jobfd < 0)
             return err_sys(err, -errno, "Cannot open %s", m->job_dir);
@@ -640,6 +667,9 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
             i = v->cursor++;
             s = v->bits[i] & VB_NEXT;
             spent++;
+            /* a record costs more than a directory entry, and more again
+             * per 4 KiB read, so a step's time stays bounded however
+             * large the records are */
             if (s == ST_DONE && !(v->bits[i] & VB_SUMMARISED))
                 spent += COST_RECORD + summarise_done(v, m, i) / 4096;
             continue;
@@ -708,6 +738,9 @@ status_view_pace(const struct status_view *v, double *ret_shards_per_sec, double
     double rate = -1, eta = -1;
     size_t left = v->nshards - v->counts[ST_DONE] - v->counts[ST_FAILED];
 
+    /* While shards run: as many as run, each taking the mean duration of
+     * those done (Little's law), which follows a fleet that grows or
+     * shrinks at once; else the pace of the done records' span. */
     if (v->dur_n > 0 && v->dur_sum > 0 && v->counts[ST_RUNNING] > 0)
         rate = (double)v->counts[ST_RUNNING] / (v->dur_sum / (double)v->dur_n);
     else if (v->summarised > v->unreadable && v->last_end > v->first_start && v->first_start > 0)
@@ -894,6 +927,9 @@ needs_attention(const cJSON *x)
            (s && (!strcmp(s, "running") || !strcmp(s, "stale") || !strcmp(s, "failed")));
 }
 
+/* Two passes over the shards: those that need attention first, then the
+ * rest, each pass in manifest order; a reply cut to max shards then shows
+ * what an operator looks for, and the same shards each time. */
 void
 status_json_bound(cJSON *status, size_t max)
 {
