@@ -260,7 +260,9 @@ settings_apply_paths(struct ray *r)
 /*
  * Creates the temp dir (0700) and the token file (0600, 64 hex characters)
  * unless they exist; an existing token is kept (attempts may hold it) and
- * only made private if it was not.
+ * only made private if it was not. The token is what keeps the head to
+ * esd's attempts: its GCS port is on the loopback address, which every
+ * local user can reach, and a Ray driver runs code as the head's user.
  */
 static int
 prepare_temp_dir(struct ray *r, struct esd_err *err)
@@ -305,7 +307,9 @@ state_ready(enum ray_state s)
 
 /* Enters st; a loss (the head of a generation went away) bumps the
  * generation. The listener hears of every readiness change and every loss,
- * last, so that it may call back into this module. */
+ * last, so that it may call back into this module. The generation is what
+ * runner compares (ray_generation) to class a processor's failure during
+ * a head's loss as the node's, not the recipe's. */
 static void
 set_state(struct ray *r, enum ray_state st, bool loss)
 {
@@ -479,6 +483,8 @@ health_every(struct ray *r, double secs)
 static void
 head_lost(struct ray *r, const char *why)
 {
+    /* a head that stayed up for a while earns a fresh backoff: its loss is
+     * a new event, not the next failure of a head that cannot start */
     if (r->state == ST_UP && ev_now(r->loop) - r->head.up_since >= BACKOFF_RESET_SECS)
         r->backoff = BACKOFF_MIN_SECS;
     r->delay = take_backoff(r);
@@ -737,6 +743,10 @@ probe_done(struct ray *r, int result)
             r->probe.failures = 0;
             return;
         }
+        /* several in a row before the verdict: a head on a node whose
+         * attempts use every CPU may be slow to accept once, and a false
+         * loss would stop claims and class running attempts' failures as
+         * infrastructure */
         r->probe.failures++;
         log_warning(NULL, "ray head on %s did not answer the health check: %s (%d of %d)",
                     r->address, strerror(-result), r->probe.failures, PROBE_MAX_FAILURES);
@@ -765,7 +775,8 @@ probe_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
     probe_done(w->data, -ETIMEDOUT);
 }
 
-/* A non-blocking connect to 127.0.0.1:<port>. */
+/* A non-blocking connect to 127.0.0.1:<port>: the probe runs in the event
+ * loop, and a head that hangs must not hang esd with it. */
 static void
 probe_start(struct ray *r)
 {
@@ -987,8 +998,6 @@ head_exit_cb(struct ev_loop *loop, ev_child *w, int revents)
     head_check_gone(r);
 }
 
-/* esd's environment (less systemd's variables for esd) with the head's
- * own variables in place of any inherited ones. */
 /* Entries the head never takes from esd's environment: systemd's word to
  * esd, and the Ray settings esd sets itself. */
 static bool
@@ -1014,6 +1023,8 @@ env_has(const struct strv *env, const char *name_eq)
     return false;
 }
 
+/* esd's environment (less systemd's variables for esd) with the head's
+ * own variables in place of any inherited ones. */
 static void
 head_environment(struct ray *r, struct strv *env)
 {
@@ -1075,6 +1086,10 @@ head_spawn(struct ray *r)
     char port[24], gpus[24];
     bool own_gpus = true;
     int rc;
+    /* --block: `ray start` stays in the foreground as the group's leader,
+     * so esd supervises it as its own child (without it the command
+     * returns at once and the head runs detached, unwatched). The loopback
+     * address: the head serves this node's attempts only. */
     const char *fixed[] = { r->set.command, "start", "--head", "--block", "--port", port,
                             "--temp-dir", r->set.temp_dir, "--node-ip-address", RAY_HOST,
                             "--include-dashboard=false", "--disable-usage-stats" };
@@ -1131,6 +1146,8 @@ head_spawn(struct ray *r)
     ev_child_start(r->loop, &h->exit_w);
     pipe_open(r, &h->out, h->sp.out_fd);
     h->sp.out_fd = -1;
+    /* each head its own generation, so that an attempt started on an
+     * earlier one is told apart (runner's ray_gen) */
     r->generation++;
     r->probe.failures = 0;
     health_every(r, START_POLL_SECS);
