@@ -978,6 +978,11 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
             const char *out = line;
             size_t out_len = len;
 
+            /* A file none of whose records needed an edit in pass 1 is
+             * copied as read: its bytes are checked against pass 1's at
+             * the file's end (rows, size, fast hash), and a mismatch
+             * fails the prepare, whose staging directory then goes, so
+             * an unchecked record never reaches a published shard. */
             if (f->edited) {
                 bool edited = false;
 
@@ -992,6 +997,8 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
                 if (edited)
                     out = norm.p, out_len = norm.len;
             }
+            /* more records than pass 1 counted: the balancing below
+             * would run past the last shard, so stop before writing */
             if (remaining == 0) {
                 r = err_set(err, -ESTALE,
                             "Input changed between the scan and write passes: %s has more records",
