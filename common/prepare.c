@@ -997,8 +997,9 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
                 if (edited)
                     out = norm.p, out_len = norm.len;
             }
-            /* more records than pass 1 counted: the balancing below
-             * would run past the last shard, so stop before writing */
+            /* more records than pass 1 counted: the input changed; stop
+             * before writing one (remaining, unsigned, would also wrap and
+             * upset the balancing below) */
             if (remaining == 0) {
                 r = err_set(err, -ESTALE,
                             "Input changed between the scan and write passes: %s has more records",
