@@ -522,7 +522,9 @@ forgotten_path(const char *key)
 
 /* Whether the spool entry of key (whose file is st) is the version this
  * node forgot; a local tombstone of another version goes (submitted
- * again). */
+ * again). A version is the file's inode and mtime: a new submit writes a
+ * new file and renames it into place (json_write_atomic), so forgetting a
+ * job here never hides a later submit of it. */
 static bool
 forgotten_here(const char *key, const struct stat *st)
 {
@@ -569,7 +571,10 @@ forget_entry_here(const struct job *j)
 
 static void refusals_remove(const char *key);
 
-/* Replaces the spool entry of job_dir by a tombstone. */
+/* Replaces the spool entry of job_dir by a tombstone. Not a removal: every
+ * node keeps its own registry copy of an adopted job, so a vanished entry
+ * would tell them nothing; a tombstone tells each to forget the job once
+ * it is over there (spool_skip). */
 static int
 spool_tombstone(const char *job_dir, const char *key, struct esd_err *err)
 {
@@ -661,6 +666,8 @@ jobs_forget_spool(const char *job_dir, struct esd_err *err)
 /* A spool entry of a job this node does not hold that was merged (or
  * failed in its merge) longer than retention_secs ago, by the files of
  * its directory (looked at as its owner): one stat or two, no loading. */
+/* (Without it a node that joins late, or whose state directory was lost,
+ * would adopt again every finished job still in the spool.) */
 static bool
 spool_entry_ended(const cJSON *o)
 {
