@@ -177,6 +177,8 @@ status_merge_json(const struct manifest *m, cJSON *o)
     cJSON *rec = NULL, *x;
     long long rows;
 
+    /* the record first: finalize writes it before it removes the lock,
+     * so while both exist the merge is decided, not running */
     if (json_load_object(result, 1 << 20, &rec, NULL) == 0) {
         x = cJSON_AddObjectToObject(o, "merge");
         json_add_str(x, "status", json_get_str(rec, "status") ? json_get_str(rec, "status")
@@ -862,7 +864,9 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
     json_add_int(o, "records_read", (long long)v->summarised);
     shards = cJSON_AddArrayToObject(o, "shards");
     /* every shard while that stays within the bound (status --json as
-     * spec §5.9 has it), else those that need attention */
+     * spec §5.9 has it), else those that need attention: the details kept
+     * are only locks and failures (at most STATUS_VIEW_DETAILS), so a
+     * 100,000-shard job's reply stays within the protocol's line */
     if (all || v->nshards <= STATUS_VIEW_DETAILS) {
         size_t d = 0;
 
