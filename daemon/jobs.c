@@ -82,7 +82,7 @@ find(const char *key)
 /* setfsuid/setfsgid, not seteuid: only file system access changes, so
  * esd keeps its own identity for signals, its control socket and systemd
  * while it touches a job directory as the owner; and they are per thread
- * (glibc does not broadcast them), so a hashing thread never acts as the
+ * (glibc does not broadcast them): only the calling thread acts as the
  * owner. Every switch is undone by jobs_fs_restore before the loop goes
  * on. A no-op unless esd is root. */
 static struct fsid
