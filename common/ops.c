@@ -251,8 +251,9 @@ out:
 
 /* Shards listed with their attempts, and the bytes of attempt records a
  * listing may hold: a reply stays well inside the protocol's 1 MiB
- * (PROTO_MAX_MESSAGE), leaving 384 KiB for the summary, the shard entries
- * and their last_error, each of which is clipped to HISTORY_ERROR_MAX. */
+ * (PROTO_MAX_MESSAGE). The budget covers the attempts only; the summary,
+ * the shard entries and their last_error (clipped to HISTORY_ERROR_MAX)
+ * share the other 384 KiB. */
 #define HISTORY_LIST_MAX STATUS_VIEW_DETAILS
 #define HISTORY_LIST_BYTES (640 << 10)
 #define HISTORY_SHARD_ATTEMPTS 8 /* attempts listed per shard, the latest */
