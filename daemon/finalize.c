@@ -473,11 +473,12 @@ fin_poll(struct fin *f)
     if (fin_apply(f))
         return;
     if (stat(f->lock, &st) < 0) {
-        /* released without a result: elect again. (A winner that writes
-         * its result and removes the lock between fin_apply above and
-         * this stat makes the new winner merge once more: wasted work,
-         * the same output replaced atomically, the same record.) */
-        fin_elect(f);
+        /* Gone. The winner writes its result before it removes the lock,
+         * so a result written between fin_apply above and this stat is
+         * there now: look once more, and elect again only if the lock was
+         * released without one (its merge failed, or it gave up). */
+        if (!fin_apply(f))
+            fin_elect(f);
         return;
     }
     /* Ages on the file server's clock (claimer_now), as for shard locks:
