@@ -24,6 +24,7 @@
 #include "manifest.h"
 #include "merge.h"
 #include "prepare.h"
+#include "pypath.h"
 #include "recipe.h"
 #include "retry.h"
 #include "status.h"
@@ -53,7 +54,7 @@ path_arg(const struct op_env *env, const cJSON *args, enum opt_id o, char **ret,
     if (env->confined && p[0] != '/')
         return err_set(err, -EINVAL, "--%s must be an absolute path through esd, got %s",
                        cmd_opts[o].name, p);
-    return fs_resolve_cli(p, ret, err);
+    return pypath_resolve_cli(p, ret, err);
 }
 
 static void
@@ -617,7 +618,7 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
     } else {
         char *dflt = fs_join(m.job_dir, "merged.jsonl");
 
-        r = fs_resolve_cli(dflt, &output, err);
+        r = pypath_resolve_cli(dflt, &output, err);
         free(dflt);
     }
     if (r == 0 && env->confined && !fs_is_inside(m.job_dir, output))
@@ -667,7 +668,7 @@ op_latest_log(const char *job_dir, const char *shard, char **ret_path, struct es
     if (!*shard || strchr(shard, '/') || !strcmp(shard, ".") || !strcmp(shard, ".."))
         return err_set(err, -EINVAL, "not a shard id: %s", shard);
     rel = xasprintf("attempts/%s", shard);
-    r = fs_join_inside(job_dir, rel, &dir, err);
+    r = pypath_join_inside(job_dir, rel, &dir, err);
     free(rel);
     if (r < 0)
         return r;

@@ -43,6 +43,7 @@
 #include "opchild.h"
 #include "prepare.h"
 #include "proto.h"
+#include "pypath.h"
 #include "runner.h"
 #include "sched.h"
 #include "spawn.h"
@@ -242,7 +243,7 @@ jobref_get(const struct conn *c, const char *job_dir, struct jobref *jr, const c
         return err_set(err, -EINVAL, "job_dir must be an absolute path, got %.200s", job_dir);
     }
     prev = jobs_fs_as(c->cred.uid, c->cred.gid);
-    r = fs_realpath_lax(job_dir, &jr->dir, err);
+    r = pypath_realpath(job_dir, &jr->dir, err);
     if (r == 0) {
         if (stat(jr->dir, &jr->st) == 0)
             jr->exists = S_ISDIR(jr->st.st_mode);
@@ -891,7 +892,7 @@ submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, c
     if (r == 0 && out) {
         if (out[0] != '/')
             r = err_set(err, -EINVAL, "output must be an absolute path, got %.200s", out);
-        else if ((r = fs_realpath_lax(out, ret_out, err)) == 0 && !fs_is_inside(jr->dir, *ret_out))
+        else if ((r = pypath_realpath(out, ret_out, err)) == 0 && !fs_is_inside(jr->dir, *ret_out))
             r = err_set(err, -EACCES, "output %s is outside the job directory %s; esd merges "
                         "only inside it", *ret_out, jr->dir);
         else if (r == 0 && merge_output_clobbers(jr->dir, *ret_out))
