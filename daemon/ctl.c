@@ -80,7 +80,7 @@ must(cJSON *v)
     return v;
 }
 
-/* ---- who may do what ---- */
+/* ---- who the peer is (the command-specific checks: ctlcmd_authorise) ---- */
 
 static bool
 in_group(const struct ucred *cred, const gid_t *groups, size_t ngroups, gid_t g)
@@ -869,6 +869,8 @@ ctl_fini(void)
                     strerror(errno));
     free(server.path);
     free(settings.node);
+    settings.node = NULL;
+    settings.conf = NULL;
     memset(&server, 0, sizeof(server));
     server.fd = -1;
 }

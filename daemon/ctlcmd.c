@@ -55,6 +55,8 @@ add_refusals(cJSON *r, const char *job_dir)
         cJSON_Delete(a);
 }
 
+/* ---- who may run what ---- */
+
 void
 ctlcmd_jobref_free(struct jobref *jr)
 {
@@ -210,6 +212,68 @@ authorise(const struct conn *c, const struct cmd_def *cmd, const cJSON *args, st
         return r;
     }
     return 0;
+}
+
+/*
+ * Does esd see, at the path the client names in the request's "seen"
+ * (common/proto.h), the directory the client sees there? Not under
+ * PrivateTmp= (another /tmp) or in another mount namespace. 0 (also when
+ * the client sent nothing), or -ENOENT with *code and err naming the cause
+ * and the fix.
+ */
+static int
+seen_check(const struct conn *c, const cJSON *root, const char **code, struct esd_err *err)
+{
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "seen");
+    const char *path = json_get_str(s, "path");
+    long long dev, ino, tdev, tino;
+    struct stat st, tmp;
+    struct fsid prev;
+    bool tmp_differs, in_tmp;
+    int r;
+
+    if (!path || path[0] != '/' || json_get_int(s, "dev", &dev) < 0 ||
+        json_get_int(s, "ino", &ino) < 0)
+        return 0;
+    prev = jobs_fs_as(c->cred.uid, c->cred.gid);
+    r = stat(path, &st) < 0 ? -errno : 0;
+    jobs_fs_restore(prev);
+    if (r == 0 && (long long)st.st_dev == dev && (long long)st.st_ino == ino)
+        return 0;
+    tmp_differs = json_get_int(s, "tmp_dev", &tdev) == 0 && json_get_int(s, "tmp_ino", &tino) == 0 &&
+                  (stat("/tmp", &tmp) < 0 || (long long)tmp.st_dev != tdev ||
+                   (long long)tmp.st_ino != tino);
+    in_tmp = !strcmp(path, "/tmp") || !strncmp(path, "/tmp/", 5) || !strcmp(path, "/var/tmp") ||
+             !strncmp(path, "/var/tmp/", 9);
+    *code = PROTO_E_FAILED;
+    if (tmp_differs && in_tmp)
+        return err_set(err, -ENOENT, "esd runs with PrivateTmp: %s is not the same directory "
+                       "for it (esd has a /tmp and /var/tmp of its own); put the job under a "
+                       "directory esd shares, such as the shared job mount listed in "
+                       "ReadWritePaths= (systemctl edit esd), not under /tmp", path);
+    if (r < 0)
+        return err_set(err, -ENOENT, "esd does not see %s, which you see (device %lld, inode "
+                       "%lld): esd runs in a mount namespace of its own (systemd's PrivateTmp=, "
+                       "PrivateMounts=, ProtectHome=, or a container); put the job on a file "
+                       "system esd sees at the same path", path, dev, ino);
+    return err_set(err, -ENOENT, "esd sees another directory at %s (device %llu, inode %llu) "
+                   "than you do (device %lld, inode %lld): esd runs in a mount namespace of its "
+                   "own (systemd's PrivateTmp=, PrivateMounts=, ProtectHome=, or a container); "
+                   "put the job on a file system esd sees at the same path", path,
+                   (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, dev, ino);
+}
+
+int
+ctlcmd_authorise(const struct conn *c, const struct cmd_def *cmd, const struct proto_request *req,
+                 struct jobref *jr, const char **code, struct esd_err *err)
+{
+    int r;
+
+    memset(jr, 0, sizeof(*jr));
+    if ((cmd->id == CMD_SUBMIT || cmd->id == CMD_PREPARE) &&
+        (r = seen_check(c, req->root, code, err)) < 0)
+        return r;
+    return authorise(c, cmd, req->args, jr, code, err);
 }
 
 /* ---- the handlers (ctlcmd_fn) ---- */
@@ -563,55 +627,6 @@ handle_forget(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
 }
 
 /*
- * Does esd see, at the path the client names in the request's "seen"
- * (common/proto.h), the directory the client sees there? Not under
- * PrivateTmp= (another /tmp) or in another mount namespace. 0 (also when
- * the client sent nothing), or -ENOENT with *code and err naming the cause
- * and the fix.
- */
-static int
-seen_check(const struct conn *c, const cJSON *root, const char **code, struct esd_err *err)
-{
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(root, "seen");
-    const char *path = json_get_str(s, "path");
-    long long dev, ino, tdev, tino;
-    struct stat st, tmp;
-    struct fsid prev;
-    bool tmp_differs, in_tmp;
-    int r;
-
-    if (!path || path[0] != '/' || json_get_int(s, "dev", &dev) < 0 ||
-        json_get_int(s, "ino", &ino) < 0)
-        return 0;
-    prev = jobs_fs_as(c->cred.uid, c->cred.gid);
-    r = stat(path, &st) < 0 ? -errno : 0;
-    jobs_fs_restore(prev);
-    if (r == 0 && (long long)st.st_dev == dev && (long long)st.st_ino == ino)
-        return 0;
-    tmp_differs = json_get_int(s, "tmp_dev", &tdev) == 0 && json_get_int(s, "tmp_ino", &tino) == 0 &&
-                  (stat("/tmp", &tmp) < 0 || (long long)tmp.st_dev != tdev ||
-                   (long long)tmp.st_ino != tino);
-    in_tmp = !strcmp(path, "/tmp") || !strncmp(path, "/tmp/", 5) || !strcmp(path, "/var/tmp") ||
-             !strncmp(path, "/var/tmp/", 9);
-    *code = PROTO_E_FAILED;
-    if (tmp_differs && in_tmp)
-        return err_set(err, -ENOENT, "esd runs with PrivateTmp: %s is not the same directory "
-                       "for it (esd has a /tmp and /var/tmp of its own); put the job under a "
-                       "directory esd shares, such as the shared job mount listed in "
-                       "ReadWritePaths= (systemctl edit esd), not under /tmp", path);
-    if (r < 0)
-        return err_set(err, -ENOENT, "esd does not see %s, which you see (device %lld, inode "
-                       "%lld): esd runs in a mount namespace of its own (systemd's PrivateTmp=, "
-                       "PrivateMounts=, ProtectHome=, or a container); put the job on a file "
-                       "system esd sees at the same path", path, dev, ino);
-    return err_set(err, -ENOENT, "esd sees another directory at %s (device %llu, inode %llu) "
-                   "than you do (device %lld, inode %lld): esd runs in a mount namespace of its "
-                   "own (systemd's PrivateTmp=, PrivateMounts=, ProtectHome=, or a container); "
-                   "put the job on a file system esd sees at the same path", path,
-                   (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, dev, ino);
-}
-
-/*
  * submit's checks before anything is prepared or registered: esd can write
  * where the job is (not read-only for it: ProtectSystem=strict), and with
  * --everywhere a spool_dir exists and the job and the spool are on file
@@ -891,18 +906,7 @@ ctlcmd_handler(enum cmd_id id)
     return (unsigned)id < CMD__COUNT ? handlers[id] : NULL;
 }
 
-int
-ctlcmd_authorise(const struct conn *c, const struct cmd_def *cmd, const struct proto_request *req,
-                 struct jobref *jr, const char **code, struct esd_err *err)
-{
-    int r;
-
-    memset(jr, 0, sizeof(*jr));
-    if ((cmd->id == CMD_SUBMIT || cmd->id == CMD_PREPARE) &&
-        (r = seen_check(c, req->root, code, err)) < 0)
-        return r;
-    return authorise(c, cmd, req->args, jr, code, err);
-}
+/* ---- the end of an operation in a child ---- */
 
 cJSON *
 ctlcmd_op_reply(struct conn *c, cJSON *result, const char *code, const char *message)
