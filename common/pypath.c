@@ -3,8 +3,9 @@
  * on, copied step by step so that every answer is the reference's, quirks
  * included (a loop's unresolved rest, "//" kept, ".." applied after a
  * symlink is resolved rather than textually). Each function names the
- * Python function it follows; where the C differs in shape (no recursion
- * limit, explicit memory) the comment says why the result cannot differ.
+ * Python function it follows. Where CPython recurses without a bound of
+ * its own, the copy stops at REALPATH_MAX_DEPTH with an error instead of
+ * a RecursionError.
  */
 #include "pypath.h"
 
@@ -366,6 +367,10 @@ pypath_join_inside(const char *root, const char *rel, char **ret, struct esd_err
     return 0;
 }
 
+/* Path.rglob's walk below dir (rel: dir relative to the top), in
+ * directory order; lstat decides what is descended, so a symlinked
+ * directory is not, as in 3.11 (whose _RecursiveWildcardSelector does not
+ * follow links to directories). */
 static int
 walk_dir(const char *dir, const char *rel, bool (*want)(const char *), struct pypath_entries *out,
          struct esd_err *err)
@@ -408,6 +413,8 @@ walk_dir(const char *dir, const char *rel, bool (*want)(const char *), struct py
     return r;
 }
 
+/* strcmp compares the UTF-8 bytes as unsigned char, which is code point
+ * order: sorted() of the str paths. */
 static int
 cmp_entry(const void *a, const void *b)
 {
