@@ -491,7 +491,8 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
         o = &none;
     strv_init(&argv);
     strv_init(&env);
-    if ((r = pypath_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config, err)) < 0 ||
+    if ((r = pypath_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config,
+                                err)) < 0 ||
         (r = pypath_join_inside(m->job_dir, m->shards[cl->index].path, &dataset, err)) < 0) {
         free(config);
         return r;

@@ -440,6 +440,7 @@ static cJSON *
 handle_reload(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
               long long req_id, const char **code, struct esd_err *err)
 {
+    const struct esd_conf *conf;
     cJSON *r;
 
     (void)cmd;
@@ -453,7 +454,8 @@ handle_reload(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
         return NULL;
     }
     r = must(cJSON_CreateObject());
-    json_add_str(r, "path", ctl_settings->conf && ctl_settings->conf->path ? ctl_settings->conf->path : "defaults");
+    conf = ctl_settings->conf;
+    json_add_str(r, "path", conf && conf->path ? conf->path : "defaults");
     return r;
 }
 

@@ -220,7 +220,9 @@ END_TEST
 START_TEST(test_realpath_root_and_relative)
 {
     /* realpath, unlike normpath, does not keep a leading "//". */
-    static const char *const roots[] = { "/", "/..", "/../..", "//", "/./", "//..", "///", "/.//../." };
+    static const char *const roots[] = {
+        "/", "/..", "/../..", "//", "/./", "//..", "///", "/.//../.",
+    };
     char *b = realpath_tree();
     char *real = fs_join(b, "real");
     struct esd_err err;
