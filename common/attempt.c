@@ -15,6 +15,7 @@
 
 #include "fsutil.h"
 #include "json.h"
+#include "pypath.h"
 
 extern char **environ;
 
@@ -415,7 +416,7 @@ attempt_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd
     const char *status;
     int r;
 
-    if ((r = fs_join_inside(m->job_dir, attempt_rel, &dir, err)) < 0)
+    if ((r = pypath_join_inside(m->job_dir, attempt_rel, &dir, err)) < 0)
         return r;
     path = fs_join(dir, "attempt.json");
     free(dir);
@@ -490,8 +491,9 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
         o = &none;
     strv_init(&argv);
     strv_init(&env);
-    if ((r = fs_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config, err)) < 0 ||
-        (r = fs_join_inside(m->job_dir, m->shards[cl->index].path, &dataset, err)) < 0) {
+    if ((r = pypath_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config,
+                                err)) < 0 ||
+        (r = pypath_join_inside(m->job_dir, m->shards[cl->index].path, &dataset, err)) < 0) {
         free(config);
         return r;
     }
@@ -702,7 +704,7 @@ order_key(const char *rel)
 
 struct keyed_entry {
     char *key;
-    struct fs_entry e;
+    struct pypath_entry e;
 };
 
 static int
@@ -714,10 +716,10 @@ cmp_keyed(const void *a, const void *b)
     return c ? c : strcmp(x->e.rel, y->e.rel);
 }
 
-/* Sorts the files of an export directory (fs_walk's code point order) in
+/* Sorts the files of an export directory (pypath_rglob's code point order) in
  * the order of order_key(). */
 static void
-order_sources(struct fs_entries *src)
+order_sources(struct pypath_entries *src)
 {
     struct keyed_entry *k;
 
@@ -756,7 +758,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
                     struct esd_err *err)
 {
     struct attempt_result res = { 0 };
-    struct fs_entries src = { 0 };
+    struct pypath_entries src = { 0 };
     struct jsonl_record rec;
     struct sha256 out_sha;
     struct stat st;
@@ -776,7 +778,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
         goto out;
     }
     if (S_ISDIR(st.st_mode)) {
-        if ((r = fs_walk(export, is_output_name, &src, err)) < 0)
+        if ((r = pypath_rglob(export, is_output_name, &src, err)) < 0)
             goto out;
         order_sources(&src);
     } else if (!S_ISREG(st.st_mode)) {
@@ -867,7 +869,7 @@ out:
     sha256_abort(&out_sha);
     attempt_result_free(&res);
     jsonl_record_free(&rec);
-    fs_entries_free(&src);
+    pypath_entries_free(&src);
     free(export);
     free(output);
     free(tmp);

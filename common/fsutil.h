@@ -1,8 +1,9 @@
 /*
  * fsutil: the filesystem primitives the job-directory contract rests on
  * (spec §3, §5.1; DESIGN.md "On-disk contract"): atomic replace, exclusive
- * publish, O_EXCL create, directory fsync, Python-compatible path
- * resolution and the safe join that keeps every path inside its job dir.
+ * publish, O_EXCL create, directory fsync, opens that follow no link and
+ * wait on no FIFO, and plain path string helpers. The Python-compatible
+ * path resolution and the safe join are in pypath.h.
  *
  * Temporary files are named ".<final-name>.<uuid32hex>.tmp" in the
  * destination directory, as the reference names them.
@@ -114,56 +115,11 @@ int fs_mkdir_p(const char *path, mode_t mode, struct esd_err *err);
 /* rm -rf without following symlinks. Best effort; returns the first error. */
 int fs_rm_rf(const char *path);
 
-/*
- * Python's os.path.realpath(path, strict=False) for an absolute path:
- * symlinks resolved component by component, "." dropped, ".." applied to
- * the resolved prefix, non-existent tails kept. Symlink loops keep the
- * remaining path unresolved as Python does. Caller frees *ret.
- */
-int fs_realpath_lax(const char *path, char **ret, struct esd_err *err);
-
-/*
- * A path from the command line: "~" and "~user" expanded, made absolute
- * against the working directory, then fs_realpath_lax. Caller frees *ret.
- */
-int fs_resolve_cli(const char *path, char **ret, struct esd_err *err);
-
 /* Joins two path fragments with exactly one '/'. Caller frees. */
 char *fs_join(const char *a, const char *b);
 
-/*
- * Safe join (spec §3): joins the POSIX relative path rel onto the resolved
- * job directory root, resolves it with fs_realpath_lax and refuses, with
- * "Manifest path escapes job directory: <rel>", any result that is not
- * root itself or below it. Absolute rel is refused the same way.
- */
-int fs_join_inside(const char *root, const char *rel, char **ret, struct esd_err *err);
-
 /* True if path is inside (or equal to) dir; both must be resolved. */
 bool fs_is_inside(const char *dir, const char *path);
-
-/* A regular file found by fs_walk (all owned). */
-struct fs_entry {
-    char *path;     /* dir joined with rel */
-    char *rel;      /* POSIX path relative to dir */
-    struct stat st; /* of the file (a symlink followed) */
-};
-
-struct fs_entries {
-    struct fs_entry *v;
-    size_t n, cap;
-};
-
-/*
- * Every regular file below dir whose own name want() accepts, sorted by
- * relative path in code point order, with Python 3.11 rglob() semantics:
- * hidden names are walked, symlinks to files are followed, symlinked
- * directories are not descended. An unreadable directory is an error
- * naming it. The caller frees *ret with fs_entries_free (also on error).
- */
-int fs_walk(const char *dir, bool (*want)(const char *name), struct fs_entries *ret,
-            struct esd_err *err);
-void fs_entries_free(struct fs_entries *e);
 
 /*
  * Sets the modification time of the open file fd to the file system's

@@ -13,6 +13,7 @@
 
 #include "fsutil.h"
 #include "json.h"
+#include "pypath.h"
 #include "sha256.h"
 
 /* A shard id becomes a file name in state/locks, done, failed, stale_locks
@@ -77,7 +78,7 @@ manifest_shard_id(long long i, long long n)
 }
 
 /* Lexical part of the escape check: relative, no ".." component. Symlinks
- * are checked where a path is used (fs_join_inside). */
+ * are checked where a path is used (pypath_join_inside). */
 static bool
 path_ok(const char *p)
 {

@@ -2,7 +2,7 @@
  * manifest: the job's manifest.json (schema 2, spec §5.2): loading with the
  * reference's load-time checks plus the checks esd needs to use it safely
  * (shard ids are plain file names, shard paths are relative without ".."
- * components; fs_join_inside checks symlinks where a path is used),
+ * components; pypath_join_inside checks symlinks where a path is used),
  * and the names of every file of the job directory layout (spec §4).
  */
 #ifndef ESD_MANIFEST_H

@@ -19,6 +19,7 @@
 #include "fsutil.h"
 #include "hashq.h"
 #include "json.h"
+#include "pypath.h"
 #include "status.h"
 
 struct result {
@@ -81,7 +82,7 @@ load_results(struct ctx *c, struct esd_err *err)
                 r = err_set(err, -EINVAL,
                             "Malformed done record %s: needs output_path, rows and sha256", path);
             else /* spec §3: a stored path must stay inside the job */
-                r = fs_join_inside(m->job_dir, rel, &x->path, err);
+                r = pypath_join_inside(m->job_dir, rel, &x->path, err);
         }
         if (r == 0) {
             memcpy(x->sha256, sha, SHA256_HEX_LEN + 1);

@@ -24,6 +24,7 @@
 #include "manifest.h"
 #include "merge.h"
 #include "prepare.h"
+#include "pypath.h"
 #include "recipe.h"
 #include "retry.h"
 #include "status.h"
@@ -57,7 +58,7 @@ path_arg(const struct op_env *env, const cJSON *args, enum opt_id o, char **ret,
     if (env->confined && p[0] != '/')
         return err_set(err, -EINVAL, "--%s must be an absolute path through esd, got %s",
                        cmd_opts[o].name, p);
-    return fs_resolve_cli(p, ret, err);
+    return pypath_resolve_cli(p, ret, err);
 }
 
 static void
@@ -660,7 +661,7 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
     } else {
         char *dflt = fs_join(m.job_dir, "merged.jsonl");
 
-        r = fs_resolve_cli(dflt, &output, err);
+        r = pypath_resolve_cli(dflt, &output, err);
         free(dflt);
     }
     /* Through esd the merge runs in esd's mount namespace (esd.service:
@@ -715,12 +716,12 @@ op_latest_log(const char *job_dir, const char *shard, char **ret_path, struct es
 
     *ret_path = NULL;
     /* The shard comes from the request and becomes a path component; a
-     * slash or a dot name would leave attempts/ before fs_join_inside
+     * slash or a dot name would leave attempts/ before pypath_join_inside
      * could say so in terms of shards. */
     if (!*shard || strchr(shard, '/') || !strcmp(shard, ".") || !strcmp(shard, ".."))
         return err_set(err, -EINVAL, "not a shard id: %s", shard);
     rel = xasprintf("attempts/%s", shard);
-    r = fs_join_inside(job_dir, rel, &dir, err);
+    r = pypath_join_inside(job_dir, rel, &dir, err);
     free(rel);
     if (r < 0)
         return r;

@@ -45,6 +45,7 @@
 #include "hashq.h"
 #include "json.h"
 #include "manifest.h"
+#include "pypath.h"
 #include "record.h"
 #include "sha256.h"
 #include "spawn.h"
@@ -204,12 +205,12 @@ discover(const char *dataset, struct files *out, char **ret_media_root, struct e
     if (stat(dataset, &st) < 0)
         return err_sys(err, -errno, "Dataset path does not exist: %s", dataset);
     if (S_ISDIR(st.st_mode)) {
-        struct fs_entries found;
+        struct pypath_entries found;
 
-        r = fs_walk(dataset, is_jsonl_name, &found, err);
+        r = pypath_rglob(dataset, is_jsonl_name, &found, err);
         for (size_t i = 0; r == 0 && i < found.n; i++)
             files_add(out, found.v[i].path, found.v[i].rel, &found.v[i].st);
-        fs_entries_free(&found);
+        pypath_entries_free(&found);
         if (r < 0)
             return r;
         *ret_media_root = xstrdup(dataset);
@@ -482,7 +483,7 @@ load_request(struct job *j, struct esd_err *err)
     const struct prepare_opts *o = j->o;
     int r;
 
-    if ((r = fs_resolve_cli(o->config, &j->config, err)) < 0)
+    if ((r = pypath_resolve_cli(o->config, &j->config, err)) < 0)
         return r;
     if (stat(j->config, &j->recipe_st) < 0 || !S_ISREG(j->recipe_st.st_mode))
         return err_set(err, -ENOENT, "Recipe does not exist: %s", j->config);
@@ -516,7 +517,7 @@ load_request(struct job *j, struct esd_err *err)
         strv_push_owned(&j->warnings, buf_steal(&w));
     }
     if (o->dataset_path) {
-        if ((r = fs_resolve_cli(o->dataset_path, &j->dataset, err)) < 0)
+        if ((r = pypath_resolve_cli(o->dataset_path, &j->dataset, err)) < 0)
             return r;
     } else {
         char *base = NULL, *joined;
@@ -531,12 +532,12 @@ load_request(struct job *j, struct esd_err *err)
         if (j->recipe.dataset_path[0] == '/') {
             joined = xstrdup(j->recipe.dataset_path);
         } else {
-            if ((r = fs_resolve_cli(o->dj_root ? o->dj_root : ".", &base, err)) < 0)
+            if ((r = pypath_resolve_cli(o->dj_root ? o->dj_root : ".", &base, err)) < 0)
                 return r;
             joined = fs_join(base, j->recipe.dataset_path);
             free(base);
         }
-        r = fs_realpath_lax(joined, &j->dataset, err);
+        r = pypath_realpath(joined, &j->dataset, err);
         free(joined);
         if (r < 0)
             return r;
@@ -548,7 +549,7 @@ load_request(struct job *j, struct esd_err *err)
     j->rctx.media_keys = &j->recipe.media_keys;
     j->rctx.index_keys = &j->recipe.index_keys;
     j->rctx.media_root = j->media_root;
-    if ((r = fs_resolve_cli(o->job_dir, &j->job_dir, err)) < 0)
+    if ((r = pypath_resolve_cli(o->job_dir, &j->job_dir, err)) < 0)
         return r;
     /* its name is the job id, which every later load checks */
     if (!manifest_job_id_ok(fs_basename(j->job_dir))) {

@@ -12,6 +12,7 @@
 
 #include "fsutil.h"
 #include "json.h"
+#include "pypath.h"
 
 bool
 record_media_item_kept(const char *item, size_t len)
@@ -122,7 +123,7 @@ media_value(const struct record_ctx *ctx, const char *p, const struct jsonl_memb
                 break;
             }
             joined = fs_join(ctx->media_root, item.p);
-            r = fs_realpath_lax(joined, &resolved, err);
+            r = pypath_realpath(joined, &resolved, err);
             free(joined);
             if (r < 0)
                 break;

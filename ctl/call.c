@@ -15,11 +15,11 @@
 #include <unistd.h>
 
 #include "esctl.h"
-#include "fsutil.h"
 #include "json.h"
 #include "ops.h"
 #include "prepare.h"
 #include "proto.h"
+#include "pypath.h"
 
 #define PLAIN_TIMEOUT 30.0 /* seconds for a command that is not CMDF_LONG */
 
@@ -106,7 +106,7 @@ build_args(const struct call *c, cJSON **ret, struct esd_err *err)
                 json_add_str(a, d->key, c->str[o]);
                 break;
             }
-            if ((r = fs_resolve_cli(c->str[o], &abs, err)) < 0) {
+            if ((r = pypath_resolve_cli(c->str[o], &abs, err)) < 0) {
                 cJSON_Delete(a);
                 return r;
             }
@@ -120,7 +120,7 @@ build_args(const struct call *c, cJSON **ret, struct esd_err *err)
                     cJSON_AddItemToArray(v, cJSON_CreateString(c->multi[o].v[i]));
                     continue;
                 }
-                if ((r = fs_resolve_cli(c->multi[o].v[i], &abs, err)) < 0) {
+                if ((r = pypath_resolve_cli(c->multi[o].v[i], &abs, err)) < 0) {
                     cJSON_Delete(a);
                     return r;
                 }

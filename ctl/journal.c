@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "esctl.h"
-#include "fsutil.h"
 #include "manifest.h"
+#include "pypath.h"
 
 int
 journal_show(struct call *c)
@@ -25,7 +25,7 @@ journal_show(struct call *c)
     const char *argv[9];
     int n = 0, r;
 
-    if ((r = fs_resolve_cli(c->str[O_JOB_DIR], &dir, &err)) < 0 ||
+    if ((r = pypath_resolve_cli(c->str[O_JOB_DIR], &dir, &err)) < 0 ||
         (r = manifest_load(dir, &m, &err)) < 0) {
         free(dir);
         return render_error(c, "failed", err.msg, EXIT_ERROR);

@@ -22,6 +22,7 @@
 #include "json.h"
 #include "manifest.h"
 #include "proto.h"
+#include "pypath.h"
 #include "status.h"
 
 /* Attempts drawn, failures and slow shards listed: a report of 100,000
@@ -563,7 +564,7 @@ report_run(struct call *c)
     int rc;
 
     memset(&r, 0, sizeof(r));
-    if (fs_resolve_cli(c->str[O_JOB_DIR], &dir, &err) < 0 ||
+    if (pypath_resolve_cli(c->str[O_JOB_DIR], &dir, &err) < 0 ||
         report_load(&r, dir, c->set[O_LOCK_TIMEOUT] ? c->num[O_LOCK_TIMEOUT] : 0, &err) < 0) {
         free(dir);
         report_free(&r);

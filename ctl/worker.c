@@ -30,6 +30,7 @@
 #include "json.h"
 #include "jsonl.h"
 #include "manifest.h"
+#include "pypath.h"
 #include "sha256.h"
 #include "spawn.h"
 
@@ -333,7 +334,7 @@ check_job(const struct call *c, const struct manifest *m, struct worker_cfg *w,
         }
         fprintf(stderr, "WARNING: %s\n", err->msg);
     }
-    if ((r = fs_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &path, err)) < 0)
+    if ((r = pypath_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &path, err)) < 0)
         return r;
     r = sha256_file(path, hex, err);
     free(path);
@@ -380,7 +381,7 @@ worker_run(struct call *c)
     double poll_secs;
     int r, rc = EXIT_OK;
 
-    if ((r = fs_resolve_cli(c->str[O_JOB_DIR], &dir, &err)) < 0 ||
+    if ((r = pypath_resolve_cli(c->str[O_JOB_DIR], &dir, &err)) < 0 ||
         (r = manifest_load(dir, &m, &err)) < 0) {
         free(dir);
         fprintf(stderr, "ERROR: %s\n", err.msg);

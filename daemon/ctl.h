@@ -4,7 +4,8 @@
  * {"v":1,"id":N,"cmd":"…","args":{…}}; reply {"v":1,"id":N,"ok":true,
  * "result":{…}} or {"v":1,"id":N,"ok":false,"error":{"code":"…",
  * "message":"…"}}. The commands, their arguments and who may run them
- * come from the table in common/cmds.c; common/proto.h has the rest.
+ * come from the table in common/cmds.c, their handlers are in
+ * daemon/ctlcmd.c (ctl.c is the server); common/proto.h has the rest.
  */
 #ifndef ESD_CTL_H
 #define ESD_CTL_H

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "msgid.h"
 #include "merge.h"
+#include "pypath.h"
 #include "recipe.h"
 #include "sched.h"
 #include "sha256.h"
@@ -275,7 +276,7 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
      * something its owner (or the owner of any directory above) may swap
      * later, pointing esd, which acts as the recorded owner, at a
      * directory of someone else's. */
-    if ((r = fs_realpath_lax(dir, &real, err)) < 0)
+    if ((r = pypath_realpath(dir, &real, err)) < 0)
         return r;
     r = strcmp(real, dir);
     free(real);
@@ -310,7 +311,7 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
         /* resolved as the owner: only links the owner could follow count,
          * as for a merge the owner ran themselves */
         prev = fs_switch(st.st_uid, st.st_gid);
-        r = fs_realpath_lax(output, &out, err);
+        r = pypath_realpath(output, &out, err);
         jobs_fs_restore(prev);
         if (r < 0)
             return r;
@@ -1337,7 +1338,7 @@ refusal(const struct manifest *m, int dfd)
     if (djversion_judge(m->dj_commit, &J.djv, &err) < 0 && !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
                          "intentional)", err.msg);
-    if (fs_join_inside(m->job_dir, snap, &path, &err) < 0)
+    if (pypath_join_inside(m->job_dir, snap, &path, &err) < 0)
         return xstrdup(err.msg);
     if (strlen(path) <= strlen(m->job_dir)) {
         free(path);

@@ -50,6 +50,7 @@
 #include "manifest.h"
 #include "ops.h"
 #include "prepare.h"
+#include "pypath.h"
 #include "sched.h"
 #include "sha256.h"
 #include "status.h"
@@ -602,7 +603,7 @@ static char *
 ranks_summary(void)
 {
     char *dir = coord_path("ranks");
-    struct fs_entries ents = { 0 };
+    struct pypath_entries ents = { 0 };
     struct buf b;
     struct strv nodes;
     size_t n = 0;
@@ -611,7 +612,7 @@ ranks_summary(void)
     strv_init(&nodes);
     struct esd_err err;
 
-    if (R.launcher && fs_walk(dir, json_name, &ents, &err) == 0) {
+    if (R.launcher && pypath_rglob(dir, json_name, &ents, &err) == 0) {
         for (size_t i = 0; i < ents.n; i++) {
             char *p = fs_join(dir, ents.v[i].rel);
             cJSON *o = NULL;
@@ -634,7 +635,7 @@ ranks_summary(void)
         if (nodes.n > 32)
             buf_printf(&b, " ...");
     }
-    fs_entries_free(&ents);
+    pypath_entries_free(&ents);
     strv_free(&nodes);
     free(dir);
     return buf_steal(&b);
@@ -2014,7 +2015,7 @@ build_conf(struct esd_err *err)
                                                            : RAY_OFF;
     free(c->state_dir);
     if (R.state_dir) {
-        if (fs_resolve_cli(R.state_dir, &c->state_dir, err) < 0)
+        if (pypath_resolve_cli(R.state_dir, &c->state_dir, err) < 0)
             goto fail;
     } else {
         const char *rt = getenv("XDG_RUNTIME_DIR");
@@ -2122,7 +2123,7 @@ setup_engine(struct esd_err *err)
         return err_sys(err, -e, "cannot open the job directory %s", R.job_dir);
     }
     close(fd);
-    if (R.output && fs_resolve_cli(R.output, &out, err) < 0)
+    if (R.output && pypath_resolve_cli(R.output, &out, err) < 0)
         return -1;
     R.job = jobs_register(R.job_dir, &st, out, false, getuid(), err);
     free(out);
@@ -2150,7 +2151,7 @@ oneshot_main(int argc, char **argv)
         return EXIT_FAILED;
     if (gethostname(R.host, sizeof(R.host) - 1) < 0)
         snprintf(R.host, sizeof(R.host), "unknown");
-    if (fs_resolve_cli(R.job_dir, &abs, &err) < 0)
+    if (pypath_resolve_cli(R.job_dir, &abs, &err) < 0)
         goto fatal;
     free(R.job_dir);
     R.job_dir = abs;

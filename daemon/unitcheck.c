@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "pypath.h"
 #include "spawn.h"
 
 /* The PATH systemd gives a system service (systemd 252 on a merged /usr). */
@@ -248,7 +249,7 @@ check_exec(const char *what, const char *cmd, const struct unit_sandbox *sb,
                                             path ? path : "", sb ? ", the unit's" : ""));
         return;
     }
-    if (fs_realpath_lax(found, &real, &err) < 0)
+    if (pypath_realpath(found, &real, &err) < 0)
         real = xstrdup(found);
     if (access(found, X_OK) < 0)
         strv_push_owned(problems, xasprintf("%s %s: user %s cannot run it: %s", what, found,
@@ -289,7 +290,7 @@ check_dir(const char *what, const char *shown, const char *dir, const struct uni
     }
     if (!sb)
         return;
-    if (fs_realpath_lax(dir, &real, &err) < 0)
+    if (pypath_realpath(dir, &real, &err) < 0)
         real = xstrdup(dir);
     if ((why = unit_sandbox_why(sb, dir, true)) || (why = unit_sandbox_why(sb, real, true)))
         strv_push_owned(problems, xasprintf("%s %s: %s", what, shown, why));

@@ -24,6 +24,7 @@
 #include "json.h"
 #include "manifest.h"
 #include "merge.h"
+#include "pypath.h"
 #include "sha256.h"
 #include "status.h"
 
@@ -103,7 +104,7 @@ setup(void)
     if (!base || !*base)
         base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     tmpl = xasprintf("%s/fuzz-records.XXXXXX", base);
-    if (!mkdtemp(tmpl) || fs_realpath_lax(tmpl, &top, NULL) < 0)
+    if (!mkdtemp(tmpl) || pypath_realpath(tmpl, &top, NULL) < 0)
         abort();
     free(tmpl);
     atexit(cleanup);

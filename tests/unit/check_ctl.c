@@ -10,7 +10,9 @@
  * left alone, removed by ctl_fini, and sockets passed by systemd; the fair
  * shares of connections and operations (common/proto.h) as a pure decision
  * over tables of what is held, the share a peer gets (uids without an
- * account pooled), and that esd's own non-root uid is not privileged.
+ * account pooled), and that esd's own non-root uid is not privileged; and
+ * that the handler table (daemon/ctlcmd.c) covers exactly the commands
+ * cmds.h marks as served by esd.
  */
 #include <check.h>
 #include <errno.h>
@@ -27,8 +29,10 @@
 
 #include <ev.h>
 
+#include "cmds.h"
 #include "config.h"
 #include "ctl.h"
+#include "ctlcmd.h"
 #include "fsutil.h"
 #include "json.h"
 #include "proto.h"
@@ -1301,6 +1305,40 @@ START_TEST(test_root_esd_denies)
 }
 END_TEST
 
+/*
+ * The handler table: every command of cmds.h that esd serves (CMDF_DAEMON)
+ * has a handler, no other command has one, and an esctl-only command sent
+ * to esd is refused by name rather than run.
+ */
+START_TEST(test_handler_table)
+{
+    const struct ucred root = { .pid = getpid(), .uid = 0, .gid = 0 };
+    unsigned served = 0;
+
+    for (unsigned id = 0; id < CMD__COUNT; id++) {
+        const struct cmd_def *cmd = &cmd_table[id];
+        bool daemon = cmd->flags & CMDF_DAEMON;
+
+        ck_assert_uint_eq(cmd->id, id);
+        ck_assert_msg(daemon == (ctlcmd_handler(cmd->id) != NULL),
+                      "%s: %s by esd but %s", cmd->name, daemon ? "served" : "not served",
+                      daemon ? "has no handler" : "has a handler");
+        served += daemon;
+        if (!daemon) {
+            char line[128], code[64], msg[512], want[128];
+
+            snprintf(line, sizeof(line), "{\"v\":1,\"id\":1,\"cmd\":\"%s\"}", cmd->name);
+            answer(&root, NULL, 0, line, code, msg);
+            ck_assert_str_eq(code, PROTO_E_UNKNOWN_COMMAND);
+            snprintf(want, sizeof(want), "%s runs in esctl only, not in esd", cmd->name);
+            ck_assert_str_eq(msg, want);
+        }
+    }
+    ck_assert_uint_gt(served, 0);
+    ck_assert_ptr_null(ctlcmd_handler(CMD__COUNT));
+}
+END_TEST
+
 static Suite *
 ctl_suite(void)
 {
@@ -1348,6 +1386,7 @@ ctl_suite(void)
     tcase_add_test(share, test_version_reports_shares);
     tcase_add_test(share, test_esd_uid_not_privileged);
     tcase_add_test(share, test_root_esd_denies);
+    tcase_add_test(share, test_handler_table);
     suite_add_tcase(s, share);
     return s;
 }

@@ -33,6 +33,35 @@ tu_tmpdir(void)
 }
 
 char *
+tu_real_tmpdir(void)
+{
+    char *dir = tu_tmpdir();
+    char *real = realpath(dir, NULL);
+
+    ck_assert_ptr_nonnull(real);
+    free(dir);
+    return real;
+}
+
+void
+tu_symlink_at(const char *target, const char *dir, const char *rel)
+{
+    char *path = fs_join(dir, rel);
+
+    ck_assert_msg(symlink(target, path) == 0, "symlink %s: %s", path, strerror(errno));
+    free(path);
+}
+
+void
+tu_mkdir_at(const char *dir, const char *rel)
+{
+    char *path = fs_join(dir, rel);
+
+    ck_assert_int_eq(fs_mkdir_p(path, 0755, NULL), 0);
+    free(path);
+}
+
+char *
 tu_write(const char *dir, const char *rel, const char *data, size_t len)
 {
     char *path = fs_join(dir, rel);

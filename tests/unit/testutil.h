@@ -11,6 +11,13 @@
 /* Creates a fresh directory under $TMPDIR (or /tmp); caller frees; it is
  * the test's to remove (fs_rm_rf). */
 char *tu_tmpdir(void);
+/* tu_tmpdir with every symbolic link in its name resolved (realpath(3)),
+ * for tests that compare resolved paths. Caller frees. */
+char *tu_real_tmpdir(void);
+/* symlink(target, dir/rel) and mkdir -p dir/rel (0755); a failure fails the
+ * test. */
+void tu_symlink_at(const char *target, const char *dir, const char *rel);
+void tu_mkdir_at(const char *dir, const char *rel);
 /* Writes len bytes (or strlen when len == (size_t)-1) to dir/rel, creating
  * parent directories. Returns the full path (caller frees). */
 char *tu_write(const char *dir, const char *rel, const char *data, size_t len);
