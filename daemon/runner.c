@@ -230,6 +230,7 @@ run_free(struct run *r)
     if (*p)
         *p = r->next;
     R.n--;
+    metrics_set_running(R.n);
     ev_timer_stop(R.loop, &r->beat_w);
     ev_timer_stop(R.loop, &r->timeout_w);
     ev_timer_stop(R.loop, &r->grace_w);
@@ -762,6 +763,7 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     r->next = R.head;
     R.head = r;
     R.n++;
+    metrics_set_running(R.n);
     j->running++;
     jobs_claim_record(j, &r->cl);
     ev_timer_init(&r->grace_w, run_grace_cb, r->grace + KEEPER_SLACK, 0);
