@@ -37,11 +37,6 @@ enum { D_LOCKS, D_DONE, D_FAILED };
 static const char *const dir_kind[] = { "locks", "done", "failed" };
 static const char *const dir_suffix[] = { ".lock", ".json", ".json" };
 
-/* tries.h cannot see CLAIM_CLOCK_RESYNC: its liveness window is three
- * missed resyncs of a node's clock file. */
-_Static_assert((int)TRIES_PEER_ALIVE_SECS == (int)(3 * CLAIM_CLOCK_RESYNC),
-               "TRIES_PEER_ALIVE_SECS is 3 * CLAIM_CLOCK_RESYNC");
-
 /* Largest lock file worth reading. */
 #define LOCK_MAX 65536
 

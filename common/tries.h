@@ -83,7 +83,7 @@ int tries_count_by(const struct manifest *m, const char *shard_id, const char *n
  * CLAIM_CLOCK_RESYNC seconds while it makes claim passes) or a lock it
  * holds (renewed every lease/4) was modified this recently on the server's
  * clock: three missed resyncs. (claim.h, above this module, cannot be
- * seen from here; claim.c asserts that this stays 3 * CLAIM_CLOCK_RESYNC.)
+ * seen from here; check_tries asserts that this stays 3 * CLAIM_CLOCK_RESYNC.)
  */
 #define TRIES_PEER_ALIVE_SECS 90.0
 
