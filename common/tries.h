@@ -82,8 +82,8 @@ int tries_count_by(const struct manifest *m, const char *shard_id, const char *n
  * A node is alive if its state/clock/<node> (touched at least every
  * CLAIM_CLOCK_RESYNC seconds while it makes claim passes) or a lock it
  * holds (renewed every lease/4) was modified this recently on the server's
- * clock: three missed resyncs. (claim.h, above this module, cannot be
- * seen from here; check_tries asserts that this stays 3 * CLAIM_CLOCK_RESYNC.)
+ * clock: three missed resyncs. (claim.h, above this module, is not seen
+ * from here; check_tries asserts that this stays 3 * CLAIM_CLOCK_RESYNC.)
  */
 #define TRIES_PEER_ALIVE_SECS 90.0
 
@@ -135,6 +135,5 @@ cJSON *tries_json_load(const char *path);
  * is read as tries_count reads it: a link, FIFO or device there is
  * nothing to mark. */
 int tries_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd_err *err);
-
 
 #endif
