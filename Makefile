@@ -3,7 +3,8 @@
 #   make                     build common/libesd.a and ctl/esctl (installs nothing)
 #   make deps                install the build dependencies (root; else the apt-get line)
 #   make test-deps           also the test tools and the real Data-Juicer and Ray
-#   make check               test-deps, unit tests (check) and integration scripts
+#   make check               test-deps, modcheck, unit tests (check) and integration scripts
+#   make modcheck            the modules' layers; fails on a dependency cycle
 #   make format-check        clang-format --dry-run over the C sources (make format: rewrite)
 #   make demo                two daemons as two nodes on the real Data-Juicer and Ray
 #                            (STANDIN=1: the test stand-in mini-dj, in seconds)
@@ -57,7 +58,7 @@ WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
         -Wno-unused-parameter
 OPT ?= -O2 -g
 BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread $(OPT) $(WARN) \
-        -iquote common -iquote daemon $(PKG_CFLAGS) $(shell $(PKG_CONFIG) --cflags libsystemd 2>/dev/null)
+        $(PKG_CFLAGS) $(shell $(PKG_CONFIG) --cflags libsystemd 2>/dev/null)
 ifeq ($(WERROR),1)
 BASE_CFLAGS += -Werror
 endif
@@ -65,6 +66,16 @@ ifneq ($(SANITIZE),)
 BASE_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 BASE_LDFLAGS += -fsanitize=$(SANITIZE)
 endif
+# The layering, by include path: a folder's code sees its own headers and
+# those of the folders below it, no other (scripts/modcheck checks the rest:
+# no cycle between modules). common/ is the library; the daemon and esctl
+# both stand on it and never on each other; the unit suites test modules
+# of common/ and daemon/; the tools, benchmarks and fuzz targets use
+# common/ (fuzz_ctl the daemon too).
+COMMON_INC := -iquote common
+DAEMON_INC := -iquote daemon -iquote common
+CTL_INC    := -iquote ctl -iquote common
+UNIT_INC   := -iquote tests/unit -iquote common -iquote daemon
 ALL_CFLAGS  = $(BASE_CFLAGS) -DESD_LIBEXECDIR='"$(LIBEXECDIR)/esd"' $(CFLAGS)
 ALL_LDFLAGS = -pthread $(BASE_LDFLAGS) $(LDFLAGS)
 
@@ -105,7 +116,7 @@ INTEGRATION := $(filter-out $(INTEGRATION_SKIP:%=tests/integration/%.sh),\
                  $(sort $(wildcard tests/integration/*.sh)))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all deps depcheck depcheck-unit depcheck-fuzz test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
+.PHONY: all modcheck deps depcheck depcheck-unit depcheck-fuzz test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
 ESD_DJ := $(BUILD)/esd-dj
 all: $(ESCTL) $(ESD) $(ESD_DJ)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
@@ -128,10 +139,21 @@ depcheck-unit: depcheck
 $(COMMON_OBJ) $(DAEMON_OBJ) $(CTL_OBJ) $(TOOL_BINS): | depcheck
 $(UNIT_HOBJ) $(UNIT_BINS): | depcheck-unit
 
-$(BUILD)/%.o: %.c
+# $(call compile,INCLUDE_FLAGS): one object of a folder, with its folder's
+# include paths.
+define compile
 	@mkdir -p $(dir $@)
 	$(if $(Q),@echo "  CC      $<")
-	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -c -o $@ $<
+	$(Q)$(CC) $(ALL_CFLAGS) $(1) -MMD -MP -c -o $@ $<
+endef
+$(COMMON_OBJ): $(BUILD)/%.o: %.c
+	$(call compile,$(COMMON_INC))
+$(DAEMON_OBJ): $(BUILD)/%.o: %.c
+	$(call compile,$(DAEMON_INC))
+$(CTL_OBJ): $(BUILD)/%.o: %.c
+	$(call compile,$(CTL_INC))
+$(UNIT_HOBJ): $(BUILD)/%.o: %.c
+	$(call compile,$(UNIT_INC))
 
 $(LIBESD): $(COMMON_OBJ)
 	$(if $(Q),@echo "  AR      $@")
@@ -157,7 +179,7 @@ $(ESCTL): $(CTL_OBJ) $(LIBESD)
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBESDD) $(LIBESD)
 	@mkdir -p $(dir $@)
 	$(if $(Q),@echo "  CC/LD   $<")
-	$(Q)$(CC) $(ALL_CFLAGS) $(CHECK_CFLAGS) -Itests/unit -MMD -MP -MF $@.d -o $@ $< \
+	$(Q)$(CC) $(ALL_CFLAGS) $(UNIT_INC) $(CHECK_CFLAGS) -MMD -MP -MF $@.d -o $@ $< \
 		$(UNIT_HOBJ) $(ALL_LDFLAGS) $(LIBESDD) $(LIBESD) $(PKG_LIBS) $(DAEMON_LIBS) \
 		$(CHECK_LIBS) -lm
 
@@ -165,7 +187,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBESDD) $(LIBESD)
 $(BUILD)/tools/%: tests/tools/%.c $(LIBESD)
 	@mkdir -p $(dir $@)
 	$(if $(Q),@echo "  CC/LD   $<")
-	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
+	$(Q)$(CC) $(ALL_CFLAGS) $(COMMON_INC) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
 tools: $(TOOL_BINS)
 
 # Benchmark helpers written in C (bench/*.c).
@@ -174,12 +196,19 @@ BENCH_BINS := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 $(BUILD)/bench/%: bench/%.c $(LIBESD)
 	@mkdir -p $(dir $@)
 	$(if $(Q),@echo "  CC/LD   $<")
-	$(Q)$(CC) $(ALL_CFLAGS) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
+	$(Q)$(CC) $(ALL_CFLAGS) $(COMMON_INC) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
 
-# check: every unit suite (check prints its own summary line), then every
-# integration script. All of them run even if one fails; the target fails
-# if any did. It installs what the tests need first (test-deps).
-check: all unit integration
+# check: the module graph (modcheck), every unit suite (check prints its
+# own summary line), then every integration script. All of them run even
+# if one fails; the target fails if any did. It installs what the tests
+# need first (test-deps).
+check: all modcheck unit integration
+
+# No cycle between modules, by #include and by the symbols of the built
+# objects, and no folder using one it may not (scripts/modcheck; it prints
+# the layers).
+modcheck: $(COMMON_OBJ) $(DAEMON_OBJ) $(CTL_OBJ)
+	$(Q)scripts/modcheck . $(BUILD)
 
 # What the tests need beyond the build: the tools (mandoc, valgrind,
 # faketime, systemd-container, debhelper, lintian, …; as root, or the

@@ -2,7 +2,8 @@
  * attempt: one run of a processor on one claimed shard (spec §5.4, §8.4–8.6):
  * attempt.json, the command line, environment and working directory of the
  * child, materialising and validating its Ray-style output, publishing the
- * done record or recording the failure, and counting failures by class.
+ * done record or recording the failure. Counting failures by class and the
+ * terminal rule are common/tries.h's, below claim and attempt both.
  *
  * Nothing here blocks on the child: attempt_prepare returns what to spawn;
  * the caller spawns it (own process group), heartbeats the claim, enforces
@@ -153,8 +154,8 @@ struct attempt_final {
  * done or failed record already existed; "lost"/"stale" if the lock is no
  * longer ours, in which case nothing is published). Failure: records the
  * error and class; publishes the failed record (spec §5.6) under the fence
- * when attempt_limit says AL_TERMINAL, else releases the lock (also when
- * the attempts cannot be counted: attempt_count's -E2BIG; ret->shard_left
+ * when tries_limit says TL_TERMINAL, else releases the lock (also when
+ * the attempts cannot be counted: tries_count's -E2BIG; ret->shard_left
  * when this node alone used up the retries while another lives). An
  * infrastructure failure's attempt.json says ATTEMPT_STATUS_INFRA, any
  * other failure's "failed". attempt.json gets the final fields. Tells the
@@ -163,106 +164,6 @@ struct attempt_final {
 int attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
                    const struct attempt_result *res, struct attempt_final *ret,
                    struct esd_err *err);
-
-/*
- * The number of a well-formed attempt directory name "<digits>-<token>" (4
- * to 9 digits, a 32-character lowercase hex token), or -1 for any other name.
- */
-long long attempt_name_number(const char *name);
-
-/* Failures recorded in the attempts of a shard. */
-struct attempt_counts {
-    long long attempts;  /* the last attempt number in use: the next is attempts + 1 */
-    long long counted;   /* toward max_retries: processor and output */
-    long long infra;     /* toward the infrastructure limit */
-    long long here;      /* of counted: the failures of the node attempt_count_by names */
-    int nodes;           /* nodes whose attempts make up counted: 0, 1, or 2 for two or more */
-    bool truncated;      /* the directory held more than was looked at */
-};
-
-/*
- * Reads the attempts of a shard, attempts/<shard_id>/: failures by class
- * from each attempt.json, and the attempt number in use. Attempts written
- * by the reference have no class: "failed" counts toward max_retries,
- * "stale" as infrastructure. Unreadable attempt.json files are ignored, as
- * the reference ignores them.
- *
- * The directory is the owner's and every peer's to write, so only
- * well-formed attempts count: a directory (not a link to one) named
- * "<number>-<token>", 4 to 9 digits and 32 lowercase hex digits, as claims
- * name them; any other entry is ignored. Each attempt.json is read without
- * following a link or waiting on a FIFO, a regular file of at most 16 MiB.
- * The work is bounded: at most 8192 entries of any name are looked at (the
- * count is of those, and ret->truncated is set: junk hides attempts only
- * from its owner's own shard), and more than 1024 well-formed attempts, or
- * more than 32 MiB of attempt.json in all, is -E2BIG with a message naming
- * the directory, and the shard is not claimed until it is cleaned up. A missing
- * directory is no attempts; a link in its place is an error.
- *
- * Numbering: the reference's next number is the count of directories + 1
- * (spec §8.3 step 5). Here attempts = max(highest number seen, count of
- * well-formed attempts), so junk never shifts it; without junk and gaps
- * both agree (numbers 1..n, or repeats of a number from concurrent
- * reference claims: the count is larger then, as the reference has it);
- * after a gap (attempts removed by hand) the reference would repeat a
- * number, this continues after the highest. Names stay unique by token
- * either way.
- */
-int attempt_count(const struct manifest *m, const char *shard_id, struct attempt_counts *ret,
-                  struct esd_err *err);
-
-/*
- * attempt_count, and the failures attributed to nodes: an attempt belongs
- * to the node its attempt.json names ("node", else "hostname", as the
- * reference's workers record only that); ret->here counts the counted
- * failures of node (NULL: none), ret->nodes how many nodes failed. An
- * attempt that names neither counts as a node of its own, so that failures
- * nobody can be told apart by keep the reference's rule.
- */
-int attempt_count_by(const struct manifest *m, const char *shard_id, const char *node,
-                     struct attempt_counts *ret, struct esd_err *err);
-
-/*
- * A node is alive if its state/clock/<node> (touched at least every
- * CLAIM_CLOCK_RESYNC seconds while it makes claim passes) or a lock it
- * holds (renewed every lease/4) was modified this recently on the server's
- * clock.
- */
-#define ATTEMPT_PEER_ALIVE_SECS (3 * CLAIM_CLOCK_RESYNC)
-
-/* What the counts of a shard let claimer c's node do. */
-enum attempt_limit {
-    AL_OPEN,     /* under the limits, or used up by other nodes only: claim it */
-    AL_TERMINAL, /* used up: publish the failed record */
-    AL_LEFT,     /* this node alone used up max_retries while another node lives:
-                    the shard is left to the others */
-};
-
-/*
- * The terminal rule. The infrastructure limit is the fleet's, as before.
- * max_retries used up is terminal only when at least two nodes failed the
- * shard, or when no other node has been alive in the last
- * ATTEMPT_PEER_ALIVE_SECS (a one-node fleet still fails a bad shard); a
- * shard only this node failed is left to the live others (AL_LEFT), and one
- * only other nodes failed is open to this node. Only when the retries are
- * used up, touches state/clock/<node> (the server's time, through a
- * descriptor of its own) and looks at state/clock and state/locks; what
- * cannot be read there counts as no other node.
- */
-enum attempt_limit attempt_limit(struct claimer *c, const struct attempt_counts *n);
-
-/*
- * Writes the first attempt.json of a new claim (status "running", the
- * claim's fields, input_path). The attempt directory must exist.
- */
-int attempt_record_start(const struct manifest *m, const struct claim *cl, const char *hostname,
-                         const char *node, double claimed_epoch, const char *claimed_at,
-                         struct esd_err *err);
-
-/* Marks a taken-over attempt stale (only if still "running"). attempt.json
- * is read as attempt_count reads it: a link, FIFO or device there is
- * nothing to mark. */
-int attempt_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd_err *err);
 
 /*
  * The failure class of an attempt whose output could not be materialised,

@@ -28,9 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "attempt.h"
 #include "fsutil.h"
 #include "json.h"
+#include "tries.h"
 
 enum { K_UNKNOWN, K_DONE, K_FAILED, K_MINE };
 enum { D_LOCKS, D_DONE, D_FAILED };
@@ -48,6 +48,18 @@ fnv1a(const char *s)
     for (; *s; s++)
         h = (h ^ (unsigned char)*s) * 1099511628211ULL;
     return h;
+}
+
+struct tries_rule
+claimer_rule(const struct claimer *c)
+{
+    return (struct tries_rule){
+        .job_dir = c->m->job_dir,
+        .node = c->node,
+        .hostname = c->hostname,
+        .max_retries = c->max_retries,
+        .max_infra = c->max_infra,
+    };
 }
 
 int
@@ -459,7 +471,7 @@ takeover(struct claimer *c, size_t i, const char *path, double now, const char *
     /* Mark first, so that the next claimant cannot miss the failure. */
     attempt = json_get_str(j, "attempt_dir");
     if (attempt)
-        attempt_mark_stale(m, attempt, NULL);
+        tries_mark_stale(m, attempt, NULL);
     rand_hex32(hex);
     dest = xasprintf("%s/state/stale_locks/%s.%lld.%s.lock", m->job_dir, m->shards[i].id,
                      (long long)time(NULL), hex);
@@ -551,7 +563,7 @@ exists(struct claimer *c, const char *path)
 
 /* The failed record of a shard whose limits were used up before a claim. */
 static int
-fail_before_claim(struct claimer *c, size_t i, const struct attempt_counts *n,
+fail_before_claim(struct claimer *c, size_t i, const struct tries_counts *n,
                   struct esd_err *err)
 {
     const struct manifest *m = c->m;
@@ -577,10 +589,11 @@ fail_before_claim(struct claimer *c, size_t i, const struct attempt_counts *n,
     return r;
 }
 
-/* The one-line lock content of a new claim (spec §5.3, plus lease and node). */
-static void
-lock_content(const struct claimer *c, const struct claim *cl, const char *claimed_at,
-             double epoch, struct buf *out)
+/* The fields of a new claim (spec §5.3, plus lease and node): the lock's
+ * one line, and the start of its attempt.json. Caller frees. */
+static cJSON *
+claim_fields(const struct claimer *c, const struct claim *cl, const char *claimed_at,
+             double epoch)
 {
     cJSON *j = cJSON_CreateObject();
 
@@ -594,8 +607,7 @@ lock_content(const struct claimer *c, const struct claim *cl, const char *claime
     json_add_str(j, "attempt_dir", cl->attempt_rel);
     json_add_int(j, "lease_secs", cl->lease_secs);
     json_add_str(j, "node", c->node);
-    json_dump(j, JSON_LINE, out);
-    cJSON_Delete(j);
+    return j;
 }
 
 enum tried { T_SKIP, T_CLAIMED };
@@ -611,10 +623,12 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     const struct manifest *m = c->m;
     const char *id = m->shards[i].id;
     struct claim cl = { 0 };
-    struct attempt_counts n;
-    enum attempt_limit lim;
+    struct tries_counts n;
+    struct tries_rule rule = claimer_rule(c);
+    enum tries_limit lim;
     struct buf line;
     struct stat st;
+    cJSON *fields = NULL;
     char claimed_at[40], *done = NULL, *failed = NULL, *parent = NULL;
     double epoch;
     int fd = -1, r, tries;
@@ -661,7 +675,7 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     }
     /* Held. Count the attempts now: a previous owner records its failure
      * before it releases the lock. */
-    if ((r = attempt_count_by(m, id, c->node, &n, err)) < 0) {
+    if ((r = tries_count_by(m, id, c->node, &n, err)) < 0) {
         /* (e.g. an over-full attempts directory) Leave this shard for a
          * lease, so that the next passes claim the others. */
         remember_fresh(c, i, now, now + (double)c->lease_secs);
@@ -672,7 +686,8 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     cl.attempt_rel = xasprintf("attempts/%s/%04lld-%s", id, cl.attempt_number, cl.token);
     cl.attempt_dir = fs_join(m->job_dir, cl.attempt_rel);
     time_iso_now(claimed_at, &epoch);
-    lock_content(c, &cl, claimed_at, epoch, &line);
+    fields = claim_fields(c, &cl, claimed_at, epoch);
+    json_dump(fields, JSON_LINE, &line);
     if ((r = fs_write_all(fd, line.p, line.len)) < 0 || (fsync(fd) < 0 && (r = -errno)) ||
         (fstat(fd, &st) < 0 && (r = -errno))) {
         err_sys(err, r, "Cannot write lock %s", cl.lock_path);
@@ -697,13 +712,13 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
         r = T_SKIP;
         goto unlock;
     }
-    if ((lim = attempt_limit(c, &n)) == AL_LEFT) {
+    if ((lim = tries_limit(&rule, &n)) == TL_LEFT) {
         /* only this node failed it, and another lives: theirs to try */
         remember_fresh(c, i, now, now + (double)c->lease_secs);
         r = T_SKIP;
         goto unlock;
     }
-    if (lim == AL_TERMINAL) {
+    if (lim == TL_TERMINAL) {
         if ((r = fail_before_claim(c, i, &n, err)) < 0)
             goto unlock;
         c->known[i] = K_FAILED;
@@ -716,7 +731,7 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
         r = err_sys(err, -errno, "Cannot create attempt directory %s", cl.attempt_dir);
         goto unlock;
     }
-    if ((r = attempt_record_start(m, &cl, c->hostname, c->node, epoch, claimed_at, err)) < 0)
+    if ((r = tries_record_start(cl.attempt_dir, fields, m->shards[i].path, err)) < 0)
         goto unlock;
     c->known[i] = K_MINE;
     if (c->taken_valid && c->taken_index == i) {
@@ -741,6 +756,7 @@ out:
     if (fd >= 0)
         close(fd);
     buf_free(&line);
+    cJSON_Delete(fields);
     free(done);
     free(failed);
     free(parent);

@@ -54,6 +54,7 @@
 #include <time.h>
 
 #include "manifest.h"
+#include "tries.h"
 #include "util.h"
 
 #define CLAIM_LEASE_DEFAULT 60
@@ -156,6 +157,10 @@ struct claim_idle {
 int claimer_init(struct claimer *c, const struct manifest *m, const struct claim_opts *o,
                  struct esd_err *err);
 void claimer_free(struct claimer *c);
+
+/* The terminal rule (tries_limit) as claimer c applies it: its node, job
+ * and limits. The strings stay c's. */
+struct tries_rule claimer_rule(const struct claimer *c);
 
 /*
  * The file server's "now": touches state/clock/<node> and reads its mtime.

@@ -18,8 +18,9 @@
 #include "fsutil.h"
 #include "json.h"
 #include "status.h"
+#include "tries.h"
 
-/* Entries of an attempts directory looked at, as attempt_count. */
+/* Entries of an attempts directory looked at, as tries_count. */
 #define HISTORY_SCAN_MAX 8192
 #define HISTORY_FILE_MAX (1 << 20)
 
@@ -128,7 +129,7 @@ history_read(const struct manifest *m, const char *shard_id, struct history_shar
         return r;
     }
     while ((e = readdir(d)) && ++entries <= HISTORY_SCAN_MAX) {
-        long long num = attempt_name_number(e->d_name);
+        long long num = tries_name_number(e->d_name);
         struct history_attempt *a;
         char *file;
         cJSON *j = NULL;

@@ -1,10 +1,11 @@
 /*
- * call: runs a parsed command line. The options that have a request key
- * become the request's arguments (paths made absolute); the command then
- * runs in-process (common/ops.c) with --local or when it has no daemon
- * side, otherwise through esd, falling back to in-process for commands
- * that only read a job directory when esd cannot be reached. Events and
- * results are shown by ctl/render.c whichever ran the command.
+ * call: runs one request of a parsed command line: in-process
+ * (common/ops.c) with --local or when the command has no daemon side,
+ * otherwise through esd, falling back to in-process for commands that only
+ * read a job directory when esd cannot be reached. Events are shown by
+ * ctl/render.c whichever ran the request. Below ctl/dispatch.c (which
+ * turns the command line into requests) and the loops of ctl/watch.c and
+ * ctl/worker.c that make requests of their own.
  */
 #include <errno.h>
 #include <pwd.h>
@@ -33,8 +34,8 @@ on_signal(int sig)
     interrupted = 1;
 }
 
-static void
-catch_signals(void)
+void
+call_catch_signals(void)
 {
     struct sigaction sa;
 
@@ -72,72 +73,6 @@ call_processor_abs(const char *cmd)
     free(cwd);
     free(word);
     return r;
-}
-
-/*
- * The request arguments of c: every option given that has a key, paths
- * made absolute (esd refuses relative ones: its working directory is not
- * the caller's). *ret is the object (caller frees).
- */
-static int
-build_args(const struct call *c, cJSON **ret, struct esd_err *err)
-{
-    cJSON *a = cJSON_CreateObject(), *v;
-    char *abs;
-    int r;
-
-    for (int o = 0; o < O__COUNT; o++) {
-        const struct opt_def *d = &cmd_opts[o];
-
-        if (!c->set[o] || !d->key)
-            continue;
-        switch (d->kind) {
-        case K_FLAG:
-            json_add_bool(a, d->key, true);
-            break;
-        case K_STR:
-            if (o == O_PROCESSOR) {
-                abs = call_processor_abs(c->str[o]);
-                json_add_str(a, d->key, abs);
-                free(abs);
-                break;
-            }
-            if (!d->path) {
-                json_add_str(a, d->key, c->str[o]);
-                break;
-            }
-            if ((r = pypath_resolve_cli(c->str[o], &abs, err)) < 0) {
-                cJSON_Delete(a);
-                return r;
-            }
-            json_add_str(a, d->key, abs);
-            free(abs);
-            break;
-        case K_STRV:
-            v = cJSON_AddArrayToObject(a, d->key);
-            for (size_t i = 0; i < c->multi[o].n; i++) {
-                if (!d->path) {
-                    cJSON_AddItemToArray(v, cJSON_CreateString(c->multi[o].v[i]));
-                    continue;
-                }
-                if ((r = pypath_resolve_cli(c->multi[o].v[i], &abs, err)) < 0) {
-                    cJSON_Delete(a);
-                    return r;
-                }
-                cJSON_AddItemToArray(v, cJSON_CreateString(abs));
-                free(abs);
-            }
-            break;
-        case K_POSITIVE:
-        case K_NONNEG:
-            /* A plain number: cmd_arg_num() reads those (json_add_int
-             * would make a raw node). */
-            cJSON_AddNumberToObject(a, d->key, (double)c->num[o]);
-            break;
-        }
-    }
-    *ret = a;
-    return 0;
 }
 
 /* A failed operation: its PROTO_E_* code and message. */
@@ -300,9 +235,8 @@ call_do(struct call *c, enum cmd_id id, const cJSON *args, bool *local, cJSON **
     return daemon_failed(c, r, &f.err);
 }
 
-/* version: esctl's own version even when esd cannot be reached. */
-static int
-run_version(struct call *c)
+int
+call_version(struct call *c)
 {
     struct failure f = { "", { 0, "" } };
     cJSON *res = NULL;
@@ -324,79 +258,5 @@ run_version(struct call *c)
     }
     rc = render_version(c, res, NULL);
     cJSON_Delete(res);
-    return rc;
-}
-
-int
-call_run(struct call *c)
-{
-    const struct cmd_def *cmd = c->cmd;
-    bool local = c->set[O_LOCAL] || !(cmd->flags & CMDF_DAEMON);
-    struct esd_err err;
-    cJSON *args = NULL, *res = NULL;
-    int rc;
-
-    if (local && !(cmd->flags & CMDF_LOCAL)) {
-        out_error("%s has no local mode: it asks esd", cmd->name);
-        return EXIT_ERROR;
-    }
-    switch (cmd->id) {
-    case CMD_COMPLETION:
-        return completion_print();
-    case CMD_WORKER:
-        return worker_run(c);
-    case CMD_FSCHECK:
-        return fscheck_cmd(c);
-    case CMD_REPORT:
-        return report_run(c);
-    case CMD_LOGS:
-        if (!c->set[O_SHARD])
-            return journal_show(c);
-        break;
-    case CMD_STATUS:
-        if (local && !c->set[O_JOB_DIR]) {
-            out_error("status --local needs a job directory (without one, status asks esd)");
-            return EXIT_ERROR;
-        }
-        if (c->set[O_WATCH] && !c->set[O_JOB_DIR]) {
-            out_error("status --watch needs a job directory");
-            return EXIT_ERROR;
-        }
-        break;
-    default:
-        break;
-    }
-    catch_signals();
-    if (cmd->id == CMD_VERSION)
-        return run_version(c);
-    if (build_args(c, &args, &err) < 0) {
-        rc = render_error(c, PROTO_E_BAD_ARGS, err.msg, EXIT_ERROR);
-        return rc;
-    }
-    if (cmd->id == CMD_WAIT) {
-        /* through esd unless --local (status falls back by itself) */
-        rc = watch_wait(c, args, c->set[O_LOCAL]);
-        cJSON_Delete(args);
-        return rc;
-    }
-    if (cmd->id == CMD_STATUS && c->set[O_WATCH]) {
-        cJSON_DeleteItemFromObjectCaseSensitive(args, "watch");
-        rc = watch_status(c, args, local);
-        cJSON_Delete(args);
-        return rc;
-    }
-    if (cmd->id == CMD_DRAIN)
-        cJSON_DeleteItemFromObjectCaseSensitive(args, "wait");
-    rc = call_do(c, cmd->id, args, &local, &res);
-    if (rc == EXIT_OK) {
-        rc = render_result(c, cmd->id, args, res);
-        if (rc == EXIT_OK && cmd->id == CMD_DRAIN && c->set[O_WAIT])
-            rc = watch_drain(c, res);
-        /* logs --follow ends when interrupted, with its result */
-        if (rc == EXIT_OK && call_interrupted())
-            rc = EXIT_INTERRUPTED;
-    }
-    cJSON_Delete(res);
-    cJSON_Delete(args);
     return rc;
 }

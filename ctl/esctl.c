@@ -1,6 +1,6 @@
 /*
  * esctl: argument parsing, usage and help from the command table of
- * common/cmds.c, then call_run(). Options follow the reference's names
+ * common/cmds.c, then dispatch_run(). Options follow the reference's names
  * (--job-dir, --num-shards, …) and accept both "--opt value" and
  * "--opt=value"; the global options may come before the command or among
  * its options.
@@ -343,7 +343,7 @@ main(int argc, char **argv)
         c.tty_out = isatty(STDOUT_FILENO);
         c.tty_err = isatty(STDERR_FILENO);
         if ((r = decide_color(&c)) == EXIT_OK)
-            r = call_run(&c);
+            r = dispatch_run(&c);
     } else if (r < 0) {
         r = EXIT_OK; /* --help */
     }

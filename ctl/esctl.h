@@ -1,12 +1,14 @@
 /*
  * esctl: the operator's command line. The one command table (common/cmds.c)
  * drives parsing, usage and help (ctl/esctl.c) and bash completion
- * (ctl/completion.c). ctl/call.c turns a parsed call into request arguments
- * and runs it through esd (ctl/client.c) or in-process (common/ops.c, and
- * ctl/worker.c for the worker); ctl/render.c shows a result the same way
- * whichever ran it; ctl/watch.c holds the loops that repeat a request
- * (status --watch, drain --wait), ctl/journal.c shows this node's journal
- * for a job; ctl/output.c draws tables, progress and colour.
+ * (ctl/completion.c). ctl/dispatch.c turns a parsed call into request
+ * arguments and hands it on; ctl/call.c runs one request through esd
+ * (ctl/client.c) or in-process (common/ops.c; ctl/worker.c runs the
+ * worker); ctl/render.c shows a result the same way whichever ran it;
+ * ctl/watch.c holds the loops that repeat a request (status --watch, drain
+ * --wait), ctl/journal.c shows this node's journal for a job; ctl/output.c
+ * draws tables, progress and colour. Each module uses only those listed
+ * after it, and call.c none of the loops above it (make modcheck).
  */
 #ifndef ESCTL_H
 #define ESCTL_H
@@ -45,10 +47,20 @@ struct call {
     bool color;   /* --color, else stdout a terminal, TERM not dumb, NO_COLOR unset or empty */
 };
 
-/* Running a call (ctl/call.c). */
+/* Running a parsed call (ctl/dispatch.c). */
 
 /* Runs the parsed call c to its end; returns the exit code. */
-int call_run(struct call *c);
+int dispatch_run(struct call *c);
+
+/* One request (ctl/call.c). */
+
+/* Makes SIGINT, SIGTERM and SIGHUP set call_interrupted() (and cancel a
+ * request in flight) instead of ending esctl. */
+void call_catch_signals(void);
+
+/* version: esctl's own version, and esd's when it can be reached.
+ * Returns the exit code. */
+int call_version(struct call *c);
 
 /*
  * A --processor command with its program made absolute against the
@@ -70,7 +82,7 @@ char *call_processor_abs(const char *cmd);
  */
 int call_do(struct call *c, enum cmd_id id, const cJSON *args, bool *local, cJSON **ret_result);
 
-/* SIGINT, SIGTERM or SIGHUP arrived since call_run began. */
+/* SIGINT, SIGTERM or SIGHUP arrived since call_catch_signals. */
 bool call_interrupted(void);
 
 /* The daemon's control socket (ctl/client.c). */

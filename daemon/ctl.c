@@ -9,7 +9,7 @@
  * against the command table (common/cmds.c: arguments, then who may run
  * it, ctlcmd_authorise) and handed to the command's handler
  * (daemon/ctlcmd.c, found by command id), which answers at once or starts
- * an operation in a child process (daemon/opchild.c, ctl_op_start) whose
+ * an operation in a child process (daemon/opchild.c, op_start) whose
  * events are passed on as they come. Replies are
  * written without ever blocking: what the peer does not take yet waits in
  * the connection's buffer, the connection reads no new request until it
@@ -60,16 +60,14 @@ static struct {
     char *path;            /* the socket file we created (NULL if activated) */
     struct stat st;        /* and its identity (device, inode, change time),
                               so that fini removes only that file */
-    bool have_group;       /* the control group (socket_group) exists */
-    gid_t group;
     ev_io accept_w;        /* server_accept_cb */
     ev_timer resume_w;     /* server_resume_cb: accepting again after EMFILE */
     struct conn *conns;
     unsigned nconns;
 } server = { .fd = -1 };
 
-static struct ctl_settings settings = { .idle_secs = PROTO_IDLE_SECS };
-const struct ctl_settings *const ctl_settings = &settings;
+/* what the handlers read (ctlcmd.h): written here only */
+#define settings ctlcmd_server
 static bool no_children; /* ctl_test_answer: commands never fork */
 
 static cJSON *
@@ -81,50 +79,6 @@ must(cJSON *v)
 }
 
 /* ---- who the peer is (the command-specific checks: ctlcmd_authorise) ---- */
-
-static bool
-in_group(const struct ucred *cred, const gid_t *groups, size_t ngroups, gid_t g)
-{
-    if (cred->gid == g)
-        return true;
-    for (size_t i = 0; i < ngroups; i++)
-        if (groups[i] == g)
-            return true;
-    return false;
-}
-
-/* The peer is esd's own uid, and that is not root: the uid esd's attempts
- * run as, with esd's groups, so it may be running a job's recipe code. */
-bool
-ctl_is_esd_uid(const struct ucred *cred)
-{
-    return geteuid() != 0 && cred->uid == geteuid();
-}
-
-static bool
-in_control_group(const struct ucred *cred, const gid_t *groups, size_t ngroups)
-{
-    return server.have_group && in_group(cred, groups, ngroups, server.group);
-}
-
-/* May c run node commands? Root, or a member of the control group; never
- * esd's own (non-root) uid, which is the attempts' uid, whatever its groups
- * (the shipped unit's esd user has the control group as primary group). */
-bool
-ctl_privileged(const struct conn *c)
-{
-    if (c->cred.uid == 0)
-        return true;
-    return !ctl_is_esd_uid(&c->cred) && in_control_group(&c->cred, c->groups, c->ngroups);
-}
-
-const char *
-ctl_group_name(void)
-{
-    return settings.conf && settings.conf->socket_group && *settings.conf->socket_group
-               ? settings.conf->socket_group
-               : "esd";
-}
 
 /* Has uid an entry in the user database? A lookup that fails counts as
  * none: the peer then shares the pool, which only ever tightens its share. */
@@ -159,21 +113,12 @@ ctl_peer_share(const struct ucred *cred, const gid_t *groups, size_t ngroups)
     }
     if (cred->uid == geteuid())
         s.cls = PROTO_CLASS_SERVICE;
-    else if (in_control_group(cred, groups, ngroups))
+    else if (ctlcmd_in_control_group(cred, groups, ngroups))
         s.cls = PROTO_CLASS_SERVICE;
     /* esd's own uid keys itself even without an entry (DynamicUser=). */
     if (cred->uid != geteuid() && !uid_known(cred->uid))
         s.key = PROTO_SHARE_POOL;
     return s;
-}
-
-/* Every refusal is logged with the peer, whichever check made it. */
-void
-ctl_log_refusal(const struct conn *c, const char *cmd, const char *code, const char *why)
-{
-    if (code && !strcmp(code, PROTO_E_DENIED))
-        log_notice(NULL, "control: %s from uid %u pid %d refused: %s", cmd,
-                   (unsigned)c->cred.uid, (int)c->cred.pid, why);
 }
 
 /* ---- operations in children ---- */
@@ -228,8 +173,8 @@ op_done(void *ctx, cJSON *result, const char *code, const char *message)
 
 static const struct opchild_ops op_callbacks = { op_event, op_done };
 
-void
-ctl_op_start(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref *jr,
+static void
+op_start(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref *jr,
              long long req_id, const char **code, struct esd_err *err)
 {
     struct ident who;
@@ -295,7 +240,7 @@ conn_answer(struct conn *c, const char *line, size_t len)
         goto out;
     }
     if (ctlcmd_authorise(c, cmd, &req, &jr, &code, &err) < 0) {
-        ctl_log_refusal(c, cmd->name, code, err.msg);
+        ctlcmd_log_refusal(c, cmd->name, code, err.msg);
         reply = proto_reply_error(req.id, code, err.msg);
         goto out;
     }
@@ -303,7 +248,7 @@ conn_answer(struct conn *c, const char *line, size_t len)
     if (result) {
         reply = proto_reply_ok(req.id, result);
     } else if (code) {
-        ctl_log_refusal(c, cmd->name, code, err.msg);
+        ctlcmd_log_refusal(c, cmd->name, code, err.msg);
         reply = proto_reply_error(req.id, code, err.msg);
     }
 out:
@@ -810,6 +755,7 @@ ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
     server.loop = loop;
     server.fd = fd;
     settings.node = xstrdup(c->node_name ? c->node_name : "");
+    settings.op_start = op_start;
     ctl_reconfigure(c);
     ev_io_init(&server.accept_w, server_accept_cb, fd, EV_READ);
     ev_timer_init(&server.resume_w, server_resume_cb, ACCEPT_PAUSE_SECS, 0.);
@@ -825,8 +771,8 @@ ctl_reconfigure(const struct esd_conf *c)
     struct group *gr = c->socket_group && *c->socket_group ? getgrnam(c->socket_group) : NULL;
 
     settings.conf = c;
-    server.have_group = gr != NULL;
-    server.group = gr ? gr->gr_gid : 0;
+    settings.have_group = gr != NULL;
+    settings.group = gr ? gr->gr_gid : 0;
 }
 
 void
@@ -871,6 +817,7 @@ ctl_fini(void)
     free(settings.node);
     settings.node = NULL;
     settings.conf = NULL;
+    settings.op_start = NULL;
     memset(&server, 0, sizeof(server));
     server.fd = -1;
 }

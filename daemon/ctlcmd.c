@@ -6,7 +6,7 @@
  * and calls ctlcmd_authorise before the handler. A handler answers at once
  * from the daemon's state (jobs.c, nodes.c, sched.c), or starts an
  * operation in a child process that reads or writes the job directory as
- * the caller (ctl_op_start), whose end comes back through ctlcmd_op_reply.
+ * the caller (ctlcmd_server.op_start), whose end comes back through ctlcmd_op_reply.
  * Authorisation is here too because it depends on the command beyond its
  * table flags (which commands create a directory or may name one that is
  * gone) and on the job directory resolved as the caller.
@@ -34,6 +34,8 @@
 #include "runner.h"
 #include "sched.h"
 
+struct ctlcmd_server ctlcmd_server = { .idle_secs = PROTO_IDLE_SECS };
+
 static cJSON *
 must(cJSON *v)
 {
@@ -56,6 +58,60 @@ add_refusals(cJSON *r, const char *job_dir)
 }
 
 /* ---- who may run what ---- */
+
+static bool
+in_group(const struct ucred *cred, const gid_t *groups, size_t ngroups, gid_t g)
+{
+    if (cred->gid == g)
+        return true;
+    for (size_t i = 0; i < ngroups; i++)
+        if (groups[i] == g)
+            return true;
+    return false;
+}
+
+bool
+ctlcmd_in_control_group(const struct ucred *cred, const gid_t *groups, size_t ngroups)
+{
+    return ctlcmd_server.have_group && in_group(cred, groups, ngroups, ctlcmd_server.group);
+}
+
+/* The peer is esd's own uid, and that is not root: the uid esd's attempts
+ * run as, with esd's groups, so it may be running a job's recipe code. */
+bool
+ctlcmd_is_esd_uid(const struct ucred *cred)
+{
+    return geteuid() != 0 && cred->uid == geteuid();
+}
+
+/* May c run node commands? Root, or a member of the control group; never
+ * esd's own (non-root) uid, which is the attempts' uid, whatever its groups
+ * (the shipped unit's esd user has the control group as primary group). */
+bool
+ctlcmd_privileged(const struct conn *c)
+{
+    if (c->cred.uid == 0)
+        return true;
+    return !ctlcmd_is_esd_uid(&c->cred) &&
+           ctlcmd_in_control_group(&c->cred, c->groups, c->ngroups);
+}
+
+const char *
+ctlcmd_group_name(void)
+{
+    const struct esd_conf *c = ctlcmd_server.conf;
+
+    return c && c->socket_group && *c->socket_group ? c->socket_group : "esd";
+}
+
+/* Every refusal is logged with the peer, whichever check made it. */
+void
+ctlcmd_log_refusal(const struct conn *c, const char *cmd, const char *code, const char *why)
+{
+    if (code && !strcmp(code, PROTO_E_DENIED))
+        log_notice(NULL, "control: %s from uid %u pid %d refused: %s", cmd,
+                   (unsigned)c->cred.uid, (int)c->cred.pid, why);
+}
 
 void
 ctlcmd_jobref_free(struct jobref *jr)
@@ -160,26 +216,26 @@ authorise(const struct conn *c, const struct cmd_def *cmd, const cJSON *args, st
     int r;
 
     memset(jr, 0, sizeof(*jr));
-    if (cmd->auth == AUTH_NODE && !ctl_privileged(c)) {
-        if (ctl_is_esd_uid(&c->cred))
+    if (cmd->auth == AUTH_NODE && !ctlcmd_privileged(c)) {
+        if (ctlcmd_is_esd_uid(&c->cred))
             snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
                      "group %s may run it, not uid %u, which esd and its attempts run as",
-                     cmd->name, ctl_group_name(), (unsigned)c->cred.uid);
+                     cmd->name, ctlcmd_group_name(), (unsigned)c->cred.uid);
         else
             snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
-                     "group %s may run it", cmd->name, ctl_group_name());
+                     "group %s may run it", cmd->name, ctlcmd_group_name());
         return deny(c, cmd, code, err, msg);
     }
     /* esd's own uid works its own jobs: the service-user deployment's
      * `sudo -u esd esctl submit` (the ownership check below). */
-    if (cmd->auth == AUTH_JOB && !ctl_privileged(c) && !ctl_is_esd_uid(&c->cred)) {
+    if (cmd->auth == AUTH_JOB && !ctlcmd_privileged(c) && !ctlcmd_is_esd_uid(&c->cred)) {
         if (geteuid() != 0)
             snprintf(msg, sizeof(msg), "%s changes this node's work: only root, members of "
                      "group %s or uid %u (esd), on jobs they own, may run it", cmd->name,
-                     ctl_group_name(), (unsigned)geteuid());
+                     ctlcmd_group_name(), (unsigned)geteuid());
         else
             snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
-                     "group %s may run it", cmd->name, ctl_group_name());
+                     "group %s may run it", cmd->name, ctlcmd_group_name());
         return deny(c, cmd, code, err, msg);
     }
     if (!dir)
@@ -286,7 +342,7 @@ handle_ping(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct
 
     json_add_bool(r, "pong", true);
     json_add_str(r, "version", ESD_VERSION);
-    json_add_str(r, "node", ctl_settings->node);
+    json_add_str(r, "node", ctlcmd_server.node);
     json_add_int(r, "pid", (long long)getpid());
     return r;
 }
@@ -299,7 +355,7 @@ handle_version(struct conn *c, const struct cmd_def *cmd, const cJSON *args, str
 
     json_add_str(r, "version", ESD_VERSION);
     json_add_int(r, "protocol", PROTO_VERSION);
-    json_add_str(r, "node", ctl_settings->node);
+    json_add_str(r, "node", ctlcmd_server.node);
     json_add_int(r, "max_message", PROTO_MAX_MESSAGE);
     /* the fair shares of common/proto.h */
     json_add_int(r, "max_connections", proto_conn_limits.max);
@@ -310,14 +366,14 @@ handle_version(struct conn *c, const struct cmd_def *cmd, const cJSON *args, str
     json_add_int(r, "max_operations_not_root", proto_op_limits.not_root);
     json_add_int(r, "max_operations_unprivileged", proto_op_limits.unpriv);
     json_add_int(r, "max_operations_per_uid", proto_op_limits.per_key);
-    json_add_int(r, "ctl_settings->idle_secs", (long long)ctl_settings->idle_secs);
+    json_add_int(r, "idle_secs", (long long)ctlcmd_server.idle_secs);
     return r;
 }
 
 static cJSON *
 daemon_status(const char **code, struct esd_err *err)
 {
-    cJSON *r = ctl_settings->status ? ctl_settings->status() : NULL;
+    cJSON *r = ctlcmd_server.status ? ctlcmd_server.status() : NULL;
 
     if (!r) {
         *code = PROTO_E_INTERNAL;
@@ -358,7 +414,7 @@ view_status(struct conn *c, const cJSON *args, const struct jobref *jr)
     }
     if (!(r = jobview_status(j, cmd_arg_flag(args, O_ALL))))
         return NULL;
-    json_add_str(r, "node", ctl_settings->node);
+    json_add_str(r, "node", ctlcmd_server.node);
     json_add_str(r, "state", job_state_name[j->state]);
     add_refusals(r, jr->dir);
     return r;
@@ -404,7 +460,7 @@ handle_list(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct
         return NULL;
     }
     r = must(cJSON_CreateObject());
-    json_add_str(r, "node", ctl_settings->node);
+    json_add_str(r, "node", ctlcmd_server.node);
     jobs = jobview_jobs_json();
     if (cmd_arg_flag(args, O_ALL)) {
         cJSON *more = jobs_spool_unheld_json();
@@ -426,12 +482,12 @@ static cJSON *
 handle_config(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
               long long req_id, const char **code, struct esd_err *err)
 {
-    if (!ctl_settings->conf) {
+    if (!ctlcmd_server.conf) {
         *code = PROTO_E_INTERNAL;
         err_set(err, -ENODATA, "no configuration");
         return NULL;
     }
-    return config_json(ctl_settings->conf);
+    return config_json(ctlcmd_server.conf);
 }
 
 /* The same reload as SIGHUP's, answered: systemd's ExecReload= (esctl
@@ -447,14 +503,14 @@ handle_reload(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
     (void)args;
     (void)jr;
     log_notice(NULL, "control: reload by uid %u pid %d", (unsigned)c->cred.uid, (int)c->cred.pid);
-    if (!ctl_settings->reload || ctl_settings->reload(err) < 0) {
+    if (!ctlcmd_server.reload || ctlcmd_server.reload(err) < 0) {
         *code = PROTO_E_FAILED;
-        if (!ctl_settings->reload)
+        if (!ctlcmd_server.reload)
             err_set(err, -ENOTSUP, "this esd does not reload");
         return NULL;
     }
     r = must(cJSON_CreateObject());
-    conf = ctl_settings->conf;
+    conf = ctlcmd_server.conf;
     json_add_str(r, "path", conf && conf->path ? conf->path : "defaults");
     return r;
 }
@@ -671,7 +727,7 @@ submit_precheck(const cJSON *args, const struct jobref *jr, const char **code,
                        "cannot register the job for every node; create it on the shared "
                        "storage (mkdir -p %s, writable by esd's user) or fix spool_dir in "
                        "esd.yaml", spool, spool);
-    if (!ctl_settings->conf->shared_fs_check)
+    if (!ctlcmd_server.conf->shared_fs_check)
         return 0;
     if (local)
         return err_set(err, -EXDEV, "%s is on a node-local file system (%s): other nodes cannot "
@@ -819,7 +875,7 @@ handle_status(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
     if (!jr->dir)
         return daemon_status(code, err);
     if (!(r = view_status(c, args, jr)))
-        ctl_op_start(c, cmd->id, args, jr, req_id, code, err);
+        ctlcmd_server.op_start(c, cmd->id, args, jr, req_id, code, err);
     return r;
 }
 
@@ -831,7 +887,7 @@ handle_merge(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struc
     cJSON *r = merge_again(c, jr);
 
     if (!r)
-        ctl_op_start(c, cmd->id, args, jr, req_id, code, err);
+        ctlcmd_server.op_start(c, cmd->id, args, jr, req_id, code, err);
     return r;
 }
 
@@ -840,7 +896,7 @@ static cJSON *
 handle_op(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
           long long req_id, const char **code, struct esd_err *err)
 {
-    ctl_op_start(c, cmd->id, args, jr, req_id, code, err);
+    ctlcmd_server.op_start(c, cmd->id, args, jr, req_id, code, err);
     return NULL;
 }
 
@@ -872,7 +928,7 @@ handle_submit(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
     pargs = must(cJSON_Duplicate(args, true));
     cJSON_DeleteItemFromObjectCaseSensitive(pargs, "output");
     cJSON_DeleteItemFromObjectCaseSensitive(pargs, "everywhere");
-    ctl_op_start(c, CMD_PREPARE, pargs, jr, req_id, code, err);
+    ctlcmd_server.op_start(c, CMD_PREPARE, pargs, jr, req_id, code, err);
     cJSON_Delete(pargs);
     if (c->op)
         c->then = must(cJSON_Duplicate(args, true));
@@ -930,7 +986,7 @@ ctlcmd_op_reply(struct conn *c, cJSON *result, const char *code, const char *mes
             reply = proto_reply_ok(c->op_id, res);
         } else {
             cJSON_Delete(result);
-            ctl_log_refusal(c, "submit", code2, err.msg);
+            ctlcmd_log_refusal(c, "submit", code2, err.msg);
             reply = proto_reply_error(c->op_id, code2, err.msg);
         }
         ctlcmd_jobref_free(&jr);
@@ -939,7 +995,7 @@ ctlcmd_op_reply(struct conn *c, cJSON *result, const char *code, const char *mes
             add_refusals(result, json_get_str(result, "job_dir"));
         reply = proto_reply_ok(c->op_id, result);
     } else {
-        ctl_log_refusal(c, cmd_table[c->op_cmd].name, code, message);
+        ctlcmd_log_refusal(c, cmd_table[c->op_cmd].name, code, message);
         reply = proto_reply_error(c->op_id, code, message);
     }
     cJSON_Delete(c->then);

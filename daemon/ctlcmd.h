@@ -50,16 +50,6 @@ struct conn {
     struct conn *prev, *next;
 };
 
-/* The server's settings the handlers read; ctl.c owns and writes them. */
-struct ctl_settings {
-    const struct esd_conf *conf;        /* NULL until ctl_reconfigure() */
-    char *node;                         /* node_name, for ping and status */
-    double idle_secs;                   /* PROTO_IDLE_SECS, or the test's */
-    cJSON *(*status)(void);             /* ctl_set_status(), or NULL */
-    int (*reload)(struct esd_err *err); /* ctl_set_reload(), or NULL */
-};
-extern const struct ctl_settings *const ctl_settings;
-
 /* What a request on a job directory found out about it. */
 struct jobref {
     char *dir; /* resolved as the caller; NULL: no job directory */
@@ -73,7 +63,7 @@ void ctlcmd_jobref_free(struct jobref *jr);
 /*
  * A command's handler: the result (the caller owns it), or NULL with *code
  * and err set; or, when it started an operation in a child
- * (ctl_op_start), NULL with *code NULL: the reply comes later, through
+ * (ctlcmd_server.op_start), NULL with *code NULL: the reply comes later, through
  * ctlcmd_op_reply. jr is what ctlcmd_authorise found of the request's
  * job_dir; req_id is the request's id.
  */
@@ -97,7 +87,7 @@ int ctlcmd_authorise(const struct conn *c, const struct cmd_def *cmd,
                      struct esd_err *err);
 
 /*
- * The identity an operation on jr (NULL: none) runs with, for ctl_op_start
+ * The identity an operation on jr (NULL: none) runs with, for op_start
  * (DESIGN.md "Security model"). *cred holds what was looked up
  * (spawn_cred_free). 0, or a negative errno with err set.
  */
@@ -111,23 +101,40 @@ int ctlcmd_ident(const struct conn *c, const struct jobref *jr, struct ident *wh
  */
 cJSON *ctlcmd_op_reply(struct conn *c, cJSON *result, const char *code, const char *message);
 
-/* ctl.c's, for the handlers: */
+/*
+ * What the server (ctl.c) tells the handlers: it fills this at ctl_init and
+ * ctl_reconfigure, the handlers only read it. The handlers call the server
+ * only through op_start, so that ctl.c depends on this file and never the
+ * other way round (scripts/modcheck).
+ */
+struct ctlcmd_server {
+    const struct esd_conf *conf;        /* NULL until ctl_reconfigure() */
+    char *node;                         /* node_name, for ping and status */
+    double idle_secs;                   /* PROTO_IDLE_SECS, or the test's */
+    bool have_group;                    /* the control group (socket_group) exists */
+    gid_t group;
+    cJSON *(*status)(void);             /* ctl_set_status(), or NULL */
+    int (*reload)(struct esd_err *err); /* ctl_set_reload(), or NULL */
+    /*
+     * Starts command id with args as an operation in a child, as the
+     * identity ctlcmd_ident gives for jr, answered to request req_id:
+     * *code NULL when started, else *code and err set.
+     */
+    void (*op_start)(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref *jr,
+                     long long req_id, const char **code, struct esd_err *err);
+};
+extern struct ctlcmd_server ctlcmd_server;
 
+/* Is the peer in the control group (its primary or a supplementary group)? */
+bool ctlcmd_in_control_group(const struct ucred *cred, const gid_t *groups, size_t ngroups);
 /* May c run node commands? Root, or a member of the control group, never
  * esd's own non-root uid. */
-bool ctl_privileged(const struct conn *c);
+bool ctlcmd_privileged(const struct conn *c);
 /* The peer is esd's own uid, and that is not root. */
-bool ctl_is_esd_uid(const struct ucred *cred);
+bool ctlcmd_is_esd_uid(const struct ucred *cred);
 /* The control group's name, for messages. */
-const char *ctl_group_name(void);
+const char *ctlcmd_group_name(void);
 /* Logs a refusal (code "denied") with the peer. */
-void ctl_log_refusal(const struct conn *c, const char *cmd, const char *code, const char *why);
-/*
- * Starts command id with args as an operation in a child, as the identity
- * ctlcmd_ident gives for jr, answered to request req_id: *code NULL when
- * started, else *code and err set.
- */
-void ctl_op_start(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref *jr,
-                  long long req_id, const char **code, struct esd_err *err);
+void ctlcmd_log_refusal(const struct conn *c, const char *cmd, const char *code, const char *why);
 
 #endif

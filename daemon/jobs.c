@@ -22,16 +22,13 @@
 #include "djversion.h"
 #include "fscheck.h"
 #include "fsutil.h"
-#include "jobview.h"
 #include "json.h"
 #include "log.h"
 #include "msgid.h"
 #include "merge.h"
 #include "pypath.h"
 #include "recipe.h"
-#include "sched.h"
 #include "sha256.h"
-#include "warm.h"
 
 const char *const job_state_name[] = {
     [JOB_ACTIVE] = "active",       [JOB_DRAINING] = "draining", [JOB_FINALIZING] = "finalizing",
@@ -54,7 +51,27 @@ static struct {
     ev_io notify_w;
     char *spool_dir;    /* as the watch was set */
     void (*changed)(void);
+    /* the modules above, told (set by them at their init: the registry
+     * never calls up) */
+    void (*removed)(const struct job *j);
+    void (*unloaded)(const struct job *j);
+    void (*view_changed)(void);
 } J;
+
+static void
+tell_view_changed(void)
+{
+    if (J.view_changed)
+        J.view_changed();
+}
+
+/* Before j's claimer and manifest go (unloaded, or freed). */
+static void
+tell_unloaded(const struct job *j)
+{
+    if (J.unloaded)
+        J.unloaded(j);
+}
 
 static int
 state_parse(const char *s)
@@ -184,7 +201,7 @@ static void load_abandon(struct job *j);
 static void
 job_free(struct job *j)
 {
-    warm_forget_job(j);
+    tell_unloaded(j);
     load_abandon(j);
     if (j->loaded) {
         claimer_free(&j->claimer);
@@ -640,9 +657,10 @@ jobs_forget(struct job *j, enum jobs_forget_how how, const char *why)
         *pp = j->next;
         J.n--;
     }
-    sched_forget_job(j);
+    if (J.removed)
+        J.removed(j);
     job_free(j);
-    jobview_kick(); /* (its view goes) */
+    tell_view_changed(); /* (its view goes) */
 }
 
 int
@@ -1190,6 +1208,24 @@ jobs_set_changed(void (*changed)(void))
     J.changed = changed;
 }
 
+void
+jobs_set_removed(void (*removed)(const struct job *j))
+{
+    J.removed = removed;
+}
+
+void
+jobs_set_unloaded(void (*unloaded)(const struct job *j))
+{
+    J.unloaded = unloaded;
+}
+
+void
+jobs_set_view_changed(void (*view_changed)(void))
+{
+    J.view_changed = view_changed;
+}
+
 /* Says once what this node runs, or why that cannot be read. */
 static void
 log_version(void)
@@ -1489,7 +1525,7 @@ load_done(struct job *j)
         j->load_error = NULL;
         j->loaded = true;
         j->next_claim = 0;
-        jobview_kick();
+        tell_view_changed();
         log_info(&(struct log_ctx){ .job = &j->log }, "working job %s: %zu shards",
                  j->job_dir, j->m.nshards);
         prev = jobs_fs_owner(j);
@@ -1699,7 +1735,7 @@ jobs_set_state(struct job *j, enum job_state state, const char *error)
     else if (j->ended_at <= 0)
         j->ended_at = time_wall();
     persist(j);
-    jobview_kick();
+    tell_view_changed();
     if (error)
         log_event(LOG_LVL_NOTICE, &(struct log_ctx){ .job = &j->log },
                   state == JOB_FAILED ? MSGID_JOB_FAILED : NULL, "job %s: %s: %s", j->job_dir,
@@ -1827,12 +1863,12 @@ jobs_reset(struct job *j)
 {
     if (j->running || j->finalize)
         return false;
-    warm_forget_job(j);
+    tell_unloaded(j);
     if (j->loaded) {
         claimer_free(&j->claimer);
         manifest_free(&j->m);
         j->loaded = false;
-        jobview_kick(); /* (its view goes) */
+        tell_view_changed(); /* (its view goes) */
     }
     load_abandon(j);
     j->nfailed_idx = 0; /* (shard indices of the manifest gone) */

@@ -132,6 +132,17 @@ void jobs_fini(void);
 /* changed is called after a change of the registry or spool directory
  * was seen (and the registrations read again). */
 void jobs_set_changed(void (*changed)(void));
+/*
+ * The modules above the registry are told through what they set at their
+ * init, so that it never calls up (make modcheck): removed, when job j
+ * leaves the registry (before it is freed; the scheduler's round robin);
+ * unloaded, before j's claimer and manifest go, unloaded or freed (warm
+ * processors of j); view_changed, when what a job shows changed (one
+ * appeared, loaded, ended or went; jobview). NULL: nobody is told.
+ */
+void jobs_set_removed(void (*removed)(const struct job *j));
+void jobs_set_unloaded(void (*unloaded)(const struct job *j));
+void jobs_set_view_changed(void (*view_changed)(void));
 
 /* Reads the registry and the spool again; new jobs are added active. */
 void jobs_rescan(void);

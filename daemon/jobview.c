@@ -10,7 +10,6 @@
 
 #include "json.h"
 #include "log.h"
-#include "sched.h"
 #include "util.h"
 
 #define STEP_BUDGET 4096     /* units of status_view_step a loop turn */
@@ -37,6 +36,7 @@ static struct {
     ev_timer tick_w;
     ev_idle work_w;
     struct view *head;
+    void (*refreshed)(void); /* told when a reading changed (the status line) */
 } V;
 
 static void
@@ -146,8 +146,8 @@ work_cb(struct ev_loop *loop, ev_idle *iw, int revents)
         if (w && due(w, j, now))
             more = true;
     }
-    if (changed)
-        sched_status_refresh();
+    if (changed && V.refreshed)
+        V.refreshed();
     if (!more)
         ev_idle_stop(loop, iw);
 }
@@ -210,10 +210,17 @@ jobview_kick(void)
 }
 
 void
+jobview_set_refreshed(void (*refreshed)(void))
+{
+    V.refreshed = refreshed;
+}
+
+void
 jobview_init(struct ev_loop *loop, const struct esd_conf *c)
 {
     V.loop = loop;
     V.conf = c;
+    jobs_set_view_changed(jobview_kick);
     ev_timer_init(&V.tick_w, tick_cb, 0.0, TICK_SECS);
     ev_timer_start(loop, &V.tick_w);
     ev_idle_init(&V.work_w, work_cb);

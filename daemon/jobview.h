@@ -31,6 +31,9 @@ void jobview_fini(void);
 /* A job was loaded or changed state: look at the views again at once (the
  * views' timer stops while no job can change). */
 void jobview_kick(void);
+/* refreshed is called when a new reading changed a job's figures (the
+ * scheduler's status line; set by it: jobview never calls up). */
+void jobview_set_refreshed(void (*refreshed)(void));
 
 /* The last complete reading of j (NULL: none yet); valid until the next
  * event loop turn. */

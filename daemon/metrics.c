@@ -16,7 +16,6 @@
 #include "log.h"
 #include "proto.h"
 #include "ray.h"
-#include "runner.h"
 
 /* Upper bounds of the attempt duration buckets, in seconds. */
 static const double buckets[] = { 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200 };
@@ -33,6 +32,7 @@ static struct {
     unsigned long long attempts_done, attempts_failed, attempts_released, attempts_other;
     unsigned long long failures[NCLASSES];
     unsigned long long takeovers;
+    size_t running;          /* attempts running, as the runner last told */
     unsigned long long rows, bytes;
     unsigned long long hist[NBUCKETS + 1]; /* the last: +Inf */
     double hist_sum;
@@ -68,6 +68,12 @@ metrics_attempt(struct job *j, const char *status, const char *cls, double secs,
     M.hist[b]++;
     M.hist_sum += secs;
     M.hist_count++;
+}
+
+void
+metrics_set_running(size_t n)
+{
+    M.running = n;
 }
 
 void
@@ -127,7 +133,7 @@ metrics_render(void)
     help(&b, "esd_slots", "gauge", "attempts this node runs at once");
     buf_printf(&b, "esd_slots %ld\n", M.conf ? M.conf->slots : 0L);
     help(&b, "esd_attempts_running", "gauge", "attempts running on this node");
-    buf_printf(&b, "esd_attempts_running %zu\n", runner_count());
+    buf_printf(&b, "esd_attempts_running %zu\n", M.running);
 
     help(&b, "esd_job_info", "gauge",
          "1 for each job registered and loaded on this node: its key (esd_job), id and "

@@ -12,6 +12,7 @@
 #define ESD_METRICS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <ev.h>
@@ -28,6 +29,9 @@ struct job;
  * "failed", "released", …; cls the failure class or NULL. */
 void metrics_attempt(struct job *j, const char *status, const char *cls, double secs,
                      uint64_t rows, uint64_t bytes);
+/* The number of attempts running on this node now (the runner tells it
+ * whenever it changes: metrics reads no other module's state). */
+void metrics_set_running(size_t n);
 /* A claim took over a lock whose lease had run out. */
 void metrics_takeover(void);
 

@@ -22,7 +22,6 @@
 #include "manifest.h"
 #include "proto.h"
 #include "runner.h"
-#include "sched.h"
 #include "status.h"
 
 #define FORMAT "esd-node"
@@ -44,6 +43,7 @@ static struct {
     bool swept;         /* our leftover temporary files were removed */
     char started_at[40];
     char host[256];
+    cJSON *(*status)(void); /* the daemon's status (nodes_set_status) */
 } N;
 
 static bool
@@ -119,7 +119,7 @@ state_reason(const char *state)
 static cJSON *
 self_json(bool stopping)
 {
-    cJSON *st = sched_status_json();
+    cJSON *st = N.status ? N.status() : cJSON_CreateObject();
     cJSON *o = cJSON_CreateObject(), *a, *x, *ray, *dj, *paused;
     const cJSON *sray = cJSON_GetObjectItemCaseSensitive(st, "ray");
     cJSON *running;
@@ -346,6 +346,12 @@ set_paths(const struct esd_conf *c)
     name = xasprintf("%s.json", c->node_name);
     N.path = fs_join(N.dir, name);
     free(name);
+}
+
+void
+nodes_set_status(cJSON *(*status)(void))
+{
+    N.status = status;
 }
 
 void

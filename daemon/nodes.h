@@ -40,6 +40,10 @@ void nodes_reconfigure(const struct esd_conf *c);
 /* The last publication, with state "stopped" (a clean stop). */
 void nodes_fini(void);
 
+/* Where the file's state, busy count and Ray address come from: status()
+ * returns the daemon's status object (caller deletes; the scheduler's,
+ * set by it: nodes never calls up). */
+void nodes_set_status(cJSON *(*status)(void));
 /* Something the file shows changed: publish soon (rate-limited). */
 void nodes_kick(void);
 /* Why this node is drained (NULL: it is not, or no reason known). */

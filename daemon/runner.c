@@ -240,6 +240,7 @@ run_free(struct run *r)
     if (*p)
         *p = r->next;
     R.n--;
+    metrics_set_running(R.n);
     ev_timer_stop(R.loop, &r->beat_w);
     ev_timer_stop(R.loop, &r->timeout_w);
     ev_timer_stop(R.loop, &r->grace_w);
@@ -808,6 +809,7 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     r->next = R.head;
     R.head = r;
     R.n++;
+    metrics_set_running(R.n);
     j->running++;
     /* Recorded before anything here can fail, so that a crash of esd from
      * now on leaves a record for the restarted esd to take the lock back

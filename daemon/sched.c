@@ -517,6 +517,9 @@ sched_init(struct ev_loop *loop, const struct esd_conf *c)
     S.rescan_w.repeat = jitter((double)c->poll_interval_secs);
     ev_timer_again(loop, &S.rescan_w);
     jobs_set_changed(sched_kick);
+    jobs_set_removed(sched_forget_job);
+    jobview_set_refreshed(sched_status_refresh);
+    nodes_set_status(sched_status_json);
     runner_set_done(attempt_done);
     runner_set_freed(sched_kick);
     warm_set_ready_cb(sched_kick);

@@ -530,6 +530,7 @@ warm_init(struct ev_loop *loop, const struct esd_conf *c)
 
     W.loop = loop;
     W.conf = c;
+    jobs_set_unloaded(warm_forget_job);
     if (n > 0) {
         self[n] = '\0';
         W.self = xstrdup(self);

@@ -3,7 +3,7 @@
  * job's owner or any peer node writes: manifest.json (manifest_load), a
  * lock (the claim pass's judge and takeover, the heartbeat, status), a done
  * record (status, merge's verify), a failed record (status), attempt.json
- * (attempt_count, attempt_mark_stale) and merge.json (verify). The first
+ * (tries_count, tries_mark_stale) and merge.json (verify). The first
  * byte picks the file, the rest is its content, written into a job made
  * once in a private temporary directory; every reader must accept or
  * refuse it with a message, without crashing, hanging or leaking, and what
@@ -27,6 +27,7 @@
 #include "pypath.h"
 #include "sha256.h"
 #include "status.h"
+#include "tries.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -305,17 +306,17 @@ fuzz_done(const uint8_t *p, size_t n)
 static void
 fuzz_attempt(const uint8_t *p, size_t n)
 {
-    struct attempt_counts a;
+    struct tries_counts a;
     struct esd_err err;
     int r;
 
     mkdirs(job, ATTEMPT);
     put(job, ATTEMPT "/attempt.json", p, n);
-    r = attempt_count(&M, SHARD, &a, &err);
+    r = tries_count(&M, SHARD, &a, &err);
     refused(r, &err);
     if (r < 0 || a.attempts != 1 || a.counted < 0 || a.infra < 0 || a.counted + a.infra > 1)
         abort();
-    r = attempt_mark_stale(&M, ATTEMPT, &err);
+    r = tries_mark_stale(&M, ATTEMPT, &err);
     refused(r, &err);
 }
 

@@ -33,6 +33,7 @@
 #include "sha256.h"
 #include "spawn.h"
 #include "testutil.h"
+#include "tries.h"
 #include "util.h"
 
 /* The job of every test: 5 records in two files, 3 shards of 2, 2, 1 rows. */
@@ -167,13 +168,13 @@ put_attempt(size_t i, const char *name, const char *json)
     free(rel);
 }
 
-static struct attempt_counts
+static struct tries_counts
 count(size_t i)
 {
-    struct attempt_counts n;
+    struct tries_counts n;
     struct esd_err err;
 
-    ck_assert_msg(attempt_count(&M, id(i), &n, &err) == 0, "%s", err.msg);
+    ck_assert_msg(tries_count(&M, id(i), &n, &err) == 0, "%s", err.msg);
     return n;
 }
 
@@ -1008,7 +1009,7 @@ START_TEST(test_failures_use_up_retries)
 
     claimer_lim(&c, "node-a", 3, 0);
     for (int k = 1; k <= 4; k++) {
-        struct attempt_counts n;
+        struct tries_counts n;
 
         if (k == 1)
             claim_only(&c, 2, &cl);
@@ -1091,7 +1092,7 @@ START_TEST(test_infra_failures_spare_retries)
     struct claimer c;
     struct claim cl;
     struct attempt_final fin;
-    struct attempt_counts n;
+    struct tries_counts n;
 
     claimer_lim(&c, "node-a", 3, 0);
     for (int k = 1; k <= 5; k++) {
@@ -1156,7 +1157,7 @@ START_TEST(test_released_counts_nothing)
     struct claimer c;
     struct claim cl;
     struct attempt_final fin;
-    struct attempt_counts n;
+    struct tries_counts n;
     cJSON *a;
 
     claimer_lim(&c, "node-a", 0, 1);
@@ -1205,7 +1206,7 @@ attempts_dir(size_t i)
 
 START_TEST(test_count_reference_attempts)
 {
-    struct attempt_counts n = count(0);
+    struct tries_counts n = count(0);
 
     ck_assert_int_eq(n.attempts, 0);
     ck_assert_int_eq(n.counted, 0);
@@ -1294,19 +1295,19 @@ START_TEST(test_infra_failures_skipped_by_the_reference)
 }
 END_TEST
 
-static struct attempt_counts
+static struct tries_counts
 count_by(size_t i, const char *node)
 {
-    struct attempt_counts n;
+    struct tries_counts n;
     struct esd_err err;
 
-    ck_assert_msg(attempt_count_by(&M, id(i), node, &n, &err) == 0, "%s", err.msg);
+    ck_assert_msg(tries_count_by(&M, id(i), node, &n, &err) == 0, "%s", err.msg);
     return n;
 }
 
 START_TEST(test_count_by_node)
 {
-    struct attempt_counts n;
+    struct tries_counts n;
 
     ck_assert_int_eq(count_by(0, "a").nodes, 0);
     put_attempt(0, aname(1), "{\"status\": \"failed\", \"failure_class\": \"processor\", "
@@ -1360,7 +1361,7 @@ START_TEST(test_one_node_cannot_fail_a_shard)
     struct claim cl;
     struct attempt_final fin;
     struct claim_idle idle;
-    struct attempt_counts n;
+    struct tries_counts n;
     cJSON *f;
 
     claimer_lim(&a, "node-a", 1, 0);
@@ -1402,14 +1403,14 @@ START_TEST(test_one_node_fleet_still_fails_a_shard)
     claimer_lim(&b, "node-b", 1, 0);
     claimer_free(&b);
     /* node-b went quiet long ago, but holds a lock it renews: alive */
-    tu_set_age(clock_b, 10 * ATTEMPT_PEER_ALIVE_SECS);
+    tu_set_age(clock_b, 10 * TRIES_PEER_ALIVE_SECS);
     free(tu_write(M.job_dir, "state/locks/other.lock", "{\"node\": \"node-b\"}\n", (size_t)-1));
     fin = fail_twice(&a, true);
     ck_assert(fin.shard_left);
     ck_assert(!state_exists("failed", 2, ".json"));
     /* its lock gone stale as well (a lock of node-a's own never counts):
      * no other node lives, and node-a's failures are terminal */
-    tu_set_age(lock, 10 * ATTEMPT_PEER_ALIVE_SECS);
+    tu_set_age(lock, 10 * TRIES_PEER_ALIVE_SECS);
     free(tu_write(M.job_dir, "state/locks/mine.lock", "{\"node\": \"node-a\"}\n", (size_t)-1));
     ck_assert_int_eq(acquire(&a, &(struct claim){ 0 }, NULL), 0);
     ck_assert(state_exists("failed", 2, ".json"));
@@ -1439,7 +1440,7 @@ START_TEST(test_count_ignores_junk)
     char *dir = attempts_dir(1), *target, *link;
     struct claimer c;
     struct claim cl;
-    struct attempt_counts n;
+    struct tries_counts n;
 
     for (int k = 1; k <= 3; k++)
         put_attempt(1, aname(k), failed);
@@ -1496,7 +1497,7 @@ START_TEST(test_attempt_json_fifo_and_links)
 {
     char *dir = attempts_dir(0), *sub, *fifo, *outside, *link, *rel;
     struct esd_err err;
-    struct attempt_counts n;
+    struct tries_counts n;
     double t0 = time_mono();
 
     /* The test must end promptly, never hang on the FIFO. */
@@ -1527,7 +1528,7 @@ START_TEST(test_attempt_json_fifo_and_links)
     free(tu_write(tmp, "outside.json", "{\"status\": \"running\"}\n", (size_t)-1));
     for (int k = 1; k <= 3; k++) {
         rel = xasprintf("attempts/%s/%s", id(0), aname(k));
-        ck_assert_int_eq(attempt_mark_stale(&M, rel, &err), 0);
+        ck_assert_int_eq(tries_mark_stale(&M, rel, &err), 0);
         free(rel);
     }
     ck_assert(holds(outside, "{\"status\": \"running\"}\n"));
@@ -1602,7 +1603,7 @@ put_junk(const char *dir, int from, int k)
 START_TEST(test_count_cap)
 {
     char *dir = attempts_dir(0);
-    struct attempt_counts n;
+    struct tries_counts n;
     struct esd_err err;
     struct claimer c;
     struct claim cl;
@@ -1625,7 +1626,7 @@ START_TEST(test_count_cap)
         ck_assert_int_eq(fs_mkdir_p(sub, 0755, NULL), 0);
         free(sub);
     }
-    ck_assert_int_eq(attempt_count(&M, id(0), &n, &err), -E2BIG);
+    ck_assert_int_eq(tries_count(&M, id(0), &n, &err), -E2BIG);
     ck_assert_msg(strstr(err.msg, dir) && strstr(err.msg, "1024"), "%s", err.msg);
 
     /* A node whose passes start at shard 0, so that it is met first. */
@@ -1663,7 +1664,7 @@ END_TEST
 /* At most 32 MiB of attempt.json is read in one count. */
 START_TEST(test_count_byte_budget)
 {
-    struct attempt_counts n;
+    struct tries_counts n;
     struct esd_err err;
 
     for (int k = 1; k <= 4; k++) {
@@ -1679,7 +1680,7 @@ START_TEST(test_count_byte_budget)
             ck_assert_int_eq(n.attempts, 3);
         }
     }
-    ck_assert_int_eq(attempt_count(&M, id(0), &n, &err), -E2BIG);
+    ck_assert_int_eq(tries_count(&M, id(0), &n, &err), -E2BIG);
     ck_assert_ptr_nonnull(strstr(err.msg, "attempt.json"));
 }
 END_TEST
@@ -1693,10 +1694,10 @@ START_TEST(test_mark_stale)
     put_attempt(0, "0001-a", "{\"status\": \"failed\", \"error\": \"x\"}\n");
     path = xasprintf("%s/%s/attempt.json", M.job_dir, rel);
     /* Only a running attempt is marked. */
-    ck_assert_int_eq(attempt_mark_stale(&M, rel, &err), 0);
+    ck_assert_int_eq(tries_mark_stale(&M, rel, &err), 0);
     ck_assert(holds(path, "{\"status\": \"failed\", \"error\": \"x\"}\n"));
     put_attempt(0, "0001-a", "{\"status\": \"running\", \"token\": \"t\"}\n");
-    ck_assert_int_eq(attempt_mark_stale(&M, rel, &err), 0);
+    ck_assert_int_eq(tries_mark_stale(&M, rel, &err), 0);
     j = load(path);
     ck_assert_str_eq(json_get_str(j, "status"), "stale");
     ck_assert_str_eq(json_get_str(j, "token"), "t");
@@ -1704,8 +1705,8 @@ START_TEST(test_mark_stale)
     ck_assert_str_eq(json_get_str(j, "failure_class"), "infrastructure");
     cJSON_Delete(j);
     /* Missing: nothing to mark. Outside the job: refused. */
-    ck_assert_int_eq(attempt_mark_stale(&M, "attempts/none/0001-x", &err), 0);
-    ck_assert_int_lt(attempt_mark_stale(&M, "../outside", &err), 0);
+    ck_assert_int_eq(tries_mark_stale(&M, "attempts/none/0001-x", &err), 0);
+    ck_assert_int_lt(tries_mark_stale(&M, "../outside", &err), 0);
     ck_assert_ptr_nonnull(strstr(err.msg, "escapes"));
     free(path);
     free(rel);
