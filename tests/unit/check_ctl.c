@@ -372,6 +372,14 @@ START_TEST(test_ping)
     r = client_call(cl, "{\"v\":1,\"id\":9007199254740993,\"cmd\":\"ping\",\"args\":{}}\n");
     expect_ok(r, 9007199254740993LL);
     cJSON_Delete(r);
+    /* version: the limits a client plans by, under their documented keys */
+    r = client_call(cl, "{\"v\":1,\"id\":2,\"cmd\":\"version\"}\n");
+    res = expect_ok(r, 2);
+    ck_assert_int_eq(get_int(res, "protocol"), PROTO_VERSION);
+    ck_assert_int_eq(get_int(res, "max_message"), PROTO_MAX_MESSAGE);
+    ck_assert_int_eq(get_int(res, "idle_secs"), (long long)PROTO_IDLE_SECS);
+    ck_assert_int_eq(get_int(res, "max_connections"), proto_conn_limits.max);
+    cJSON_Delete(r);
     client_close(cl);
 }
 END_TEST
