@@ -30,6 +30,7 @@
 #include "json.h"
 #include "jsonl.h"
 #include "manifest.h"
+#include "outcome.h"
 #include "pypath.h"
 #include "sha256.h"
 #include "spawn.h"
@@ -232,59 +233,40 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
     struct attempt_cmd cmd = { 0 };
     struct attempt_result res = { 0 };
     struct attempt_outcome out = { 0 };
+    struct outcome_facts f = { .timeout_secs = w->timeout };
     struct run run = { .log_fd = -1 };
     struct spawn_keep_opts keep = { .grace = KILL_GRACE };
-    struct esd_err e2;
-    char how[64], msg[ESD_ERR_MAX + 64];
+    struct esd_err serr, e2; /* (err is attempt_finish's: out.error may point into these) */
+    char msg[OUTCOME_MSG_MAX];
     double t0 = time_mono();
-    int r, mr;
+    int r;
 
     out.ray_address = w->aopts.ray_address;
     out.dj_commit = w->dj_version;
-    if ((r = attempt_prepare(c->m, cl, &w->aopts, &cmd, err)) < 0) {
-        /* Cannot even build it: an infrastructure failure of this node. */
-        out.fc = FC_INFRASTRUCTURE;
-        out.return_code = -1;
-        out.error = err->msg;
-        r = attempt_finish(c, cl, &out, NULL, fin, &e2);
-        return r < 0 ? r : 0;
-    }
-    run.log_fd = open(cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (run.log_fd < 0) {
-        r = err_sys(err, -errno, "Cannot create %s", cmd.log_path);
-        out.fc = FC_INFRASTRUCTURE;
-        out.return_code = -1;
-        out.error = err->msg;
-    } else if ((r = spawn_keep(cmd.argv, cmd.envp, cmd.cwd, NULL, &keep, &run.child, err)) < 0) {
-        dprintf(run.log_fd, "\nUnable to start Data-Juicer: %s\n", err->msg);
-        out.fc = FC_INFRASTRUCTURE;
-        out.return_code = -1;
-        out.error = err->msg;
+    if (attempt_prepare(c->m, cl, &w->aopts, &cmd, &serr) < 0) {
+        /* cannot even build it: an infrastructure failure of this node */
+        f.start_error = serr.msg;
+    } else if ((run.log_fd = open(cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                                  0644)) < 0) {
+        err_sys(&serr, -errno, "Cannot create %s", cmd.log_path);
+        f.start_error = serr.msg;
+    } else if (spawn_keep(cmd.argv, cmd.envp, cmd.cwd, NULL, &keep, &run.child, &serr) < 0) {
+        dprintf(run.log_fd, "\nUnable to start Data-Juicer: %s\n", serr.msg);
+        f.start_error = serr.msg;
     } else {
         supervise(&run, cl, w->timeout, w->echo);
         close(run.child.out_fd);
-        spawn_describe(run.status, how, &out.return_code);
-        if (run.stopped) {
-            out.released = true;
-            out.error = "the worker was stopped";
-        } else if (run.lease_lost) {
-            out.fc = FC_INFRASTRUCTURE;
-            out.error = run.lease_error;
-        } else if (run.timed_out) {
-            out.fc = FC_PROCESSOR;
-            snprintf(msg, sizeof(msg), "Data-Juicer timed out after %.0f s and was killed",
-                     w->timeout);
-            out.error = msg;
-        } else if (out.return_code != 0) {
-            out.fc = FC_PROCESSOR;
-            snprintf(msg, sizeof(msg), "Data-Juicer %s %s", out.return_code < 0 ? "was" : "returned",
-                     how);
-            out.error = msg;
-        } else if ((mr = attempt_materialize(c->m, cl, &w->lim, &res, &e2)) < 0) {
-            out.fc = attempt_result_class(mr);
-            snprintf(msg, sizeof(msg), "%s", e2.msg);
-            out.error = msg;
-        }
+        f.ran = true;
+        f.status = run.status;
+        f.stopped = run.stopped;
+        f.lease_error = run.lease_lost ? run.lease_error : NULL;
+        f.timed_out = run.timed_out;
+    }
+    if (outcome_classify(&f, &out, msg, sizeof(msg))) {
+        f.validated = true;
+        f.result_rc = attempt_materialize(c->m, cl, &w->lim, &res, &e2);
+        f.result_error = e2.msg;
+        outcome_classify(&f, &out, msg, sizeof(msg));
     }
     if (run.log_fd >= 0)
         close(run.log_fd);

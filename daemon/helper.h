@@ -2,8 +2,9 @@
  * helper: esd's helper children, the processes it forks without exec to do
  * work that must not run in its event loop or with its identity: a shard's
  * finishing (validation and publication), a job's merge, a job's loading
- * (its manifest and recipe), a control operation. They all start through
- * helper_fork, the one audited set-up:
+ * (its manifest and recipe), a control operation, esd run's prepare. They
+ * all start through helper_fork, the one audited set-up (what esd execs,
+ * a processor or a Ray head, starts through common/spawn.c instead):
  *
  *   - a process group of its own;
  *   - every descriptor closed but 0-2 (stdin and stdout on /dev/null) and
@@ -18,10 +19,12 @@
  *   - a liveness tick: every HELPER_TICK_SECS its SIGALRM handler writes
  *     one "\n" on the report pipe, which readers skip.
  *
- * In esd, a helper_guard watches each helper: a helper that sends nothing,
- * not even its tick, for HELPER_SILENCE_SECS (stopped with SIGSTOP, stuck
- * in the kernel) or that runs past its time limit is killed with SIGKILL
- * (its whole group), and its end is then handled as any other failure.
+ * In esd's event loop a helper_guard watches each helper (esd run's
+ * prepare runs before the loop, in a wait of its own): a helper that sends
+ * nothing, not even its tick, for HELPER_SILENCE_SECS (stopped with
+ * SIGSTOP, stuck in the kernel) or that runs past its time limit is killed
+ * with SIGKILL (its whole group), and its end is then handled as any other
+ * failure.
  */
 #ifndef ESD_HELPER_H
 #define ESD_HELPER_H

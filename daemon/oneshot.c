@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -43,6 +42,7 @@
 #include "engine.h"
 #include "finalize.h"
 #include "fsutil.h"
+#include "helper.h"
 #include "jobs.h"
 #include "jobview.h"
 #include "json.h"
@@ -644,15 +644,16 @@ ranks_summary(void)
 /* ---- prepare (before the engine starts: a child prepares, this process
  * renews the election) ---- */
 
+/* One progress event of the prepare, said at most every 10 s (and at its
+ * end); takes ev. */
 static void
-prepare_progress(void *ctx, cJSON *ev)
+prepare_progress(cJSON *ev)
 {
     static double last;
     double done = 0, total = 0, now = time_mono();
     long long rows = 0;
     const char *phase = json_get_str(ev, "phase");
 
-    (void)ctx;
     json_get_num(ev, "bytes_done", &done);
     json_get_num(ev, "bytes_total", &total);
     json_get_int(ev, "rows", &rows);
@@ -664,6 +665,26 @@ prepare_progress(void *ctx, cJSON *ev)
     cJSON_Delete(ev);
 }
 
+/* In the prepare child: the report pipe (its stdout is /dev/null). */
+static int prepare_fd = -1;
+
+/* In the prepare child: an event of op_run's, one {"event": ...} line. */
+static void
+prepare_event(void *ctx, cJSON *ev)
+{
+    cJSON *m = cJSON_CreateObject();
+    struct buf b;
+
+    (void)ctx;
+    cJSON_AddItemToObject(m, "event", ev);
+    buf_init(&b);
+    json_dump(m, JSON_LINE, &b);
+    /* (a parent that is gone: PR_SET_PDEATHSIG ends this process) */
+    (void)helper_write(prepare_fd, b.p, b.len);
+    buf_free(&b);
+    cJSON_Delete(m);
+}
+
 static void __attribute__((noreturn))
 prepare_child(int fd)
 {
@@ -673,15 +694,18 @@ prepare_child(int fd)
     struct buf b;
     int r;
 
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* (helper_fork reset every signal: a stop here ends the prepare cleanly) */
+    prepare_fd = fd;
     signal(SIGTERM, on_stop_sig);
     signal(SIGINT, on_stop_sig);
-    /* Tests: a prepare that takes its time (to kill its coordinator) */
+    /* Tests: a prepare that takes its time (to kill its coordinator); the
+     * helper's tick cuts a nap short */
     if (getenv("ESD_TEST_PREPARE_DELAY_SECS")) {
         long long secs;
 
         if (parse_int(getenv("ESD_TEST_PREPARE_DELAY_SECS"), 1, 3600, &secs) == 0)
-            nap((double)secs);
+            for (double end = time_mono() + (double)secs; !stop_sig && time_mono() < end;)
+                nap(end - time_mono());
     }
     json_add_str(args, "config", R.recipe);
     if (R.dataset)
@@ -708,7 +732,7 @@ prepare_child(int fd)
         for (size_t i = 0; i < R.deny.n; i++)
             cJSON_AddItemToArray(a, cJSON_CreateString(R.deny.v[i]));
     }
-    env.event = prepare_progress;
+    env.event = prepare_event;
     env.cancel = &stop_sig;
     env.processor = R.conf->processor.n ? (const char *const *)R.conf->processor.v : NULL;
     env.dj_root = R.conf->dj_root;
@@ -720,8 +744,38 @@ prepare_child(int fd)
         cJSON_AddItemToObject(rep, "result", res);
     buf_init(&b);
     json_dump(rep, JSON_LINE, &b);
-    fs_write_all(fd, b.p, b.len);
+    (void)helper_write(fd, b.p, b.len);
     _exit(r == 0 ? 0 : 2);
+}
+
+/* The prepare child's report so far: says its progress and drops its
+ * ticks (empty lines); what stays in *in is its last line, the result,
+ * once that has come. */
+static void
+prepare_report(struct buf *in)
+{
+    size_t pos = 0;
+
+    while (pos < in->len) {
+        char *nl = memchr(in->p + pos, '\n', in->len - pos);
+        size_t len = nl ? (size_t)(nl - (in->p + pos)) : 0;
+        cJSON *m = NULL, *ev = NULL;
+
+        if (!nl)
+            break;
+        if (len && json_parse_object(in->p + pos, len, "prepare", &m, NULL) == 0)
+            ev = cJSON_DetachItemFromObjectCaseSensitive(m, "event");
+        cJSON_Delete(m);
+        if (len && !ev)
+            break;
+        if (ev)
+            prepare_progress(ev);
+        pos += len + 1;
+    }
+    if (pos > 0) {
+        memmove(in->p, in->p + pos, in->len - pos);
+        in->len -= pos;
+    }
 }
 
 /* Runs the prepare in a child while renewing the election: the code, with
@@ -729,33 +783,29 @@ prepare_child(int fd)
 static int
 prepare_run_here(struct elect *e, char **why)
 {
-    int pfd[2], status = 0;
+    int fd, status = 0;
     struct buf out;
+    struct esd_err err;
     pid_t pid;
     double beat = (double)R.conf->lease_secs / 4.0, next = time_mono() + beat;
     bool eof = false;
     cJSON *o = NULL;
 
     *why = NULL;
-    if (pipe2(pfd, O_CLOEXEC) < 0) {
-        *why = xasprintf("cannot make a pipe: %s", strerror(errno));
-        return EXIT_FAILED;
-    }
     fflush(NULL);
-    if ((pid = fork()) < 0) {
-        *why = xasprintf("cannot fork: %s", strerror(errno));
-        close(pfd[0]);
-        close(pfd[1]);
+    /* the helper's one set-up, as the daemon's children have it (its own
+     * group, nothing of this process's open but the report pipe, signals
+     * reset, dead with this process); the identity is already the job
+     * owner's (become_owner) */
+    if ((pid = helper_fork("prepare", NULL, &fd, &err)) < 0) {
+        *why = xstrdup(err.msg);
         return EXIT_FAILED;
     }
-    if (pid == 0) {
-        close(pfd[0]);
-        prepare_child(pfd[1]);
-    }
-    close(pfd[1]);
+    if (pid == 0)
+        prepare_child(fd);
     buf_init(&out);
     while (!eof) {
-        struct pollfd p = { pfd[0], POLLIN, 0 };
+        struct pollfd p = { fd, POLLIN, 0 };
         double left = next - time_mono();
         int n;
 
@@ -766,19 +816,21 @@ prepare_run_here(struct elect *e, char **why)
         n = poll(&p, 1, left > 0 ? (int)(left * 1000) + 1 : 0);
         if (n > 0) {
             char chunk[4096];
-            ssize_t k = read(pfd[0], chunk, sizeof(chunk));
+            ssize_t k = read(fd, chunk, sizeof(chunk));
 
-            if (k > 0)
+            if (k > 0) {
                 buf_append(&out, chunk, (size_t)k);
-            else if (k == 0 || errno != EINTR)
+                prepare_report(&out);
+            } else if (k == 0 || (errno != EINTR && errno != EAGAIN)) {
                 eof = true;
+            }
         }
         if (time_mono() >= next) {
             elect_beat(e);
             next = time_mono() + beat;
         }
     }
-    close(pfd[0]);
+    close(fd);
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     if (out.len && json_parse_object(out.p, out.len, "prepare", &o, NULL) == 0) {

@@ -25,6 +25,7 @@
 #include "msgid.h"
 #include "metrics.h"
 #include "notify.h"
+#include "outcome.h"
 #include "ray.h"
 #include "spawn.h"
 #include "warm.h"
@@ -898,18 +899,24 @@ runner_start_ahead(struct job *j, struct claim *cl)
 
 /* ---- finishing: validation and publication in a child ---- */
 
-/* The outcome as the runner saw it; *need_result when the output must be
- * validated first. */
+/* What the runner saw of the attempt (outcome_classify decides what it
+ * means), and out's times and addresses. */
 static void
-run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen,
-            bool *need_result)
+run_facts(const struct run *r, struct outcome_facts *f, struct attempt_outcome *out)
 {
-    char how[64], iso[40];
-    int code = -1;
+    char iso[40];
     double now = time_mono(), wall, end = r->ended_at > 0 ? r->ended_at : now;
 
+    memset(f, 0, sizeof(*f));
     memset(out, 0, sizeof(*out));
-    *need_result = false;
+    f->stopped = r->stopped;
+    f->start_error = r->start_failed ? r->error : NULL;
+    f->lease_error = r->lease_lost ? r->error : NULL;
+    f->ran = r->running;
+    f->status = r->status;
+    f->timed_out = r->timed_out;
+    f->timeout_secs = (double)R.conf->attempt_timeout_secs;
+    f->ray_restarted = R.conf->ray_mode == RAY_PERSISTENT && ray_generation() != r->ray_gen;
     /* the processor's time: from when it was let run to its end, measured
      * on the monotonic clock and only then placed on the wall clock, so a
      * clock step during the attempt does not change its duration */
@@ -918,40 +925,6 @@ run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen
     out->started_epoch = wall - (now - r->ran_at);
     out->ended_epoch = wall - (now - end);
     out->ray_address = r->ray_addr;
-    out->dj_commit = NULL;
-    if (r->running)
-        spawn_describe(r->status, how, &code);
-    out->return_code = r->running ? code : -1;
-    /* First match wins. A stop is esd's own decision (drain, shutdown):
-     * the shard is released, no failure counted. Start failures and lost
-     * leases are the node's fault, and so is a processor that failed while
-     * the persistent Ray head it used went down; only then come the
-     * processor's own failures, which use up the shard's retries. A
-     * timeout is one of those (esd.yaml(5)): the node was fine, the work
-     * took longer than the operator allows. */
-    if (r->stopped) {
-        out->released = true;
-        out->error = "esd stopped the attempt (drain or shutdown)";
-    } else if (r->start_failed || r->lease_lost) {
-        out->fc = FC_INFRASTRUCTURE;
-        out->error = r->error;
-    } else if (code != 0 && R.conf->ray_mode == RAY_PERSISTENT && ray_generation() != r->ray_gen) {
-        out->fc = FC_INFRASTRUCTURE;
-        snprintf(msg, msglen, "the Ray head went down during the attempt (Data-Juicer %s %s)",
-                 code < 0 ? "was" : "returned", how);
-        out->error = msg;
-    } else if (r->timed_out) {
-        out->fc = FC_PROCESSOR;
-        snprintf(msg, msglen, "Data-Juicer timed out after %ld s and was killed",
-                 (long)R.conf->attempt_timeout_secs);
-        out->error = msg;
-    } else if (code != 0) {
-        out->fc = FC_PROCESSOR;
-        snprintf(msg, msglen, "Data-Juicer %s %s", code < 0 ? "was" : "returned", how);
-        out->error = msg;
-    } else {
-        *need_result = true;
-    }
 }
 
 /* In the finishing child: validate, publish, report one JSON line.
@@ -962,26 +935,24 @@ run_outcome(struct run *r, struct attempt_outcome *out, char *msg, size_t msglen
 static void __attribute__((noreturn))
 finish_child(struct run *r, int fd)
 {
+    struct outcome_facts f;
     struct attempt_outcome out;
     struct attempt_result res = { 0 };
     struct attempt_final fin = { 0 };
     struct esd_err err, merr;
-    char msg[ESD_ERR_MAX + 128];
-    bool need_result, have_result = false;
+    char msg[OUTCOME_MSG_MAX];
+    bool have_result = false;
     cJSON *rep = cJSON_CreateObject();
     struct buf b;
     int rc;
 
-    run_outcome(r, &out, msg, sizeof(msg), &need_result);
-    if (need_result) {
-        int mr = attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr);
-
-        if (mr < 0) {
-            out.fc = attempt_result_class(mr);
-            out.error = merr.msg;
-        } else {
-            have_result = true;
-        }
+    run_facts(r, &f, &out);
+    if (outcome_classify(&f, &out, msg, sizeof(msg))) {
+        f.validated = true;
+        f.result_rc = attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr);
+        f.result_error = merr.msg;
+        have_result = f.result_rc >= 0;
+        outcome_classify(&f, &out, msg, sizeof(msg));
     }
     rc = attempt_finish(&r->job->claimer, &r->cl, &out, have_result ? &res : NULL, &fin, &err);
     json_add_bool(rep, "ok", rc == 0);

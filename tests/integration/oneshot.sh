@@ -3,8 +3,9 @@
 # with the test stand-in mini-dj (tests/tools/mini-dj.c, not Data-Juicer)
 # and no Ray. Several processes with different node names act as the nodes.
 #   (a) four nodes, one run id: one prepare, one finalize, every node exits
-#       0, the merged output is the expected one (expect_merged); a second
-#       process of one node exits 2 without disturbing the run.
+#       0, the merged output is the expected one (expect_merged), the
+#       prepare's progress is said; a second process of one node exits 2
+#       without disturbing the run.
 #   (b) the prepare coordinator is killed (-9) mid-prepare: another node
 #       takes the election over after the lease and prepares; all exit 0.
 #   (c) the finalize coordinator is killed (-9) mid-merge: another takes it
@@ -115,6 +116,10 @@ expect_codes 0 "(a) four nodes" a1 a2 a3 a4
 [ "$(lines_in "elected as prepare coordinator" a1 a2 a3 a4)" -eq 1 ] &&
     [ "$(lines_in "prepare: 480 records into 16 shards" a1 a2 a3 a4)" -eq 1 ] ||
     fail "(a) exactly one node prepares" "$(cat "$W"/a?.out)"
+# (the prepare runs in a helper child whose stdout is /dev/null: its
+# progress comes back on its report pipe)
+[ "$(lines_in "MiB, 480 records" a1 a2 a3 a4)" -ge 1 ] ||
+    fail "(a) the prepare's progress is said by its coordinator" "$(cat "$W"/a?.out)"
 [ "$(lines_in "elected as finalize coordinator" a1 a2 a3 a4)" -eq 1 ] ||
     fail "(a) exactly one node finalizes" "$(cat "$W"/a?.out)"
 [ "$(lines_in "PASS: 16 shards were completed" a1 a2 a3 a4)" -eq 4 ] ||
