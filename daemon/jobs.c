@@ -1621,8 +1621,11 @@ jobs_load(struct job *j)
 {
     struct esd_err err;
 
+    /* (a loaded job's directory refused at a rescan: its claimer's paths
+     * would lead into whatever is there now, so it is not worked until
+     * jobs_check_bound finds the very directory again) */
     if (j->loaded)
-        return badnode_check(j);
+        return !j->refused && badnode_check(j);
     if (j->load || time_mono() < j->load_after)
         return false;
     if (jobs_check_bound(j, &err) < 0) {
