@@ -51,12 +51,6 @@ teardown(void)
 }
 
 static bool
-loaded(void *arg)
-{
-    return jobs_load(arg);
-}
-
-static bool
 load_failed(void *arg)
 {
     struct job *j = arg;
@@ -266,8 +260,7 @@ START_TEST(test_bound_refuses)
 
     if (moved[_i].root_only && geteuid() != 0)
         return; /* (chown needs root) */
-    ck_assert_msg(tb_run_until(loaded, j, DEADLINE), "job not loaded: %s",
-                  j->load_error ? j->load_error : "(no error)");
+    tb_load(j);
     ck_assert_int_eq(jobs_check_bound(j, &err), 0);
     ck_assert_ptr_null(j->refused);
     moved[_i].change();
@@ -313,8 +306,7 @@ START_TEST(test_load_reads_manifest)
     struct job *j = tb_register();
 
     ck_assert(!j->loaded);
-    ck_assert_msg(tb_run_until(loaded, j, DEADLINE), "job not loaded: %s",
-                  j->load_error ? j->load_error : "(no error)");
+    tb_load(j);
     ck_assert(j->loaded);
     ck_assert_ptr_null(j->load_error);
     ck_assert_uint_eq(j->m.nshards, tb.m.nshards);

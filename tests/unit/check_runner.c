@@ -42,12 +42,6 @@ on_done(struct job *j, const struct attempt_final *f)
 }
 
 static bool
-loaded(void *arg)
-{
-    return jobs_load(arg);
-}
-
-static bool
 attempt_ended(void *arg)
 {
     (void)arg;
@@ -93,8 +87,7 @@ start_attempt(char **ret_attempt_dir)
     struct claim cl;
     struct esd_err err;
 
-    ck_assert_msg(tb_run_until(loaded, j, DEADLINE), "job not loaded: %s",
-                  j->load_error ? j->load_error : "(no error)");
+    tb_load(j);
     ck_assert_uint_eq(j->m.nshards, 3);
     ck_assert_msg(claim_acquire(&j->claimer, &cl, &j->idle, &err) == 1, "claim: %s", err.msg);
     *ret_attempt_dir = xstrdup(cl.attempt_dir);

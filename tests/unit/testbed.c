@@ -108,6 +108,19 @@ tb_register(void)
     return j;
 }
 
+static bool
+loaded(void *arg)
+{
+    return jobs_load(arg);
+}
+
+void
+tb_load(struct job *j)
+{
+    ck_assert_msg(tb_run_until(loaded, j, 10.0), "job %s not loaded: %s", j->job_dir,
+                  j->load_error ? j->load_error : "(no error)");
+}
+
 bool
 tb_run_until(bool (*done)(void *), void *arg, double secs)
 {

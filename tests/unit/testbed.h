@@ -47,6 +47,10 @@ void tb_processor(const char *body);
  * fails the test if it is refused. */
 struct job *tb_register(void);
 
+/* Runs the loop until j is loaded (jobs_load); fails the test, with the
+ * reason, if it is not within a few seconds. */
+void tb_load(struct job *j);
+
 /* Runs tb.loop until done(arg) holds or secs have passed (tu_run_until). */
 bool tb_run_until(bool (*done)(void *), void *arg, double secs);
 
