@@ -57,25 +57,6 @@ job_path(const char *rel)
     return fs_join(tb.job_dir, rel);
 }
 
-/* Shard i's result as a worker leaves it: its output (its input copied)
- * and its done record. */
-static void
-put_result(size_t i)
-{
-    char *in = job_path(tb.m.shards[i].path);
-    char *rel = xasprintf("attempts/%s/0001-x/processed.jsonl", tb.m.shards[i].id);
-    size_t len;
-    char *data = tu_read(in, &len);
-
-    ck_assert_ptr_nonnull(data);
-    free(tu_write(tb.job_dir, rel, data, len));
-    /* (the full manifest: the loaded one keeps no shard's hash) */
-    tu_put_done(&tb.m, i);
-    free(data);
-    free(rel);
-    free(in);
-}
-
 static void
 setup(void)
 {
@@ -90,7 +71,7 @@ setup(void)
     tb_load(J);
     /* (published out of shard order: the merge follows the manifest) */
     for (size_t i = J->m.nshards; i-- > 0;)
-        put_result(i);
+        tb_put_result(i);
 }
 
 static void

@@ -51,6 +51,10 @@ struct job *tb_register(void);
  * reason, if it is not within a few seconds. */
 void tb_load(struct job *j);
 
+/* Shard i's result as a worker leaves it: its output (its input copied,
+ * under attempts/) and its done record (tu_put_done). */
+void tb_put_result(size_t i);
+
 /* Runs tb.loop until done(arg) holds or secs have passed (tu_run_until). */
 bool tb_run_until(bool (*done)(void *), void *arg, double secs);
 
