@@ -1371,7 +1371,12 @@ load_child(struct job *j, int fd)
         buf_free(&b);
         b = c;
     }
-    _exit(helper_write(fd, b.p, b.len) < 0 ? 2 : 0);
+    /* (freed before _exit only so that valgrind, which follows the fork,
+     * finds nothing lost) */
+    r = helper_write(fd, b.p, b.len);
+    free(why);
+    buf_free(&b);
+    _exit(r < 0 ? 2 : 0);
 }
 
 /* Ends j's loading: stops its watchers (the helper, if still there, is
