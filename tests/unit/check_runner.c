@@ -3,9 +3,11 @@
  * scheduler): the job loaded by jobs_load, a shard claimed by hand, the
  * attempt run by runner_start with a shell script as the processor, and
  * its end read from the done callback and the files it left. A processor
- * that succeeds publishes the shard; one that exits 1, is killed by a
- * signal or runs past attempt_timeout_secs fails as a processor failure
- * (counted toward max_retries) with the error recorded in attempt.json;
+ * that succeeds publishes the shard; one that exits non-zero, is killed by a
+ * signal or runs past attempt_timeout_secs fails as a processor failure,
+ * one that exits 0 without a valid output as an output failure (both
+ * counted toward max_retries), with the error recorded in attempt.json; a
+ * processor that cannot start or loses its lease fails as infrastructure;
  * a stopped attempt is released without counting; the attempt's output
  * goes to its process.log.
  */
@@ -127,10 +129,12 @@ state_file(struct job *j, const char *kind, size_t i)
     return there;
 }
 
-/* A processor failure: counted, the shard not failed yet, the class and
- * the error (containing want) recorded in attempt.json. */
+/* A failure of the shard's (class processor or output): counted, the
+ * shard not failed yet, the class and the error (containing want)
+ * recorded in attempt.json. */
 static void
-expect_processor_failure(struct job *j, const char *dir, const char *want)
+expect_counted_failure(struct job *j, const char *dir, const char *want_class,
+                       const char *want)
 {
     cJSON *o = attempt_json(dir);
     const char *cls = json_get_str(o, "failure_class"), *error = json_get_str(o, "error");
@@ -139,7 +143,7 @@ expect_processor_failure(struct job *j, const char *dir, const char *want)
     ck_assert_msg(fin.counted, "a processor failure counts toward max_retries");
     ck_assert(!fin.shard_done && !fin.shard_failed);
     ck_assert_uint_eq(fin.index, claimed);
-    ck_assert_str_eq(cls ? cls : "(none)", "processor");
+    ck_assert_str_eq(cls ? cls : "(none)", want_class);
     ck_assert_msg(error && strstr(error, want), "error %s, expected it to say %s",
                   error ? error : "(none)", want);
     ck_assert_uint_eq(j->failed_here, 1);
@@ -191,18 +195,23 @@ START_TEST(test_success_publishes)
 }
 END_TEST
 
-/* Processors that fail, and what the recorded error says. */
+/* Processors that fail, the class of the failure and what its error says. */
 static const struct {
     const char *body;
     long timeout_secs;
+    const char *class;
     const char *error;
 } failing[] = {
-    { "exit 3", 0, "returned exit code 3" },
-    { "kill -9 $$", 0, "killed by signal 9" },
-    { "exec sleep 30", 1, "timed out after 1 s" }, /* killed at attempt_timeout_secs */
+    { "exit 3", 0, "processor", "returned exit code 3" },
+    { "kill -9 $$", 0, "processor", "killed by signal 9" },
+    /* killed at attempt_timeout_secs */
+    { "exec sleep 30", 1, "processor", "timed out after 1 s" },
+    /* exit status 0, but nothing to accept */
+    { "true", 0, "output", "did not create" },
+    { "echo '{\"text\": ' >\"$out\"", 0, "output", "Invalid JSON at" },
 };
 
-START_TEST(test_processor_fails)
+START_TEST(test_shard_fails)
 {
     char *dir;
     struct job *j;
@@ -211,7 +220,7 @@ START_TEST(test_processor_fails)
     tb_processor(failing[_i].body);
     j = start_attempt(&dir);
     wait_end();
-    expect_processor_failure(j, dir, failing[_i].error);
+    expect_counted_failure(j, dir, failing[_i].class, failing[_i].error);
     free(dir);
 }
 END_TEST
@@ -304,7 +313,7 @@ runner_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_success_publishes);
-    tcase_add_loop_test(tc, test_processor_fails, 0, (int)(sizeof(failing) / sizeof(failing[0])));
+    tcase_add_loop_test(tc, test_shard_fails, 0, (int)(sizeof(failing) / sizeof(failing[0])));
     tcase_add_test(tc, test_start_failure_is_infrastructure);
     tcase_add_test(tc, test_stop_releases);
     tcase_add_test(tc, test_lease_lost_stops);

@@ -8,12 +8,14 @@
  * restart and undone by resume; with release it stops running attempts
  * without counting a failure. Failures in a row pause a job's claims on
  * this node. SIGTERM's drain lets a running attempt go on until
- * drain_timeout_secs, then releases it.
+ * drain_timeout_secs, then releases it. A job cancelled everywhere stops
+ * its attempts; one that is over can be forgotten.
  */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "fsutil.h"
@@ -146,15 +148,32 @@ state_file(const char *kind, size_t i)
     return there;
 }
 
+/* The job's output holds every row in shard order. */
 static void
-expect_merged(void)
+expect_merged_at(const char *output)
 {
-    char *merged = tu_read(J->output, NULL);
+    char *merged = tu_read(output, NULL);
 
-    ck_assert_msg(merged, "no merged output %s", J->output);
+    ck_assert_msg(merged, "no merged output %s", output);
     ck_assert_str_eq(merged, "{\"text\":\"a\"}\n{\"text\":\"b\"}\n{\"text\":\"c\"}\n"
                              "{\"text\":\"d\"}\n{\"text\":\"e\"}\n");
     free(merged);
+}
+
+static void
+expect_merged(void)
+{
+    expect_merged_at(J->output);
+}
+
+/* (the default output, of a job no longer registered) */
+static void
+expect_merged_dir(void)
+{
+    char *out = fs_join(tb.job_dir, "merged.jsonl");
+
+    expect_merged_at(out);
+    free(out);
 }
 
 START_TEST(test_job_completes)
@@ -277,6 +296,53 @@ START_TEST(test_failures_pause_claims)
 }
 END_TEST
 
+/* esctl cancel --everywhere: the marker every node's rescan sees; the
+ * running attempt is stopped and released. */
+START_TEST(test_cancel_everywhere_stops)
+{
+    struct esd_err err;
+
+    tb_processor("exec sleep 30");
+    submit();
+    ck_assert_msg(tb_run_until(busy, NULL, DEADLINE), "no attempt started");
+    ck_assert_msg(jobs_cancel_everywhere(tb.job_dir, getuid(), getgid(), getuid(), &err) == 0,
+                  "%s", err.msg);
+    ck_assert(jobs_cancelled_everywhere(J));
+    sched_check_cancelled();
+    ck_assert_int_eq(J->state, JOB_CANCELLED);
+    ck_assert_msg(tb_run_until(idle, NULL, DEADLINE), "the attempt was not stopped");
+    ck_assert_uint_eq(J->failed_here, 0);
+    ck_assert_int_eq(J->state, JOB_CANCELLED);
+    ck_assert(jobs_forgettable(J));
+}
+END_TEST
+
+/* A job that is over leaves this node (esctl forget): its registry file
+ * goes, and a restart does not bring it back. */
+START_TEST(test_forget_complete_job)
+{
+    char *reg;
+
+    submit();
+    ck_assert(!jobs_forgettable(J));
+    wait_state(JOB_COMPLETE);
+    ck_assert(jobs_forgettable(J));
+    reg = xstrdup(J->reg_path);
+    ck_assert(tu_exists(reg));
+    jobs_forget(J, FORGET_HERE, "forgotten by the test");
+    J = NULL;
+    ck_assert_uint_eq(jobs_count(), 0);
+    ck_assert_ptr_null(jobs_find(tb.job_dir));
+    ck_assert_msg(!tu_exists(reg), "%s stayed", reg);
+    stop();
+    start();
+    ck_assert_uint_eq(jobs_count(), 0);
+    /* (the job directory itself is left as it was) */
+    expect_merged_dir();
+    free(reg);
+}
+END_TEST
+
 static int drained_calls;
 
 static void
@@ -329,6 +395,8 @@ sched_suite(void)
     tcase_add_test(tc, test_hold_release_stops_attempts);
     tcase_add_test(tc, test_failures_pause_claims);
     tcase_add_test(tc, test_drain_releases_after_timeout);
+    tcase_add_test(tc, test_cancel_everywhere_stops);
+    tcase_add_test(tc, test_forget_complete_job);
     suite_add_tcase(s, tc);
     return s;
 }
