@@ -1448,7 +1448,12 @@ load_child(struct job *j, int fd)
         buf_free(&b);
         b = c;
     }
-    _exit(helper_write(fd, b.p, b.len) < 0 ? 2 : 0);
+    /* (freed before _exit only so that valgrind, which follows the fork,
+     * finds nothing lost) */
+    r = helper_write(fd, b.p, b.len);
+    free(why);
+    buf_free(&b);
+    _exit(r < 0 ? 2 : 0);
 }
 
 /* Ends j's loading: stops its watchers (the helper, if still there, is
@@ -1707,8 +1712,11 @@ jobs_load(struct job *j)
 {
     struct esd_err err;
 
+    /* (a loaded job's directory refused at a rescan: its claimer's paths
+     * would lead into whatever is there now, so it is not worked until
+     * jobs_check_bound finds the very directory again) */
     if (j->loaded)
-        return badnode_check(j);
+        return !j->refused && badnode_check(j);
     if (j->load || time_mono() < j->load_after)
         return false;
     if (jobs_check_bound(j, &err) < 0) {

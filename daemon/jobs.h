@@ -151,7 +151,8 @@ struct job *jobs_first(void);
 size_t jobs_count(void);
 
 /*
- * True when j can be worked (its manifest loaded, its claimer set up).
+ * True when j can be worked (its manifest loaded, its claimer set up, its
+ * directory not refused by jobs_check_bound).
  * Otherwise starts loading it if it is not loading yet (a helper process
  * as the owner; when it ends, the changed callback runs) and returns
  * false; a failure is logged once and tried again after a poll interval.

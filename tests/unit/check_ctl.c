@@ -47,26 +47,11 @@ static struct esd_conf conf;
 
 /* ---- the event loop, bounded ------------------------------------------ */
 
-static void
-deadline_cb(struct ev_loop *l, ev_timer *w, int revents)
-{
-    *(bool *)w->data = true;
-}
-
 /* Runs the loop until done(arg) or secs have passed; returns done(arg). */
 static bool
 run_until(bool (*done)(void *), void *arg, double secs)
 {
-    bool expired = false;
-    ev_timer t;
-
-    ev_timer_init(&t, deadline_cb, secs, 0.);
-    t.data = &expired;
-    ev_timer_start(loop, &t);
-    while (!(done && done(arg)) && !expired)
-        ev_run(loop, EVRUN_ONCE);
-    ev_timer_stop(loop, &t);
-    return done ? done(arg) : true;
+    return tu_run_until(loop, done, arg, secs);
 }
 
 /* Serves for secs (an ev timer, not a sleep: the server keeps working). */

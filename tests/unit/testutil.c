@@ -188,6 +188,29 @@ tu_put_done(const struct manifest *m, size_t i)
     free(path);
 }
 
+static void
+tu_deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    *(bool *)w->data = true;
+}
+
+bool
+tu_run_until(struct ev_loop *loop, bool (*done)(void *), void *arg, double secs)
+{
+    bool expired = false;
+    ev_timer t;
+
+    ev_timer_init(&t, tu_deadline_cb, secs, 0.);
+    t.data = &expired;
+    ev_timer_start(loop, &t);
+    while (!(done && done(arg)) && !expired)
+        ev_run(loop, EVRUN_ONCE);
+    ev_timer_stop(loop, &t);
+    return done ? done(arg) : true;
+}
+
 int
 tu_run(Suite *s)
 {

@@ -6,7 +6,10 @@
 #define ESD_TESTUTIL_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <stddef.h>
+
+#include <ev.h>
 
 /* Creates a fresh directory under $TMPDIR (or /tmp); caller frees; it is
  * the test's to remove (fs_rm_rf). */
@@ -42,6 +45,10 @@ void tu_set_age(const char *path, double age);
 /* Publishes state/done/<id>.json for shard i of m as a worker would (its
  * own rows and sha256, output_path under attempts/). */
 void tu_put_done(const struct manifest *m, size_t i);
+/* Runs loop until done(arg) holds or secs have passed (an ev_timer bounds
+ * the wait: nothing sleeps, the loop keeps serving); returns done(arg), or
+ * true once secs have passed when done is NULL. */
+bool tu_run_until(struct ev_loop *loop, bool (*done)(void *), void *arg, double secs);
 /* Runs suite s in fork mode and returns the exit status for main(). */
 int tu_run(Suite *s);
 
