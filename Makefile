@@ -10,6 +10,7 @@
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
 #   make bench               benchmarks in bench/ (print ratios)
 #   make valgrind            unit suites under valgrind
+#   make errcase             error texts in one case (scripts/errcase; part of check)
 #   make install             PREFIX, DESTDIR, BINDIR, SBINDIR, LIBEXECDIR, MANDIR, DATADIR, SYSCONFDIR,
 #                            UNITDIR, SYSUSERSDIR, CATALOGDIR, BASHCOMPDIR (make uninstall: the same)
 #
@@ -179,7 +180,13 @@ $(BUILD)/bench/%: bench/%.c $(LIBESD)
 # check: every unit suite (check prints its own summary line), then every
 # integration script. All of them run even if one fails; the target fails
 # if any did. It installs what the tests need first (test-deps).
-check: all unit integration
+check: all unit integration errcase
+
+# Every error text of common/, daemon/ and ctl/ starts lower-case and has no
+# trailing period, but for the reference's own texts (scripts/errcase.allow).
+.PHONY: errcase
+errcase:
+	$(Q)scripts/errcase
 
 # What the tests need beyond the build: the tools (mandoc, valgrind,
 # faketime, systemd-container, debhelper, lintian, …; as root, or the

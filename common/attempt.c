@@ -185,7 +185,7 @@ attempt_count_by(const struct manifest *m, const char *shard_id, const char *nod
     /* Not through a link: the attempts counted are this shard's. */
     fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 || !(d = fdopendir(fd))) {
-        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "cannot read %s", dir);
         if (fd >= 0)
             close(fd);
         goto out;
@@ -209,7 +209,7 @@ attempt_count_by(const struct manifest *m, const char *shard_id, const char *nod
             continue;
         if (found >= ATTEMPT_DIR_MAX) {
             r = err_set(err, -E2BIG,
-                        "Too many attempts in %s (more than %d): remove what is not an "
+                        "too many attempts in %s (more than %d): remove what is not an "
                         "attempt of the shard",
                         dir, ATTEMPT_DIR_MAX);
             break;
@@ -219,7 +219,7 @@ attempt_count_by(const struct manifest *m, const char *shard_id, const char *nod
         if (afd < 0) {
             if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP || errno == EACCES)
                 continue;
-            r = err_sys(err, -errno, "Cannot open %s/%s", dir, e->d_name);
+            r = err_sys(err, -errno, "cannot open %s/%s", dir, e->d_name);
             break;
         }
         found++;
@@ -228,7 +228,7 @@ attempt_count_by(const struct manifest *m, const char *shard_id, const char *nod
         if (bytes > ATTEMPT_COUNT_BYTES) {
             close(afd);
             r = err_set(err, -E2BIG,
-                        "The attempt.json files in %s hold more than %zu bytes: remove what "
+                        "the attempt.json files in %s hold more than %zu bytes: remove what "
                         "is not an attempt directory",
                         dir, ATTEMPT_COUNT_BYTES);
             break;
@@ -241,7 +241,7 @@ attempt_count_by(const struct manifest *m, const char *shard_id, const char *nod
         cJSON_Delete(j);
     }
     if (r == 0 && errno)
-        r = err_sys(err, -errno, "Cannot read %s", dir);
+        r = err_sys(err, -errno, "cannot read %s", dir);
     /* The reference numbers by count; a gap (attempts removed) would
      * repeat a number, so the highest number seen wins then. */
     n.attempts = highest > found ? highest : found;
@@ -388,7 +388,7 @@ attempt_record_start(const struct manifest *m, const struct claim *cl, const cha
      * plain exclusive create is enough (readers ignore a partial file). */
     fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 || (r = fs_write_all(fd, b.p, b.len)) < 0 || (fsync(fd) < 0 && (r = -errno)))
-        r = err_sys(err, fd < 0 ? -errno : r, "Cannot write %s", path);
+        r = err_sys(err, fd < 0 ? -errno : r, "cannot write %s", path);
     if (fd >= 0)
         close(fd);
     buf_free(&b);
@@ -508,7 +508,7 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
         strv_push(&argv, "dj-process");
     }
     if (argv.n == 0) {
-        r = err_set(err, -EINVAL, "The processor command is empty");
+        r = err_set(err, -EINVAL, "the processor command is empty");
         goto out;
     }
     job_id = xasprintf("%s_%s_%.12s", m->job_id, cl->shard_id, cl->token);
@@ -772,7 +772,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     if (stat(export, &st) < 0) {
         r = errno == ENOENT
                 ? err_set(err, -ENOENT, "Data-Juicer returned 0 but did not create %s", export)
-                : err_sys(err, -errno, "Cannot stat %s", export);
+                : err_sys(err, -errno, "cannot stat %s", export);
         goto out;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -791,7 +791,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     }
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
-        r = err_sys(err, -errno, "Cannot create %s", tmp);
+        r = err_sys(err, -errno, "cannot create %s", tmp);
         goto out;
     }
     res.ray_output_files = cJSON_CreateArray();
@@ -817,7 +817,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
                 break;
             }
             if ((r = fs_write_all(fd, line, len)) < 0 || (r = fs_write_all(fd, "\n", 1)) < 0) {
-                err_sys(err, r, "Cannot write %s", tmp);
+                err_sys(err, r, "cannot write %s", tmp);
                 break;
             }
             sha256_update(&out_sha, line, len);
@@ -845,13 +845,13 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     if (r < 0)
         goto out;
     if (fsync(fd) < 0 || close(fd) < 0) {
-        r = err_sys(err, -errno, "Cannot write %s", tmp);
+        r = err_sys(err, -errno, "cannot write %s", tmp);
         fd = -1;
         goto out;
     }
     fd = -1;
     if (rename(tmp, output) < 0) {
-        r = err_sys(err, -errno, "Cannot rename %s to %s", tmp, output);
+        r = err_sys(err, -errno, "cannot rename %s to %s", tmp, output);
         goto out;
     }
     if ((r = fs_fsync_parent(output, err)) < 0)
@@ -986,7 +986,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
      * all: a claim that lost its lock can never publish. */
     fd = claim_fence_own(cl, NULL);
     if (fd < 0 && fd != -ESTALE) {
-        r = err_sys(err, fd, "Cannot lock %s", cl->lock_path);
+        r = err_sys(err, fd, "cannot lock %s", cl->lock_path);
         goto out;
     }
     owned = fd >= 0;
@@ -1016,7 +1016,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
                 published = true;
         }
         if (r == 0 && unlink(cl->lock_path) < 0)
-            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+            r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
         status = published ? "done" : "superseded";
         fin.shard_done = published || exists(done);
         fin.shard_failed = !fin.shard_done && exists(failed);
@@ -1026,7 +1026,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         json_set(meta, "failure_class", cJSON_CreateString("infrastructure"));
         json_set(meta, "error", cJSON_CreateString(out->error ? out->error : "stopped"));
         if (unlink(cl->lock_path) < 0)
-            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+            r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
     } else {
         enum attempt_limit lim = AL_OPEN;
 
@@ -1059,7 +1059,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         }
         fin.shard_left = lim == AL_LEFT;
         if (r == 0 && unlink(cl->lock_path) < 0)
-            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+            r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
     }
     if (owned) {
         claim_unfence(fd);

@@ -250,7 +250,7 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
     }
     run.log_fd = open(cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (run.log_fd < 0) {
-        r = err_sys(err, -errno, "Cannot create %s", cmd.log_path);
+        r = err_sys(err, -errno, "cannot create %s", cmd.log_path);
         out.fc = FC_INFRASTRUCTURE;
         out.return_code = -1;
         out.error = err->msg;
@@ -468,7 +468,7 @@ worker_run(struct call *c)
             continue;
         }
         if (idle.cancelled) {
-            fprintf(stderr, "Job cancelled on every node (esctl cancel --everywhere): no new "
+            fprintf(stderr, "job cancelled on every node (esctl cancel --everywhere): no new "
                     "claims\n");
             rc = EXIT_ERROR;
             break;
