@@ -42,6 +42,12 @@ f(struct esd_err *err, const char *p, int cond)
     out_error("%s", p);
     return err_set(err, -EINVAL, "ends in an ellipsis...");
 }
+static void
+g(struct runner *r, char *buf)
+{
+    snprintf(r->error, sizeof(r->error), "Died: %s", "x");
+    snprintf(buf, 10, "Fine: %s", "x");
+}
 EOF
 run "$EC" "$W/src"
 check "errcase fails on the fixture" 1
@@ -52,10 +58,11 @@ $W/src/bad.c:9: starts with a capital: log_msg('Stopped %s')
 $W/src/bad.c:10: starts with a capital: log_event('Gave up on %s')
 $W/src/bad.c:11: starts with a capital: fprintf('esd: Bad thing\n')
 $W/src/bad.c:17: starts with a capital: err_set('Could not write %d bytes')
-$W/src/bad.c:19: starts with a capital: render_error('Bad')"
+$W/src/bad.c:19: starts with a capital: render_error('Bad')
+$W/src/bad.c:27: starts with a capital: snprintf('Died: %s')"
 [ "$OUT" == "$want" ] || fail "errcase names exactly the bad texts, by file and line" "got:" "$OUT" \
     "expected:" "$want"
-ok "errcase names the 8 bad texts and no other (info log, stdout, comment, names, allow-list)"
+ok "errcase names the 9 bad texts and no other (info log, stdout, comment, names, allow-list, a plain buffer)"
 
 cp "$TOP/scripts/errcase.allow" "$W/allow"
 echo "Never printed by anything" >>"$W/allow"
