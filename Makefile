@@ -3,14 +3,16 @@
 #   make                     build common/libesd.a and ctl/esctl (installs nothing)
 #   make deps                install the build dependencies (root; else the apt-get line)
 #   make test-deps           also the test tools and the real Data-Juicer and Ray
-#   make check               test-deps, modcheck, unit tests (check) and integration scripts
+#   make check               test-deps, modcheck, errcase, unit tests (check) and integration scripts
 #   make modcheck            the modules' layers; fails on a dependency cycle
+#   make errcase             fails on an error text that starts upper-case or ends with a period
 #   make format-check        clang-format --dry-run over the C sources (make format: rewrite)
 #   make demo                two daemons as two nodes on the real Data-Juicer and Ray
 #                            (STANDIN=1: the test stand-in mini-dj, in seconds)
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
 #   make bench               benchmarks in bench/ (print ratios)
 #   make valgrind            unit suites under valgrind
+#   make errcase             error texts in one case (scripts/errcase; part of check)
 #   make install             PREFIX, DESTDIR, BINDIR, SBINDIR, LIBEXECDIR, MANDIR, DATADIR, SYSCONFDIR,
 #                            UNITDIR, SYSUSERSDIR, CATALOGDIR, BASHCOMPDIR (make uninstall: the same)
 #
@@ -116,7 +118,7 @@ INTEGRATION := $(filter-out $(INTEGRATION_SKIP:%=tests/integration/%.sh),\
                  $(sort $(wildcard tests/integration/*.sh)))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all modcheck deps depcheck depcheck-unit depcheck-fuzz test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
+.PHONY: all modcheck errcase deps depcheck depcheck-unit depcheck-fuzz test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
 ESD_DJ := $(BUILD)/esd-dj
 all: $(ESCTL) $(ESD) $(ESD_DJ)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
@@ -198,11 +200,17 @@ $(BUILD)/bench/%: bench/%.c $(LIBESD)
 	$(if $(Q),@echo "  CC/LD   $<")
 	$(Q)$(CC) $(ALL_CFLAGS) $(COMMON_INC) -MMD -MP -MF $@.d -o $@ $< $(ALL_LDFLAGS) $(LIBESD) $(PKG_LIBS) -lm
 
-# check: the module graph (modcheck), every unit suite (check prints its
-# own summary line), then every integration script. All of them run even
-# if one fails; the target fails if any did. It installs what the tests
-# need first (test-deps).
-check: all modcheck unit integration
+# check: first the static checks of the tree, which take a second and stop
+# it when they fail (modcheck: the module graph; errcase: the case of the
+# error texts); then every unit suite (check prints its own summary line)
+# and every integration script, all of them even if one fails; the target
+# fails if any did. It installs what the tests need first (test-deps).
+check: all modcheck errcase unit integration
+
+# Every error text of common/, daemon/ and ctl/ starts lower-case and has no
+# trailing period, but for the reference's own texts (scripts/errcase.allow).
+errcase:
+	$(Q)scripts/errcase
 
 # No cycle between modules, by #include and by the symbols of the built
 # objects, and no folder using one it may not (scripts/modcheck; it prints

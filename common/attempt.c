@@ -121,7 +121,7 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
         strv_push(&argv, "dj-process");
     }
     if (argv.n == 0) {
-        r = err_set(err, -EINVAL, "The processor command is empty");
+        r = err_set(err, -EINVAL, "the processor command is empty");
         goto out;
     }
     job_id = xasprintf("%s_%s_%.12s", m->job_id, cl->shard_id, cl->token);
@@ -385,7 +385,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     if (stat(export, &st) < 0) {
         r = errno == ENOENT
                 ? err_set(err, -ENOENT, "Data-Juicer returned 0 but did not create %s", export)
-                : err_sys(err, -errno, "Cannot stat %s", export);
+                : err_sys(err, -errno, "cannot stat %s", export);
         goto out;
     }
     if (S_ISDIR(st.st_mode)) {
@@ -404,7 +404,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     }
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
-        r = err_sys(err, -errno, "Cannot create %s", tmp);
+        r = err_sys(err, -errno, "cannot create %s", tmp);
         goto out;
     }
     res.ray_output_files = cJSON_CreateArray();
@@ -430,7 +430,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
                 break;
             }
             if ((r = fs_write_all(fd, line, len)) < 0 || (r = fs_write_all(fd, "\n", 1)) < 0) {
-                err_sys(err, r, "Cannot write %s", tmp);
+                err_sys(err, r, "cannot write %s", tmp);
                 break;
             }
             sha256_update(&out_sha, line, len);
@@ -458,13 +458,13 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     if (r < 0)
         goto out;
     if (fsync(fd) < 0 || close(fd) < 0) {
-        r = err_sys(err, -errno, "Cannot write %s", tmp);
+        r = err_sys(err, -errno, "cannot write %s", tmp);
         fd = -1;
         goto out;
     }
     fd = -1;
     if (rename(tmp, output) < 0) {
-        r = err_sys(err, -errno, "Cannot rename %s to %s", tmp, output);
+        r = err_sys(err, -errno, "cannot rename %s to %s", tmp, output);
         goto out;
     }
     if ((r = fs_fsync_parent(output, err)) < 0)
@@ -599,7 +599,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
      * all: a claim that lost its lock can never publish. */
     fd = claim_fence_own(cl, NULL);
     if (fd < 0 && fd != -ESTALE) {
-        r = err_sys(err, fd, "Cannot lock %s", cl->lock_path);
+        r = err_sys(err, fd, "cannot lock %s", cl->lock_path);
         goto out;
     }
     owned = fd >= 0;
@@ -629,7 +629,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
                 published = true;
         }
         if (r == 0 && unlink(cl->lock_path) < 0)
-            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+            r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
         status = published ? "done" : "superseded";
         fin.shard_done = published || exists(done);
         fin.shard_failed = !fin.shard_done && exists(failed);
@@ -639,7 +639,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         json_set(meta, "failure_class", cJSON_CreateString("infrastructure"));
         json_set(meta, "error", cJSON_CreateString(out->error ? out->error : "stopped"));
         if (unlink(cl->lock_path) < 0)
-            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+            r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
     } else {
         struct tries_rule rule = claimer_rule(c);
         enum tries_limit lim = TL_OPEN;
@@ -673,7 +673,7 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         }
         fin.shard_left = lim == TL_LEFT;
         if (r == 0 && unlink(cl->lock_path) < 0)
-            r = err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path);
+            r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
     }
     if (owned) {
         claim_unfence(fd);

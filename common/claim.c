@@ -73,7 +73,7 @@ claimer_init(struct claimer *c, const struct manifest *m, const struct claim_opt
     c->clock_fd = -1;
     if (!o->node || !manifest_id_ok(o->node))
         return err_set(err, -EINVAL,
-                       "Invalid node name '%s': use letters, digits, '.', '_' and '-', not "
+                       "invalid node name '%s': use letters, digits, '.', '_' and '-', not "
                        "starting with '.'",
                        o->node ? o->node : "");
     c->m = m;
@@ -157,7 +157,7 @@ claimer_now(struct claimer *c, double *ret_now, struct esd_err *err)
      * SETATTR to server time); the reply's attributes carry it back. */
     c->stats.ops += 2;
     if (fs_touch_fd(c->clock_fd) < 0 || fstat(c->clock_fd, &st) < 0)
-        return err_sys(err, -errno, "Cannot read the server clock in %s/state/clock",
+        return err_sys(err, -errno, "cannot read the server clock in %s/state/clock",
                        c->m->job_dir);
     c->clock_server = ts_secs(&st.st_mtim);
     c->clock_mono = time_mono();
@@ -317,7 +317,7 @@ claim_fence(const char *path, const char *token, bool nb, struct esd_err *err)
             usleep(20000);
     }
     if (r < 0) {
-        r = errno != EWOULDBLOCK ? err_sys(err, -errno, "Cannot lock %s", path)
+        r = errno != EWOULDBLOCK ? err_sys(err, -errno, "cannot lock %s", path)
             : nb ? -EWOULDBLOCK
                  : err_set(err, -EWOULDBLOCK, "lock %s stayed locked by another process for "
                            "%.0f s", path, CLAIM_FENCE_WAIT);
@@ -444,7 +444,7 @@ takeover(struct claimer *c, size_t i, const char *path, double now, const char *
     if (fd < 0)
         return fd;
     if (fstat(fd, &st) < 0) {
-        r = err_sys(err, -errno, "Cannot stat lock %s", path);
+        r = err_sys(err, -errno, "cannot stat lock %s", path);
         claim_unfence(fd);
         return r;
     }
@@ -475,7 +475,7 @@ takeover(struct claimer *c, size_t i, const char *path, double now, const char *
     rand_hex32(hex);
     dest = xasprintf("%s/state/stale_locks/%s.%lld.%s.lock", m->job_dir, m->shards[i].id,
                      (long long)time(NULL), hex);
-    r = rename(path, dest) < 0 ? err_sys(err, -errno, "Cannot move stale lock %s", path) : 0;
+    r = rename(path, dest) < 0 ? err_sys(err, -errno, "cannot move stale lock %s", path) : 0;
     if (r == 0)
         r = fs_fsync_parent(path, err);
     if (r == 0)
@@ -510,7 +510,7 @@ judge_lock(struct claimer *c, size_t i, const char *path, double now, struct esd
 
     c->stats.ops++;
     if (stat(path, &st) < 0)
-        return errno == ENOENT ? J_GONE : err_sys(err, -errno, "Cannot stat lock %s", path);
+        return errno == ENOENT ? J_GONE : err_sys(err, -errno, "cannot stat lock %s", path);
     c->locked[i] = 1;
     if (st.st_ino != c->lock_ino[i] || st.st_dev != c->lock_dev[i] || !c->lock_threshold[i]) {
         int fd = fs_open_job(path, O_RDONLY, 0, 0, NULL, err);
@@ -659,7 +659,7 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
             break;
         }
         if (errno != EEXIST) {
-            r = err_sys(err, -errno, "Cannot create lock %s", cl.lock_path);
+            r = err_sys(err, -errno, "cannot create lock %s", cl.lock_path);
             goto out;
         }
         if (tries == 1) {
@@ -690,7 +690,7 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     json_dump(fields, JSON_LINE, &line);
     if ((r = fs_write_all(fd, line.p, line.len)) < 0 || (fsync(fd) < 0 && (r = -errno)) ||
         (fstat(fd, &st) < 0 && (r = -errno))) {
-        err_sys(err, r, "Cannot write lock %s", cl.lock_path);
+        err_sys(err, r, "cannot write lock %s", cl.lock_path);
         goto unlock;
     }
     cl.lock_dev = st.st_dev;
@@ -728,7 +728,7 @@ try_shard(struct claimer *c, size_t i, double now, struct claim *ret, struct esd
     }
     parent = fs_dirname(cl.attempt_dir);
     if ((mkdir(parent, 0755) < 0 && errno != EEXIST) || mkdir(cl.attempt_dir, 0755) < 0) {
-        r = err_sys(err, -errno, "Cannot create attempt directory %s", cl.attempt_dir);
+        r = err_sys(err, -errno, "cannot create attempt directory %s", cl.attempt_dir);
         goto unlock;
     }
     if ((r = tries_record_start(cl.attempt_dir, fields, m->shards[i].path, err)) < 0)
@@ -781,7 +781,7 @@ dir_look(struct claimer *c, int k, struct timespec *mtime, bool *changed, struct
     d->checked = time_mono();
     fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || fstat(fd, &st) < 0) {
-        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", path);
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "cannot read %s", path);
         memset(&st, 0, sizeof(st));
     }
     if (fd >= 0)
@@ -1135,27 +1135,27 @@ claim_heartbeat(const struct claim *cl, struct esd_err *err)
     fd = fs_open_job(cl->lock_path, O_RDWR, 0, 0, NULL, err);
     if (fd < 0) {
         if (fd == -ENOENT)
-            return err_set(err, -ESTALE, "Lease of %s lost: its lock was removed or taken over",
+            return err_set(err, -ESTALE, "lease of %s lost: its lock was removed or taken over",
                            cl->shard_id);
         /* replaced by something that is not a lock file: not ours */
         if (fd == -ELOOP || fd == -EINVAL)
-            return err_set(err, -ESTALE, "Lease of %s lost: its lock was replaced by something "
+            return err_set(err, -ESTALE, "lease of %s lost: its lock was replaced by something "
                            "that is not a lock file", cl->shard_id);
         return fd;
     }
     if (fstat(fd, &st) < 0) {
-        r = err_sys(err, -errno, "Cannot stat lock %s", cl->lock_path);
+        r = err_sys(err, -errno, "cannot stat lock %s", cl->lock_path);
     } else if (st.st_dev != cl->lock_dev || st.st_ino != cl->lock_ino) {
-        r = err_set(err, -ESTALE, "Lease of %s lost: its lock was replaced by another claim",
+        r = err_set(err, -ESTALE, "lease of %s lost: its lock was replaced by another claim",
                     cl->shard_id);
     } else {
         j = read_lock_fd(fd);
         t = json_get_str(j, "token");
         if (!t || strcmp(t, cl->token) != 0)
-            r = err_set(err, -ESTALE, "Lease of %s lost: its lock holds another token",
+            r = err_set(err, -ESTALE, "lease of %s lost: its lock holds another token",
                         cl->shard_id);
         else if (fs_touch_fd(fd) < 0)
-            r = err_sys(err, -errno, "Cannot renew the lease of %s", cl->shard_id);
+            r = err_sys(err, -errno, "cannot renew the lease of %s", cl->shard_id);
         cJSON_Delete(j);
     }
     close(fd);
@@ -1171,7 +1171,7 @@ claim_release(const struct claim *cl, struct esd_err *err)
         return 0;
     if (fd < 0)
         return fd;
-    r = unlink(cl->lock_path) < 0 ? err_sys(err, -errno, "Cannot remove lock %s", cl->lock_path)
+    r = unlink(cl->lock_path) < 0 ? err_sys(err, -errno, "cannot remove lock %s", cl->lock_path)
                                   : 1;
     claim_unfence(fd);
     if (r == 1 && fs_fsync_parent(cl->lock_path, err) < 0)

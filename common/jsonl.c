@@ -542,7 +542,7 @@ jsonl_error(const struct jsonl_record *rec, const struct jsonl_limits *lim, cons
     case JSONL_OK:
         break;
     }
-    return err_set(err, -EINVAL, "Invalid JSONL record at %s:%llu", file, line);
+    return err_set(err, -EINVAL, "invalid JSONL record at %s:%llu", file, line);
 }
 
 static void

@@ -56,7 +56,7 @@ job_id_refused(const char *path, const char *id, struct esd_err *err)
 {
     char *p = str_escape_dup(path), *i = str_escape_dup(id);
     int r = err_set(err, -EINVAL,
-                    "Malformed manifest %s: job_id '%s' is not allowed (a job id is 1 to 255 "
+                    "malformed manifest %s: job_id '%s' is not allowed (a job id is 1 to 255 "
                     "bytes of UTF-8 without control characters or '/', not starting with '-')",
                     p, i);
 
@@ -110,7 +110,7 @@ policy_int(const cJSON *policy, const char *key, long long def, long long min, l
         return 0;
     }
     if (json_get_int(policy, key, &x) < 0 || x < min)
-        return err_set(err, -EINVAL, "Malformed manifest %s: policy.%s must be an integer >= %lld",
+        return err_set(err, -EINVAL, "malformed manifest %s: policy.%s must be an integer >= %lld",
                        path, key, min);
     *ret = x;
     return 0;
@@ -210,14 +210,14 @@ manifest_check_size(const char *text, size_t len, const char *path, struct esd_e
 
     precount(text, len, &shards, &files);
     if (shards > MANIFEST_MAX_SHARDS)
-        return err_set(err, -EFBIG, "Malformed manifest %s: %zu shards, more than the %d esd "
+        return err_set(err, -EFBIG, "malformed manifest %s: %zu shards, more than the %d esd "
                        "works", path, shards, MANIFEST_MAX_SHARDS);
     if (files > MANIFEST_MAX_FILES)
-        return err_set(err, -EFBIG, "Malformed manifest %s: %zu input files, more than the %d "
+        return err_set(err, -EFBIG, "malformed manifest %s: %zu input files, more than the %d "
                        "esd reads", path, files, MANIFEST_MAX_FILES);
     cap = MANIFEST_BASE_BYTES + MANIFEST_ENTRY_BYTES * (shards + files);
     if (len > cap)
-        return err_set(err, -EFBIG, "Malformed manifest %s: %zu bytes for %zu shards and %zu "
+        return err_set(err, -EFBIG, "malformed manifest %s: %zu bytes for %zu shards and %zu "
                        "input files, more than the %zu such a manifest can need", path, len,
                        shards, files, cap);
     return 0;
@@ -301,24 +301,24 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, "schema_version");
         char *txt = v ? cJSON_PrintUnformatted(v) : NULL;
 
-        r = err_set(err, -EINVAL, "Unsupported manifest schema_version %.40s in %s (expected "
+        r = err_set(err, -EINVAL, "unsupported manifest schema_version %.40s in %s (expected "
                     "%d)", txt ? txt : "(missing)", path, MANIFEST_SCHEMA);
         free(txt);
         return r;
     }
     shards = cJSON_GetObjectItemCaseSensitive(doc, "shards");
     if (!cJSON_IsArray(shards) || cJSON_GetArraySize(shards) == 0)
-        return err_set(err, -EINVAL, "Malformed manifest %s: shards must be a non-empty list",
+        return err_set(err, -EINVAL, "malformed manifest %s: shards must be a non-empty list",
                        path);
     if (cJSON_GetArraySize(shards) > MANIFEST_MAX_SHARDS)
-        return err_set(err, -EFBIG, "Malformed manifest %s: more than %d shards", path,
+        return err_set(err, -EFBIG, "malformed manifest %s: more than %d shards", path,
                        MANIFEST_MAX_SHARDS);
     exec = cJSON_GetObjectItemCaseSensitive(doc, "execution");
     m->ray_address = json_get_str(exec, "ray_address");
     if (!cJSON_IsObject(exec) || !json_get_str(exec, "executor_type") ||
         strcmp(json_get_str(exec, "executor_type"), "ray") != 0 || !m->ray_address ||
         !*m->ray_address)
-        return err_set(err, -EINVAL, "Malformed manifest %s: execution must have executor_type "
+        return err_set(err, -EINVAL, "malformed manifest %s: execution must have executor_type "
                        "\"ray\" and a non-empty ray_address", path);
     m->job_id = json_get_str(doc, "job_id");
     if (!manifest_job_id_ok(m->job_id ? m->job_id : fs_basename(job_dir)))
@@ -343,14 +343,14 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
 
         if (!cJSON_IsObject(item) || !(s->id = json_get_str(item, "id")) ||
             !(s->path = json_get_str(item, "path")) || json_get_int(item, "rows", &s->rows) < 0)
-            return err_set(err, -EINVAL, "Malformed manifest %s: shards[%d] needs string id and "
+            return err_set(err, -EINVAL, "malformed manifest %s: shards[%d] needs string id and "
                            "path and integer rows", path, i);
         if (!path_ok(s->path) || strlen(s->path) > MANIFEST_PATH_MAX ||
             !str_clean(s->path, strlen(s->path)))
-            return err_set(err, -EINVAL, "Malformed manifest %s: shard path '%.200s' is not a "
+            return err_set(err, -EINVAL, "malformed manifest %s: shard path '%.200s' is not a "
                            "relative path inside the job directory", path, s->path);
         if (!manifest_id_ok(s->id))
-            return err_set(err, -EINVAL, "Malformed manifest %s: shard id '%.200s' is not a "
+            return err_set(err, -EINVAL, "malformed manifest %s: shard id '%.200s' is not a "
                            "plain file name", path, s->id);
         if (json_get_int(item, "index", &s->index) < 0)
             s->index = i;
@@ -364,15 +364,15 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     }
     if (strlen(m->ray_address) > MANIFEST_PATH_MAX ||
         !str_clean(m->ray_address, strlen(m->ray_address)))
-        return err_set(err, -EINVAL, "Malformed manifest %s: ray_address is too long or holds "
+        return err_set(err, -EINVAL, "malformed manifest %s: ray_address is too long or holds "
                        "control characters", path);
     /* what esd does not rely on is dropped when it is not plain */
     if (m->recipe_sha256 && !hex_ok(m->recipe_sha256))
-        return err_set(err, -EINVAL, "Malformed manifest %s: recipe.sha256 is not a hex digest",
+        return err_set(err, -EINVAL, "malformed manifest %s: recipe.sha256 is not a hex digest",
                        path);
     if (m->recipe_snapshot && (strlen(m->recipe_snapshot) > MANIFEST_PATH_MAX ||
                                !str_clean(m->recipe_snapshot, strlen(m->recipe_snapshot))))
-        return err_set(err, -EINVAL, "Malformed manifest %s: recipe.snapshot_path is not a "
+        return err_set(err, -EINVAL, "malformed manifest %s: recipe.snapshot_path is not a "
                        "plain path", path);
     /* A commit that is not plain text pins nothing: "unknown" is what the
      * reference writes when it cannot tell, and the version check is then
@@ -397,7 +397,7 @@ index_ids(struct manifest *m, const char *path, struct esd_err *err)
     qsort_r(m->by_id, m->nshards, sizeof(*m->by_id), cmp_by_id, m->shards);
     for (size_t k = 1; k < m->nshards; k++)
         if (strcmp(m->shards[m->by_id[k - 1]].id, m->shards[m->by_id[k]].id) == 0)
-            return err_set(err, -EINVAL, "Malformed manifest %s: duplicate shard id '%s'", path,
+            return err_set(err, -EINVAL, "malformed manifest %s: duplicate shard id '%s'", path,
                            m->shards[m->by_id[k]].id);
     return 0;
 }
@@ -650,7 +650,7 @@ reader_line(struct manifest_reader *rd, char *line, struct esd_err *err)
         return 0;
     }
 bad:
-    return err_set(err, -EINVAL, "Malformed compact manifest at line %zu", rd->lines);
+    return err_set(err, -EINVAL, "malformed compact manifest at line %zu", rd->lines);
 }
 
 int
@@ -676,7 +676,7 @@ manifest_reader_feed(struct manifest_reader *rd, const char *p, size_t n, struct
     /* a line holds a few bounded fields: a partial line longer than they
      * can make is refused before it grows without bound */
     if (rd->part.len > (size_t)MANIFEST_PATH_MAX * 4)
-        return err_set(err, -EINVAL, "Malformed compact manifest: a line longer than %d bytes",
+        return err_set(err, -EINVAL, "malformed compact manifest: a line longer than %d bytes",
                        MANIFEST_PATH_MAX * 4);
     return 0;
 }
@@ -698,7 +698,7 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
     int r = 0;
 
     if (!rd->header || rd->got != rd->nshards || rd->part.len)
-        return err_set(err, -EINVAL, "Malformed compact manifest: %zu of %zu shards", rd->got,
+        return err_set(err, -EINVAL, "malformed compact manifest: %zu of %zu shards", rd->got,
                        rd->nshards);
     m.nshards = rd->nshards;
     m.shards = rd->shards;
@@ -715,13 +715,13 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
         struct manifest_shard *s = &m.shards[i];
 
         if (!manifest_id_ok(at(rd, rd->offs[i * 3])) || !path_ok(at(rd, rd->offs[i * 3 + 1])))
-            r = err_set(err, -EINVAL, "Malformed compact manifest: shard %zu", i);
+            r = err_set(err, -EINVAL, "malformed compact manifest: shard %zu", i);
         m.total_rows += s->rows;
     }
     if (r == 0 && (!m.ray_address || !*m.ray_address || m.lock_timeout_secs < 1 ||
                    m.max_retries < 0 || m.poll_interval_secs < 1 ||
                    !manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir))))
-        r = err_set(err, -EINVAL, "Malformed compact manifest: its header");
+        r = err_set(err, -EINVAL, "malformed compact manifest: its header");
     if (r < 0) {
         free(m.shards);
         return r;
@@ -806,7 +806,7 @@ manifest_list_state(const struct manifest *m, const char *kind, const char *suff
     int r = 0;
 
     if (!d) {
-        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "cannot read %s", dir);
         free(dir);
         return r;
     }
@@ -826,7 +826,7 @@ manifest_list_state(const struct manifest *m, const char *kind, const char *suff
             present[k] = true;
     }
     if (errno)
-        r = err_sys(err, -errno, "Cannot read %s", dir);
+        r = err_sys(err, -errno, "cannot read %s", dir);
     closedir(d);
     free(dir);
     return r;

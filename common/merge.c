@@ -80,7 +80,7 @@ load_results(struct ctx *c, struct esd_err *err)
             if (!rel || !sha || strlen(sha) != SHA256_HEX_LEN ||
                 json_get_int(d, "rows", &x->rows) < 0)
                 r = err_set(err, -EINVAL,
-                            "Malformed done record %s: needs output_path, rows and sha256", path);
+                            "malformed done record %s: needs output_path, rows and sha256", path);
             else /* spec §3: a stored path must stay inside the job */
                 r = pypath_join_inside(m->job_dir, rel, &x->path, err);
         }
@@ -92,7 +92,7 @@ load_results(struct ctx *c, struct esd_err *err)
              * checked); a missing result fails here, before a byte of the
              * output is written. */
             if (stat(x->path, &st) < 0)
-                r = err_sys(err, -errno, "Cannot read result of %s: %s", x->id, x->path);
+                r = err_sys(err, -errno, "cannot read result of %s: %s", x->id, x->path);
             else
                 c->bytes_total += (uint64_t)st.st_size;
         }
@@ -171,7 +171,7 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
         rd.on_data_ctx = &sink;
         while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
             if (sink.r < 0) {
-                r = err_sys(err, sink.r, "Cannot write %s", c->out_tmp);
+                r = err_sys(err, sink.r, "cannot write %s", c->out_tmp);
                 break;
             }
             if (jsonl_check(&rec, line, len, &c->lim) < 0) {
@@ -180,7 +180,7 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
             }
             rows++;
             if (c->o->cancel && *c->o->cancel) {
-                r = err_set(err, -ECANCELED, "Interrupted; nothing was written");
+                r = err_set(err, -ECANCELED, "interrupted; nothing was written");
                 break;
             }
             if (bytes + rd.offset >= next_report) {
@@ -191,14 +191,14 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
         bytes += rd.offset;
         jsonl_reader_close(&rd);
         if (r == 0 && sink.r < 0)
-            r = err_sys(err, sink.r, "Cannot write %s", c->out_tmp);
+            r = err_sys(err, sink.r, "cannot write %s", c->out_tmp);
         if (r == 0 && !nl) {
             /* The output gets the missing newline; the shard digest not:
              * the done record's sha256 is of processed.jsonl as it is
              * (spec §5.5), merge.json's of the merged bytes (spec §5.8). */
             hashq_update(c->hq, &c->out_sha, "\n", 1);
             if (c->out_fd >= 0 && (r = fs_write_all(c->out_fd, "\n", 1)) < 0)
-                err_sys(err, r, "Cannot write %s", c->out_tmp);
+                err_sys(err, r, "cannot write %s", c->out_tmp);
             res->bytes++;
         }
         /* shard_sha lives on this stack frame and the hashing thread may
@@ -300,7 +300,7 @@ check_ready(struct ctx *c, struct esd_err *err)
     status_free(&st);
     if (c->o->output && merge_output_clobbers(c->m->job_dir, c->o->output))
         return err_set(err, -EINVAL,
-                       "Output %s would overwrite part of the job directory; choose another path",
+                       "output %s would overwrite part of the job directory; choose another path",
                        c->o->output);
     /* lstat: a dangling symlink at the output's place is a name that
      * exists; publication by link() would fail on it too. */
@@ -420,7 +420,7 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
      * so it must be textually below job_dir, not just resolve there. */
     if (o->confined && (strncmp(o->output, m->job_dir, jl) || o->output[jl] != '/' ||
                         !o->output[jl + 1]))
-        return err_set(err, -EACCES, "Output %s is not inside the job directory %s", o->output,
+        return err_set(err, -EACCES, "output %s is not inside the job directory %s", o->output,
                        m->job_dir);
     ctx_init(&c, m, o);
     if ((r = check_ready(&c, err)) < 0)
@@ -445,7 +445,7 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     c.out_fd = openat(pfd, o->confined ? fs_basename(tmp) : tmp,
                       O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (c.out_fd < 0) {
-        r = err_sys(err, -errno, "Cannot create %s", tmp);
+        r = err_sys(err, -errno, "cannot create %s", tmp);
         goto out;
     }
     if ((r = run(&c, &res, err)) < 0)
@@ -455,7 +455,7 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     /* Data on disk before the name: after a crash the output is either
      * absent or complete, never a published name over missing blocks. */
     if (fsync(c.out_fd) < 0) {
-        r = err_sys(err, -errno, "Cannot write %s", tmp);
+        r = err_sys(err, -errno, "cannot write %s", tmp);
         goto out;
     }
     close(c.out_fd);
@@ -476,19 +476,19 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
                                !linked_ours(pfd, fs_basename(tmp), base))
             r = errno == EEXIST ? err_set(err, -EEXIST, "Output already exists: %s; pass "
                                           "--overwrite to replace it", o->output)
-                                : err_sys(err, -errno, "Cannot create %s", o->output);
+                                : err_sys(err, -errno, "cannot create %s", o->output);
         else if (!o->overwrite)
             unlinkat(pfd, fs_basename(tmp), 0);
         if (r == 0 && fsync(pfd) < 0 && errno != EINVAL)
             r = err_sys(err, -errno, "cannot fsync directory %s", parent);
     } else if (o->overwrite) {
         if (rename(tmp, o->output) < 0)
-            r = err_sys(err, -errno, "Cannot replace %s", o->output);
+            r = err_sys(err, -errno, "cannot replace %s", o->output);
     } else if (link(tmp, o->output) < 0 && !linked_ours(AT_FDCWD, tmp, o->output)) {
         r = errno == EEXIST
                 ? err_set(err, -EEXIST, "Output already exists: %s; pass --overwrite to replace it",
                           o->output)
-                : err_sys(err, -errno, "Cannot create %s", o->output);
+                : err_sys(err, -errno, "cannot create %s", o->output);
     } else {
         unlink(tmp);
     }
@@ -543,7 +543,7 @@ check_merged_output(const struct manifest *m, struct merge_result *res, struct e
     out = json_get_str(j, "output_path");
     sha = json_get_str(j, "sha256");
     if (!out || !sha || json_get_int(j, "rows", &rows) < 0) {
-        r = err_set(err, -EINVAL, "Malformed %s: needs output_path, rows and sha256", path);
+        r = err_set(err, -EINVAL, "malformed %s: needs output_path, rows and sha256", path);
         goto done;
     }
     if ((uint64_t)rows != res->rows || strcmp(sha, res->sha256) != 0) {
@@ -559,7 +559,7 @@ check_merged_output(const struct manifest *m, struct merge_result *res, struct e
         if ((r = sha256_file(out, hex, err)) < 0)
             goto done;
         if (strcmp(hex, sha) != 0) {
-            r = err_set(err, -EINVAL, "Merged output %s does not match %s: sha256 %s, expected %s",
+            r = err_set(err, -EINVAL, "merged output %s does not match %s: sha256 %s, expected %s",
                         out, path, hex, sha);
             goto done;
         }

@@ -646,7 +646,7 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
         /* spec §13.9: fewer distinct hostnames than expected fails verify
          * (exit 2), with the reference's wording. */
         if (want > 0 && res.nowners < (size_t)want) {
-            r = err_set(err, -EINVAL, "Only %zu node(s) completed shards; expected at least %lld",
+            r = err_set(err, -EINVAL, "only %zu node(s) completed shards; expected at least %lld",
                         res.nowners, want);
             merge_result_free(&res);
             return r;

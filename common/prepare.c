@@ -427,7 +427,7 @@ static int
 cancelled(const struct job *j, struct esd_err *err)
 {
     if (j->o->cancel && *j->o->cancel)
-        return err_set(err, -ECANCELED, "Interrupted; no job directory was published");
+        return err_set(err, -ECANCELED, "interrupted; no job directory was published");
     return 0;
 }
 
@@ -524,10 +524,10 @@ load_request(struct job *j, struct esd_err *err)
 
         if (!j->recipe.dataset_path)
             return err_set(err, -EINVAL,
-                           "No dataset path: pass --dataset-path or set dataset_path in %s",
+                           "no dataset path: pass --dataset-path or set dataset_path in %s",
                            j->config);
         if (!j->recipe.dataset_path_valid)
-            return err_set(err, -EINVAL, "Recipe %s: dataset_path must be a non-empty string",
+            return err_set(err, -EINVAL, "recipe %s: dataset_path must be a non-empty string",
                            j->config);
         if (j->recipe.dataset_path[0] == '/') {
             joined = xstrdup(j->recipe.dataset_path);
@@ -555,7 +555,7 @@ load_request(struct job *j, struct esd_err *err)
     if (!manifest_job_id_ok(fs_basename(j->job_dir))) {
         char *shown = str_escape_dup(fs_basename(j->job_dir));
 
-        r = err_set(err, -EINVAL, "The job directory's name '%s' cannot be a job id (1 to 255 "
+        r = err_set(err, -EINVAL, "the job directory's name '%s' cannot be a job id (1 to 255 "
                     "bytes of UTF-8 without control characters, not starting with '-')", shown);
         free(shown);
         return r;
@@ -716,7 +716,7 @@ scan_pass(struct job *j, struct esd_err *err)
         if (r < 0)
             break;
         if (sink.fh.total != f->size) {
-            r = err_set(err, -ESTALE, "Input file changed while it was read: %s", f->path);
+            r = err_set(err, -ESTALE, "input file changed while it was read: %s", f->path);
             break;
         }
         f->fast = fh_final(&sink.fh);
@@ -865,7 +865,7 @@ shard_open(struct writer *w, long long i, struct esd_err *err)
     s->fd = openat(w->j->shards_fd, sn.name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                    0644);
     if (s->fd < 0)
-        return err_sys(err, -errno, "Cannot create shard %s/%s", w->j->staging, sn.rel);
+        return err_sys(err, -errno, "cannot create shard %s/%s", w->j->staging, sn.rel);
     w->cur = i;
     return 0;
 }
@@ -877,7 +877,7 @@ shard_err(struct writer *w, int r, struct esd_err *err)
     struct shard_name sn;
 
     shard_fmt(&sn, w->cur, w->j->o->num_shards);
-    return err_sys(err, r, "Cannot write shard %s/%s", w->j->staging, sn.rel);
+    return err_sys(err, r, "cannot write shard %s/%s", w->j->staging, sn.rel);
 }
 
 static int
@@ -1139,14 +1139,14 @@ write_recipe_copy(struct job *j, struct esd_err *err)
     fd = openat(j->staging_fd, "recipe.yaml", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                 0600);
     if (fd < 0) {
-        r = err_sys(err, -errno, "Cannot create %s", path);
+        r = err_sys(err, -errno, "cannot create %s", path);
         goto out;
     }
     if ((r = fs_write_all(fd, j->recipe_data, j->recipe_len)) < 0 ||
         (fchmod(fd, j->recipe_st.st_mode & 07777) < 0 && (r = -errno)) ||
         (futimens(fd, ts) < 0 && (r = -errno)) ||
         (j->sync == PREPARE_SYNC_FILES && fsync(fd) < 0 && (r = -errno)))
-        err_sys(err, r, "Cannot write %s", path);
+        err_sys(err, r, "cannot write %s", path);
     close(fd);
 out:
     free(path);
@@ -1330,10 +1330,10 @@ sync_at(int dfd, const char *name, int flags, const char *shown, const char *rel
     int fd = openat(dfd, name, flags | O_NOFOLLOW | O_CLOEXEC), r = 0;
 
     if (fd < 0)
-        return err_sys(err, -errno, "Cannot open %s/%s to sync it", shown, rel);
+        return err_sys(err, -errno, "cannot open %s/%s to sync it", shown, rel);
     /* EINVAL: a directory the file system cannot sync, with nothing more to do */
     if (fsync(fd) < 0 && !((flags & O_DIRECTORY) && errno == EINVAL))
-        r = err_sys(err, -errno, "Cannot fsync %s/%s", shown, rel);
+        r = err_sys(err, -errno, "cannot fsync %s/%s", shown, rel);
     close(fd);
     return r;
 }
@@ -1357,7 +1357,7 @@ stage_sync(struct job *j, const struct writer *w, struct esd_err *err)
 
     if (j->sync == PREPARE_SYNC_FS) {
         if (syncfs(j->staging_fd) < 0)
-            return err_sys(err, -errno, "Cannot sync %s (syncfs of its file system)",
+            return err_sys(err, -errno, "cannot sync %s (syncfs of its file system)",
                            j->staging);
     } else {
         for (long long i = 0; r == 0 && i < j->o->num_shards; i++) {
@@ -1398,23 +1398,23 @@ staging_make(struct job *j, struct esd_err *err)
 
     hook(j, PREPARE_STEP_MKDIR);
     if (mkdirat(j->parent_fd, j->staging_name, 0755) < 0)
-        return err_sys(err, -errno, "Cannot create staging directory %s", j->staging);
+        return err_sys(err, -errno, "cannot create staging directory %s", j->staging);
     j->staged = true;
     hook(j, PREPARE_STEP_OPEN);
     fd = openat(j->parent_fd, j->staging_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
-        return err_sys(err, -errno, "Cannot open staging directory %s (replaced after it was "
+        return err_sys(err, -errno, "cannot open staging directory %s (replaced after it was "
                        "made?); nothing was written", j->staging);
     if (fstat(fd, &j->staging_st) < 0) {
         close(fd);
-        return err_sys(err, -errno, "Cannot open staging directory %s", j->staging);
+        return err_sys(err, -errno, "cannot open staging directory %s", j->staging);
     }
     /* The owner proves it: nobody but this uid (and root) can make a
      * directory owned by this uid. A file server that maps root to
      * another uid (root_squash) fails here too, which is the safe way. */
     if (j->staging_st.st_uid != geteuid()) {
         close(fd);
-        return err_set(err, -EPERM, "Staging directory %s is owned by uid %u, not by this "
+        return err_set(err, -EPERM, "staging directory %s is owned by uid %u, not by this "
                        "prepare (uid %u): it was replaced after it was made, or the file server "
                        "maps this uid to another; nothing was written",
                        j->staging, (unsigned)j->staging_st.st_uid, (unsigned)geteuid());
@@ -1422,7 +1422,7 @@ staging_make(struct job *j, struct esd_err *err)
     /* mkdirat's 0755 never gives group or others write, whatever the umask */
     if ((j->staging_st.st_mode & (S_IWGRP | S_IWOTH)) || !dir_is_empty(fd)) {
         close(fd);
-        return err_set(err, -EPERM, "Staging directory %s is not the empty directory this "
+        return err_set(err, -EPERM, "staging directory %s is not the empty directory this "
                        "prepare made: it was replaced after it was made; nothing was written",
                        j->staging);
     }
@@ -1467,7 +1467,7 @@ publish(struct job *j, struct esd_err *err)
     hook(j, PREPARE_STEP_FILLED);
     if (fstatat(j->parent_fd, j->staging_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
         !same_inode(&st, &j->staging_st))
-        return err_set(err, -ESTALE, "Staging directory %s was moved or replaced while this "
+        return err_set(err, -ESTALE, "staging directory %s was moved or replaced while this "
                        "prepare ran; nothing was published", j->staging);
     hook(j, PREPARE_STEP_RENAME);
     /*
@@ -1486,14 +1486,14 @@ publish(struct job *j, struct esd_err *err)
         r = renameat(j->parent_fd, j->staging_name, j->parent_fd, name);
     if (r < 0 && (errno == EEXIST || errno == ENOTEMPTY))
         return err_set(err, -EEXIST,
-                       "Job directory %s appeared while this prepare ran (another prepare?); "
+                       "job directory %s appeared while this prepare ran (another prepare?); "
                        "nothing was published",
                        j->job_dir);
     if (r < 0)
-        return err_sys(err, -errno, "Cannot publish job directory %s", j->job_dir);
+        return err_sys(err, -errno, "cannot publish job directory %s", j->job_dir);
     if (fstatat(j->parent_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
         !same_inode(&st, &j->staging_st))
-        return err_set(err, -ESTALE, "Job directory %s is not the directory this prepare made: "
+        return err_set(err, -ESTALE, "job directory %s is not the directory this prepare made: "
                        "its staging directory was replaced just before publication. Nothing was "
                        "published; do not use what is there now", j->job_dir);
     j->staged = false;
@@ -1672,7 +1672,7 @@ prepare_owner(const char *job_dir, uid_t *ret_uid, char **ret_where, struct esd_
      * refuses to follow it anyway; a file is its owner's too. */
     while (lstat(p, &st) < 0) {
         if ((errno != ENOENT && errno != ENOTDIR) || !strcmp(p, "/") || !strcmp(p, ".")) {
-            int r = err_sys(err, -errno, "Cannot examine %s, where job directory %s would be "
+            int r = err_sys(err, -errno, "cannot examine %s, where job directory %s would be "
                             "created", p, job_dir);
 
             free(p);
@@ -1701,10 +1701,10 @@ prepare_become(uid_t uid, struct esd_err *err)
     /* groups first: setresuid gives up the right to change them */
     if (setgroups(c.ngroups, c.groups) < 0 || setresgid(c.gid, c.gid, c.gid) < 0 ||
         setresuid(uid, uid, uid) < 0)
-        r = err_sys(err, -errno, "Cannot take the identity of %s (uid %u)", c.name,
+        r = err_sys(err, -errno, "cannot take the identity of %s (uid %u)", c.name,
                     (unsigned)uid);
     else if (uid != 0 && setuid(0) == 0)
-        r = err_set(err, -EPERM, "Taking the identity of %s (uid %u) left root's behind", c.name,
+        r = err_set(err, -EPERM, "taking the identity of %s (uid %u) left root's behind", c.name,
                     (unsigned)uid);
     spawn_cred_free(&c);
     return r;

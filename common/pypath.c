@@ -380,7 +380,7 @@ walk_dir(const char *dir, const char *rel, bool (*want)(const char *), struct py
     int r = 0;
 
     if (!d)
-        return err_sys(err, -errno, "Cannot read directory %s", dir);
+        return err_sys(err, -errno, "cannot read directory %s", dir);
     while ((errno = 0, e = readdir(d))) {
         struct stat st;
         char *path, *sub;
@@ -390,7 +390,7 @@ walk_dir(const char *dir, const char *rel, bool (*want)(const char *), struct py
         path = fs_join(dir, e->d_name);
         sub = *rel ? xasprintf("%s/%s", rel, e->d_name) : xstrdup(e->d_name);
         if (lstat(path, &st) < 0) {
-            r = err_sys(err, -errno, "Cannot stat %s", path);
+            r = err_sys(err, -errno, "cannot stat %s", path);
         } else if (S_ISDIR(st.st_mode)) {
             r = walk_dir(path, sub, want, out, err);
         } else if (want(e->d_name) && (!S_ISLNK(st.st_mode) || stat(path, &st) == 0) &&
@@ -408,7 +408,7 @@ walk_dir(const char *dir, const char *rel, bool (*want)(const char *), struct py
             break;
     }
     if (r == 0 && errno)
-        r = err_sys(err, -errno, "Cannot read directory %s", dir);
+        r = err_sys(err, -errno, "cannot read directory %s", dir);
     closedir(d);
     return r;
 }

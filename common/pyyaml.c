@@ -696,14 +696,14 @@ unsupported:
 static int
 too_many(struct pyyaml_doc *d, struct esd_err *err)
 {
-    return err_set(err, -EINVAL, "Recipe %s: too many YAML nodes (alias expansion?), limit %zu",
+    return err_set(err, -EINVAL, "recipe %s: too many YAML nodes (alias expansion?), limit %zu",
                    d->name, d->max_nodes);
 }
 
 static int
 too_deep(struct pyyaml_doc *d, unsigned long line, struct esd_err *err)
 {
-    return err_set(err, -EINVAL, "Recipe %s:%lu: YAML nesting deeper than %zu levels", d->name,
+    return err_set(err, -EINVAL, "recipe %s:%lu: YAML nesting deeper than %zu levels", d->name,
                    line, d->max_depth);
 }
 
@@ -768,7 +768,7 @@ anchor_add(struct pyyaml_doc *d, const char *name, struct pyyaml_node *nd, struc
     struct pyyaml_anchor *a;
 
     if (anchor_find(d, name))
-        return err_set(err, -EINVAL, "Recipe %s:%lu: found duplicate anchor '%s'", d->name,
+        return err_set(err, -EINVAL, "recipe %s:%lu: found duplicate anchor '%s'", d->name,
                        nd->line, name);
     if (2 * (d->nanch + 1) > d->capanch) {
         struct pyyaml_anchor *old = d->anch;
@@ -806,19 +806,19 @@ yaml_error(struct pyyaml_doc *d, const yaml_parser_t *p, const char *data, size_
     const char *problem = p->problem ? p->problem : "unknown error";
 
     if (p->error == YAML_MEMORY_ERROR)
-        return err_set(err, -ENOMEM, "Recipe %s: out of memory while parsing YAML", d->name);
+        return err_set(err, -ENOMEM, "recipe %s: out of memory while parsing YAML", d->name);
     if (p->error == YAML_READER_ERROR) {
         /* reader errors carry a byte offset, not a mark */
         line = 1;
         for (size_t i = 0; i < p->problem_offset && i < len; i++)
             line += data[i] == '\n';
-        return err_set(err, -EINVAL, "Invalid YAML in %s:%lu: %s at byte %zu", d->name, line,
+        return err_set(err, -EINVAL, "invalid YAML in %s:%lu: %s at byte %zu", d->name, line,
                        problem, p->problem_offset);
     }
     if (p->context)
-        return err_set(err, -EINVAL, "Invalid YAML in %s:%lu: %s (%s)", d->name, line, problem,
+        return err_set(err, -EINVAL, "invalid YAML in %s:%lu: %s (%s)", d->name, line, problem,
                        p->context);
-    return err_set(err, -EINVAL, "Invalid YAML in %s:%lu: %s", d->name, line, problem);
+    return err_set(err, -EINVAL, "invalid YAML in %s:%lu: %s", d->name, line, problem);
 }
 
 /* One event into the tree; *ret_end set at the end of the stream. */
@@ -838,7 +838,7 @@ doc_event(struct pyyaml_doc *d, const yaml_event_t *ev, struct pyyaml_node **sta
     case YAML_DOCUMENT_START_EVENT:
         if ((*ndocs)++)
             return err_set(err, -EINVAL,
-                           "Recipe %s:%lu: only a single YAML document is allowed, found another",
+                           "recipe %s:%lu: only a single YAML document is allowed, found another",
                            d->name, line);
         return 0;
     case YAML_ALIAS_EVENT: {
@@ -846,10 +846,10 @@ doc_event(struct pyyaml_doc *d, const yaml_event_t *ev, struct pyyaml_node **sta
 
         t = anchor_find(d, name);
         if (!t)
-            return err_set(err, -EINVAL, "Recipe %s:%lu: found undefined alias '%s'", d->name,
+            return err_set(err, -EINVAL, "recipe %s:%lu: found undefined alias '%s'", d->name,
                            line, name);
         if (!t->done)
-            return err_set(err, -EINVAL, "Recipe %s:%lu: recursive alias '%s' is not supported",
+            return err_set(err, -EINVAL, "recipe %s:%lu: recursive alias '%s' is not supported",
                            d->name, line, name);
         /* expanded at every use: its whole subtree counts again */
         if (t->size > d->max_nodes - d->count)
@@ -929,7 +929,7 @@ doc_parse(struct pyyaml_doc *d, const char *data, size_t len, struct esd_err *er
 
     if (!yaml_parser_initialize(&p)) {
         free(stack);
-        return err_set(err, -ENOMEM, "Recipe %s: out of memory while parsing YAML", d->name);
+        return err_set(err, -ENOMEM, "recipe %s: out of memory while parsing YAML", d->name);
     }
     yaml_parser_set_input_string(&p, (const unsigned char *)(data ? data : ""), len);
     while (!rc && !end) {
@@ -1273,9 +1273,9 @@ bad_msg(struct pyyaml_doc *d, const struct pyyaml_node *nd, struct esd_err *err)
     static const char *const what[] = { "", "", "bool", "int", "float", "timestamp" };
 
     if (nd->bad == BAD_TAG)
-        return err_set(err, -EINVAL, "Recipe %s:%lu: unsupported YAML tag '%s' on a %s", d->name,
+        return err_set(err, -EINVAL, "recipe %s:%lu: unsupported YAML tag '%s' on a %s", d->name,
                        nd->line, nd->tag ? nd->tag : "", pyyaml_kind_name(nd));
-    return err_set(err, -EINVAL, "Recipe %s:%lu: cannot construct a %s from '%.*s%s'", d->name,
+    return err_set(err, -EINVAL, "recipe %s:%lu: cannot construct a %s from '%.*s%s'", d->name,
                    nd->line, what[nd->bad], (int)(nd->len < MSG_REPR_MAX ? nd->len : MSG_REPR_MAX),
                    nd->val, nd->len > MSG_REPR_MAX ? "..." : "");
 }
@@ -1286,7 +1286,7 @@ check_value(struct pyyaml_doc *d, const struct pyyaml_node *nd, struct esd_err *
 {
     if (nd->kind == PYYAML_SCALAR && (nd->type == PYYAML_MERGE || nd->type == PYYAML_VALUE))
         return err_set(err, -EINVAL,
-                       "Recipe %s:%lu: '%s' can only be used as a mapping key (quote it)",
+                       "recipe %s:%lu: '%s' can only be used as a mapping key (quote it)",
                        d->name, nd->line, nd->type == PYYAML_MERGE ? "<<" : "=");
     return 0;
 }
@@ -1315,17 +1315,17 @@ doc_check(struct pyyaml_doc *d, struct esd_err *err)
 
             if (k->kind != PYYAML_SCALAR)
                 return err_set(err, -EINVAL,
-                               "Recipe %s:%lu: found unhashable key (a %s used as a key)",
+                               "recipe %s:%lu: found unhashable key (a %s used as a key)",
                                d->name, k->line, pyyaml_kind_name(k));
             if (k->type == PYYAML_MERGE) {
                 for (size_t m = 0; v->kind == PYYAML_SEQ && m < v->n; m++)
                     if (v->kids[m]->kind != PYYAML_MAP)
                         return err_set(err, -EINVAL,
-                                       "Recipe %s:%lu: expected a mapping for merging, found a %s",
+                                       "recipe %s:%lu: expected a mapping for merging, found a %s",
                                        d->name, v->kids[m]->line, pyyaml_kind_name(v->kids[m]));
                 if (!ok && v->kind != PYYAML_SEQ)
                     return err_set(err, -EINVAL,
-                                   "Recipe %s:%lu: expected a mapping or list of mappings for "
+                                   "recipe %s:%lu: expected a mapping or list of mappings for "
                                    "merging, found a %s",
                                    d->name, v->line, pyyaml_kind_name(v));
             }

@@ -63,7 +63,7 @@ struct pyyaml_doc {
 
 /*
  * Parses data[0..len) into *d (overwritten) and checks that safe_load could
- * construct every node. name is used in messages ("Recipe <name>:3: …")
+ * construct every node. name is used in messages ("recipe <name>:3: …")
  * and must outlive d; max_depth is capped at 1000. Returns 0, or -EINVAL
  * (-ENOMEM) with err set. Whatever it returns, the caller calls
  * pyyaml_free(d).

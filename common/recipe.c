@@ -52,7 +52,7 @@ keep_str(struct pyyaml_doc *d, const struct pyyaml_node *nd, const char *what, c
          struct esd_err *err)
 {
     if (memchr(nd->val, '\0', nd->len))
-        return err_set(err, -EINVAL, "Recipe %s:%lu: %s contains a NUL character", d->name,
+        return err_set(err, -EINVAL, "recipe %s:%lu: %s contains a NUL character", d->name,
                        nd->line, what);
     *ret = xstrndup(nd->val, nd->len);
     return 0;
@@ -68,7 +68,7 @@ check_executor(struct pyyaml_doc *d, struct recipe *r, struct esd_err *err)
     if (v && !pyyaml_str_is(v, "default") && !pyyaml_str_is(v, "ray")) {
         got = pyyaml_msg_repr(v);
         rc = err_set(err, -EINVAL,
-                     "Recipe %s:%lu: executor_type must be 'default' or 'ray', got %s", d->name,
+                     "recipe %s:%lu: executor_type must be 'default' or 'ray', got %s", d->name,
                      v->line, got);
         free(got);
         return rc;
@@ -112,7 +112,7 @@ check_custom_paths(struct pyyaml_doc *d, struct recipe *r, struct esd_err *err)
     }
     return 0;
 bad:
-    return err_set(err, -EINVAL, "Recipe %s:%lu: %s must be a string or a list of strings",
+    return err_set(err, -EINVAL, "recipe %s:%lu: %s must be a string or a list of strings",
                    d->name, v->line, key);
 }
 
@@ -373,7 +373,7 @@ check_media_keys(struct pyyaml_doc *d, struct recipe *r, struct esd_err *err)
         if (!v) {
             s = xstrdup(keys[i][1]);
         } else if (!pyyaml_is_str(v) || !v->len) {
-            return err_set(err, -EINVAL, "Recipe %s:%lu: %s must be a non-empty string", d->name,
+            return err_set(err, -EINVAL, "recipe %s:%lu: %s must be a non-empty string", d->name,
                            v->line, keys[i][0]);
         } else if ((rc = keep_str(d, v, keys[i][0], &s, err)) < 0) {
             return rc;
@@ -411,14 +411,14 @@ validate(struct pyyaml_doc *d, const struct recipe_policy *pol, struct recipe *r
     int rc;
 
     if (!d->root || d->root->kind != PYYAML_MAP)
-        return err_set(err, -EINVAL, "Recipe %s must be a mapping", d->name);
+        return err_set(err, -EINVAL, "recipe %s must be a mapping", d->name);
     if ((rc = check_executor(d, r, err)) < 0)
         return rc;
     proc = pyyaml_map_get(d->root, "process", NULL);
     if (!proc)
-        return err_set(err, -EINVAL, "Recipe %s: 'process' must be a list", d->name);
+        return err_set(err, -EINVAL, "recipe %s: 'process' must be a list", d->name);
     if (proc->kind != PYYAML_SEQ)
-        return err_set(err, -EINVAL, "Recipe %s:%lu: 'process' must be a list, not a %s", d->name,
+        return err_set(err, -EINVAL, "recipe %s:%lu: 'process' must be a list, not a %s", d->name,
                        proc->line, pyyaml_is_null(proc) ? "null" : pyyaml_kind_name(proc));
     if ((rc = check_custom_paths(d, r, err)) < 0)
         return rc;
@@ -434,7 +434,7 @@ validate(struct pyyaml_doc *d, const struct recipe_policy *pol, struct recipe *r
             return rc;
         r->dataset_path_valid = !py_blank(v->val, v->len);
     } else if (v && !pyyaml_is_null(v) && pyyaml_str(v, &r->dataset_path) < 0) {
-        return err_set(err, -EINVAL, "Recipe %s:%lu: dataset_path is an integer too large to print",
+        return err_set(err, -EINVAL, "recipe %s:%lu: dataset_path is an integer too large to print",
                        d->name, v->line);
     }
     v = pyyaml_map_get(d->root, "ray_address", NULL);
@@ -442,7 +442,7 @@ validate(struct pyyaml_doc *d, const struct recipe_policy *pol, struct recipe *r
         if ((rc = keep_str(d, v, "ray_address", &r->ray_address, err)) < 0)
             return rc;
     } else if (v && !pyyaml_is_null(v) && pyyaml_str(v, &r->ray_address) < 0) {
-        return err_set(err, -EINVAL, "Recipe %s:%lu: ray_address is an integer too large to print",
+        return err_set(err, -EINVAL, "recipe %s:%lu: ray_address is an integer too large to print",
                        d->name, v->line);
     }
     if (r->ray_address)
@@ -470,7 +470,7 @@ recipe_parse(const char *data, size_t len, const char *name, const struct recipe
     memset(&r, 0, sizeof(r));
     name = name ? name : "<recipe>";
     if (len > max_bytes)
-        return err_set(err, -EFBIG, "Recipe %s is larger than %zu bytes", name, max_bytes);
+        return err_set(err, -EFBIG, "recipe %s is larger than %zu bytes", name, max_bytes);
     rc = pyyaml_parse(&d, data, len, name,
                       limit_or(pol ? pol->limits.max_nodes : 0, RECIPE_MAX_NODES),
                       limit_or(pol ? pol->limits.max_depth : 0, RECIPE_MAX_DEPTH), err);
@@ -500,10 +500,10 @@ recipe_load(const char *path, const struct recipe_policy *pol, struct recipe *re
     if (fd < 0) {
         if (errno == ENOENT || errno == ENOTDIR)
             return err_set(err, -ENOENT, "Recipe does not exist: %s", path);
-        return err_sys(err, -errno, "Cannot open recipe %s", path);
+        return err_sys(err, -errno, "cannot open recipe %s", path);
     }
     if (fstat(fd, &st) < 0) {
-        rc = err_sys(err, -errno, "Cannot stat recipe %s", path);
+        rc = err_sys(err, -errno, "cannot stat recipe %s", path);
         close(fd);
         return rc;
     }
@@ -513,7 +513,7 @@ recipe_load(const char *path, const struct recipe_policy *pol, struct recipe *re
     }
     if ((unsigned long long)st.st_size > max_bytes) {
         close(fd);
-        return err_set(err, -EFBIG, "Recipe %s is larger than %zu bytes", path, max_bytes);
+        return err_set(err, -EFBIG, "recipe %s is larger than %zu bytes", path, max_bytes);
     }
     buf_init(&b);
     buf_reserve(&b, (size_t)st.st_size + 1);
@@ -528,14 +528,14 @@ recipe_load(const char *path, const struct recipe_policy *pol, struct recipe *re
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            rc = err_sys(err, -errno, "Cannot read recipe %s", path);
+            rc = err_sys(err, -errno, "cannot read recipe %s", path);
             goto out;
         }
         if (n == 0)
             break;
         b.len += (size_t)n;
         if (b.len > max_bytes) {
-            rc = err_set(err, -EFBIG, "Recipe %s is larger than %zu bytes", path, max_bytes);
+            rc = err_set(err, -EFBIG, "recipe %s is larger than %zu bytes", path, max_bytes);
             goto out;
         }
     }

@@ -64,7 +64,7 @@ struct recipe {
 /*
  * Loads and validates the recipe at path. On success *ret is filled (the
  * caller calls recipe_free). On failure err names the file, and the line
- * where one applies ("Invalid YAML in r.yaml:3: …", "Unknown operator
+ * where one applies ("invalid YAML in r.yaml:3: …", "Unknown operator
  * 'foo_op' in r.yaml:7; cannot prove it is shard-safe", …); *ret untouched.
  * pol may be NULL (no lists, default limits).
  */

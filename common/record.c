@@ -118,7 +118,7 @@ media_value(const struct record_ctx *ctx, const char *p, const struct jsonl_memb
 
             if (memchr(item.p, '\0', item.len)) {
                 r = err_set(err, -EINVAL,
-                            "Media path in field '%s' contains a NUL character at %s:%llu", key,
+                            "media path in field '%s' contains a NUL character at %s:%llu", key,
                             file, line);
                 break;
             }

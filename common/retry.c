@@ -80,9 +80,9 @@ retry_run(const struct manifest *m, bool all_failed, const struct strv *ids,
         /* Attempts first: a crash in between leaves the shard failed (and
          * retryable), never pending with its old failures still counted. */
         if (exists(attempts) && rename(attempts, hist_attempts) < 0)
-            r = err_sys(err, -errno, "Cannot move %s to %s", attempts, hist_attempts);
+            r = err_sys(err, -errno, "cannot move %s to %s", attempts, hist_attempts);
         else if (rename(failed, hist_failed) < 0)
-            r = err_sys(err, -errno, "Cannot move %s to %s", failed, hist_failed);
+            r = err_sys(err, -errno, "cannot move %s to %s", failed, hist_failed);
         if (r == 0)
             r = fs_fsync_parent(hist_attempts, err);
         if (r == 0)

@@ -510,9 +510,9 @@ two_pipes(int a[2], int b[2], const char *what, struct esd_err *err)
     int r;
 
     if (pipe2(a, O_CLOEXEC) < 0)
-        return err_sys(err, -errno, "Cannot create a pipe for %s", what);
+        return err_sys(err, -errno, "cannot create a pipe for %s", what);
     if (pipe2(b, O_CLOEXEC) < 0) {
-        r = err_sys(err, -errno, "Cannot create a pipe for %s", what);
+        r = err_sys(err, -errno, "cannot create a pipe for %s", what);
         close(a[0]);
         close(a[1]);
         return r;
@@ -532,7 +532,7 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
     ssize_t n;
 
     if (!argv || !argv[0])
-        return err_set(err, -EINVAL, "Nothing to run");
+        return err_set(err, -EINVAL, "nothing to run");
     if ((r = two_pipes(out, status, argv[0], err)) < 0)
         return r;
     /* No handler of the parent's may run in the child before it has reset
@@ -545,7 +545,7 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
     e = errno;
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
-        r = err_sys(err, -e, "Cannot fork to run %s", argv[0]);
+        r = err_sys(err, -e, "cannot fork to run %s", argv[0]);
         close(out[0]);
         close(out[1]);
         close(status[0]);
@@ -564,7 +564,7 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
         close(out[0]);
-        return err_set(err, -e, "Cannot run %s%s%s: %s", argv[0], cwd ? " in " : "",
+        return err_set(err, -e, "cannot run %s%s%s: %s", argv[0], cwd ? " in " : "",
                        cwd ? cwd : "", strerror(e));
     }
     ret->pid = ret->proc = pid;
@@ -585,7 +585,7 @@ spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
                const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err)
 {
     if (cred->uid == 0)
-        return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
+        return err_set(err, -EPERM, "refusing to run %s as root", argv && argv[0] ? argv[0] : "");
     return start(argv, envp, cwd, true, cred, -1, ret, err);
 }
 
@@ -595,7 +595,7 @@ spawn_start_with_input(char *const *argv, char *const *envp, const char *cwd,
                        struct esd_err *err)
 {
     if (cred && cred->uid == 0)
-        return err_set(err, -EPERM, "Refusing to run %s as root", argv && argv[0] ? argv[0] : "");
+        return err_set(err, -EPERM, "refusing to run %s as root", argv && argv[0] ? argv[0] : "");
     return start(argv, envp, cwd, true, cred, in_fd, ret, err);
 }
 
@@ -610,9 +610,9 @@ spawn_keep(char *const *argv, char *const *envp, const char *cwd, const struct s
     ssize_t n;
 
     if (!argv || !argv[0])
-        return err_set(err, -EINVAL, "Nothing to run");
+        return err_set(err, -EINVAL, "nothing to run");
     if (cred && cred->uid == 0)
-        return err_set(err, -EPERM, "Refusing to run %s as root", argv[0]);
+        return err_set(err, -EPERM, "refusing to run %s as root", argv[0]);
     if ((r = two_pipes(out, rep, argv[0], err)) < 0)
         return r;
     sigfillset(&all);
@@ -627,7 +627,7 @@ spawn_keep(char *const *argv, char *const *envp, const char *cwd, const struct s
     if (pid < 0) {
         close(out[0]);
         close(rep[0]);
-        return err_sys(err, -e, "Cannot fork to run %s", argv[0]);
+        return err_sys(err, -e, "cannot fork to run %s", argv[0]);
     }
     setpgid(pid, pid);
     while ((n = read(rep[0], &rec, sizeof(rec))) < 0 && errno == EINTR)
@@ -645,13 +645,13 @@ spawn_keep(char *const *argv, char *const *envp, const char *cwd, const struct s
     close(out[0]);
     close(rep[0]);
     if (n == (ssize_t)sizeof(rec) && rec.kind == REP_EXEC_FAILED)
-        return err_set(err, -rec.value, "Cannot run %s%s%s: %s", argv[0], cwd ? " in " : "",
+        return err_set(err, -rec.value, "cannot run %s%s%s: %s", argv[0], cwd ? " in " : "",
                        cwd ? cwd : "", strerror(rec.value));
     if (n == (ssize_t)sizeof(rec) && rec.kind == REP_SETUP_FAILED)
-        return err_set(err, -rec.value, "Cannot set up the keeper of %s%s%s: %s", argv[0],
+        return err_set(err, -rec.value, "cannot set up the keeper of %s%s%s: %s", argv[0],
                        o->cgroup ? " in cgroup " : "", o->cgroup ? o->cgroup : "",
                        strerror(rec.value));
-    return err_set(err, -ECHILD, "The keeper of %s ended before starting it", argv[0]);
+    return err_set(err, -ECHILD, "the keeper of %s ended before starting it", argv[0]);
 }
 
 int
@@ -725,7 +725,7 @@ spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err)
     if (e != 0 || !res) {
         free(buf);
         if (e != 0)
-            return err_set(err, -e, "Cannot look up uid %lu in the user database: %s",
+            return err_set(err, -e, "cannot look up uid %lu in the user database: %s",
                            (unsigned long)uid, strerror(e));
         return err_set(err, -ENOENT, "uid %lu has no entry in the user database (passwd)",
                        (unsigned long)uid);
@@ -737,7 +737,7 @@ spawn_cred_for_uid(uid_t uid, struct spawn_cred *ret, struct esd_err *err)
             break;
         /* too small: got is the number needed */
         if (got <= n || got > GROUPS_MAX) {
-            e = err_set(err, -E2BIG, "Cannot take the groups of user %s (uid %lu): %d groups",
+            e = err_set(err, -E2BIG, "cannot take the groups of user %s (uid %lu): %d groups",
                         pw.pw_name, (unsigned long)uid, got);
             free(groups);
             free(buf);

@@ -614,7 +614,7 @@ open_phase(struct status_view *v, struct esd_err *err)
     if (fd < 0)
         return fd;
     if (!(v->dir = fdopendir(fd))) {
-        int r = err_sys(err, -errno, "Cannot read %s/%s", "job", phase_dir[v->phase]);
+        int r = err_sys(err, -errno, "cannot read %s/%s", "job", phase_dir[v->phase]);
 
         close(fd);
         return r;
@@ -640,7 +640,7 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
          * swapped meanwhile, the directory read stays the one checked */
         v->jobfd = open(m->job_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (v->jobfd < 0)
-            return err_sys(err, -errno, "Cannot open %s", m->job_dir);
+            return err_sys(err, -errno, "cannot open %s", m->job_dir);
         if (v->ino && (fstat(v->jobfd, &sb) < 0 || sb.st_ino != v->ino)) {
             r = err_set(err, -ESTALE, "%s is no longer the directory registered", m->job_dir);
             goto fail;
@@ -682,7 +682,7 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
             errno = 0;
             e = readdir(v->dir);
             if (!e && errno) {
-                r = err_sys(err, -errno, "Cannot read %s/%s", m->job_dir, phase_dir[v->phase]);
+                r = err_sys(err, -errno, "cannot read %s/%s", m->job_dir, phase_dir[v->phase]);
                 goto fail;
             }
         }

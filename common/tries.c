@@ -165,7 +165,7 @@ tries_count_by(const struct manifest *m, const char *shard_id, const char *node,
     /* Not through a link: the attempts counted are this shard's. */
     fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 || !(d = fdopendir(fd))) {
-        r = errno == ENOENT ? 0 : err_sys(err, -errno, "Cannot read %s", dir);
+        r = errno == ENOENT ? 0 : err_sys(err, -errno, "cannot read %s", dir);
         if (fd >= 0)
             close(fd);
         goto out;
@@ -189,7 +189,7 @@ tries_count_by(const struct manifest *m, const char *shard_id, const char *node,
             continue;
         if (found >= TRIES_DIR_MAX) {
             r = err_set(err, -E2BIG,
-                        "Too many attempts in %s (more than %d): remove what is not an "
+                        "too many attempts in %s (more than %d): remove what is not an "
                         "attempt of the shard",
                         dir, TRIES_DIR_MAX);
             break;
@@ -199,7 +199,7 @@ tries_count_by(const struct manifest *m, const char *shard_id, const char *node,
         if (afd < 0) {
             if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP || errno == EACCES)
                 continue;
-            r = err_sys(err, -errno, "Cannot open %s/%s", dir, e->d_name);
+            r = err_sys(err, -errno, "cannot open %s/%s", dir, e->d_name);
             break;
         }
         found++;
@@ -208,7 +208,7 @@ tries_count_by(const struct manifest *m, const char *shard_id, const char *node,
         if (bytes > TRIES_COUNT_BYTES) {
             close(afd);
             r = err_set(err, -E2BIG,
-                        "The attempt.json files in %s hold more than %zu bytes: remove what "
+                        "the attempt.json files in %s hold more than %zu bytes: remove what "
                         "is not an attempt directory",
                         dir, TRIES_COUNT_BYTES);
             break;
@@ -221,7 +221,7 @@ tries_count_by(const struct manifest *m, const char *shard_id, const char *node,
         cJSON_Delete(j);
     }
     if (r == 0 && errno)
-        r = err_sys(err, -errno, "Cannot read %s", dir);
+        r = err_sys(err, -errno, "cannot read %s", dir);
     /* The reference numbers by count; a gap (attempts removed) would
      * repeat a number, so the highest number seen wins then. */
     n.attempts = highest > found ? highest : found;
@@ -357,7 +357,7 @@ tries_record_start(const char *attempt_dir, const cJSON *claim, const char *inpu
      * plain exclusive create is enough (readers ignore a partial file). */
     fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 || (r = fs_write_all(fd, b.p, b.len)) < 0 || (fsync(fd) < 0 && (r = -errno)))
-        r = err_sys(err, fd < 0 ? -errno : r, "Cannot write %s", path);
+        r = err_sys(err, fd < 0 ? -errno : r, "cannot write %s", path);
     if (fd >= 0)
         close(fd);
     buf_free(&b);

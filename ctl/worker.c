@@ -248,7 +248,7 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
         f.start_error = serr.msg;
     } else if ((run.log_fd = open(cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                                   0644)) < 0) {
-        err_sys(&serr, -errno, "Cannot create %s", cmd.log_path);
+        err_sys(&serr, -errno, "cannot create %s", cmd.log_path);
         f.start_error = serr.msg;
     } else if (spawn_keep(cmd.argv, cmd.envp, cmd.cwd, NULL, &keep, &run.child, &serr) < 0) {
         dprintf(run.log_fd, "\nUnable to start Data-Juicer: %s\n", serr.msg);
@@ -451,7 +451,7 @@ worker_run(struct call *c)
             continue;
         }
         if (idle.cancelled) {
-            fprintf(stderr, "Job cancelled on every node (esctl cancel --everywhere): no new "
+            fprintf(stderr, "job cancelled on every node (esctl cancel --everywhere): no new "
                     "claims\n");
             rc = EXIT_ERROR;
             break;

@@ -218,7 +218,7 @@ mv "$JOB/state/locks/$ID0.lock" "$JOB/state/stale_locks/$ID0.$(date +%s).byhand.
 lost_or_stale() { [[ $(field "$f" status) == @(lost|stale) ]]; }
 wait_for "the attempt ends lost or stale within a few seconds" 5 lost_or_stale
 finish 10
-expect_attempt "lease lost" "$f" "$(field "$f" status)" infrastructure "Lease of $ID0 lost"
+expect_attempt "lease lost" "$f" "$(field "$f" status)" infrastructure "lease of $ID0 lost"
 wait_for "the processor's group is killed" 5 group_gone "$group"
 { [ ! -e "$JOB/state/done/$ID0.json" ] && [ ! -e "$(dirname "$f")/processed.jsonl" ]; } ||
     fail "no done record after a lost lease"
@@ -239,7 +239,7 @@ printf '{"shard_id":"%s","token":"ffffffffffffffffffffffffffffffff","hostname":"
 cp "$W/new.lock" "$JOB/state/locks/$ID0.lock"
 wait_for "the attempt ends lost or stale within a few seconds" 5 lost_or_stale
 finish 10
-expect_attempt "lease replaced" "$f" "$(field "$f" status)" infrastructure "Lease of $ID0 lost"
+expect_attempt "lease replaced" "$f" "$(field "$f" status)" infrastructure "lease of $ID0 lost"
 wait_for "the processor's group is killed" 5 group_gone "$group"
 cmp -s "$JOB/state/locks/$ID0.lock" "$W/new.lock" ||
     fail "the new owner's lock is left alone" "$(cat "$JOB/state/locks/$ID0.lock" 2>&1)"

@@ -551,7 +551,7 @@ check "verify" 0 "PASS: 4 shards were completed by 1 node(s); $(wc -l <"$J1/merg
 [[ $OUT == "Shard owners:"$'\n'"  $(hostname): 4 shard(s)"* ]] || fail "verify lists the owners" "$OUT"
 example "esctl verify DIR"
 run "$ESCTL" verify "$J1" --expect-nodes 5
-check "verify --expect-nodes 5 fails" 2 "" "Only 1 node(s) completed shards; expected at least 5"
+check "verify --expect-nodes 5 fails" 2 "" "only 1 node(s) completed shards; expected at least 5"
 SH=part-00002-of-00004
 LOG=$(find "$J1/attempts/$SH" -mindepth 2 -maxdepth 2 -name process.log | sort | tail -n 1)
 run "$ESCTL" logs "$J1" --shard "$SH"

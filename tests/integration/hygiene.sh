@@ -61,7 +61,7 @@ REC_JOB=$W/records
 # ---- (a) the name is refused by prepare and at load, escaped ----
 run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
     --job-dir "$EVIL" --num-shards 2
-check "prepare refuses the hostile name" 2 "" "The job directory's name 'evil\\x1b]0;pwned"
+check "prepare refuses the hostile name" 2 "" "the job directory's name 'evil\\x1b]0;pwned"
 clean "prepare's refusal of the hostile directory" "$W/stderr"
 [ ! -e "$EVIL" ] || fail "prepare left nothing under the hostile name"
 ok "prepare refuses the name, escaped, and leaves nothing"
@@ -77,7 +77,7 @@ PY
 
 run "$ESCTL" status --local "$EVIL"
 check "status --local of the hostile job is refused" 2 "" "job_id '$EVIL_SHOWN' is not allowed"
-[[ $ERR == "esctl: Malformed manifest $W/$EVIL_SHOWN/manifest.json: job_id "* ]] ||
+[[ $ERR == "esctl: malformed manifest $W/$EVIL_SHOWN/manifest.json: job_id "* ]] ||
     fail "the refusal names the manifest, escaped" "$ERR"
 [ "$(wc -l <"$W/stderr")" -eq 1 ] || fail "the refusal is one line" "$ERR"
 clean "the refusal" "$W/stderr"

@@ -219,7 +219,7 @@ ok "verify lists the owners"
 
 run "$ESCTL" verify --local "$JOB" --expect-nodes 3
 check "verify --expect-nodes 3 fails with exit 2" 2 "" \
-    "Only 2 node(s) completed shards; expected at least 3"
+    "only 2 node(s) completed shards; expected at least 3"
 run "$ESCTL" --json verify --local "$JOB" --expect-nodes 3
 check "verify --json --expect-nodes 3 fails with exit 2" 2
 json_ok "verify --json error parses"

@@ -176,8 +176,8 @@ race() {
     JOB=$dir/r$N
 }
 SWAPPED=("was moved or replaced while this prepare ran" "is not the directory this prepare made"
-    "Cannot open staging directory" "Cannot create shard" "cannot create" "Cannot create"
-    "cannot write" "Cannot write")
+    "cannot open staging directory" "cannot create shard" "cannot create"
+    "cannot write")
 
 race "$W/att" swap "ATT's directory, staging swapped" "${SWAPPED[@]}"
 [ ! -e "$JOB" ] || [ -L "$JOB" ] || fail "no job published under the swapped name"

@@ -438,7 +438,7 @@ START_TEST(test_invalid_node_name)
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         o.node = bad[k];
         ck_assert_int_eq(claimer_init(&c, &M, &o, &err), -EINVAL);
-        ck_assert_ptr_nonnull(strstr(err.msg, "Invalid node name"));
+        ck_assert_ptr_nonnull(strstr(err.msg, "invalid node name"));
     }
 }
 END_TEST

@@ -67,8 +67,8 @@ END_TEST
 static const struct {
     const char *from, *to, *msg;
 } bad[] = {
-    { "\"schema_version\": 2", "\"schema_version\": 3", "Unsupported manifest schema_version 3" },
-    { "\"schema_version\": 2", "\"schema_version\": \"2\"", "Unsupported manifest schema_version" },
+    { "\"schema_version\": 2", "\"schema_version\": 3", "unsupported manifest schema_version 3" },
+    { "\"schema_version\": 2", "\"schema_version\": \"2\"", "unsupported manifest schema_version" },
     { "\"executor_type\": \"ray\"", "\"executor_type\": \"default\"", "executor_type \"ray\"" },
     { "\"ray_address\": \"local\"", "\"ray_address\": \"\"", "non-empty ray_address" },
     { "\"id\": \"part-00000-of-00002\"", "\"id\": \"../../etc\"", "is not a plain file name" },

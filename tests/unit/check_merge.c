@@ -575,7 +575,7 @@ START_TEST(test_done_record_without_output_path)
     put_done(1, "a", NULL);
     put_done(2, "a", NULL);
     ck_assert_int_eq(do_merge(false, &res, &err), -EINVAL);
-    ck_assert_msg(starts_with(err.msg, "Malformed done record ") &&
+    ck_assert_msg(starts_with(err.msg, "malformed done record ") &&
                       strstr(err.msg, "part-00000-of-00003.json") &&
                       strstr(err.msg, "output_path"),
                   "%s", err.msg);
@@ -598,7 +598,7 @@ START_TEST(test_done_record_malformed)
     put_done(1, "a", NULL);
     put_done(2, "a", NULL);
     ck_assert_int_eq(do_merge(false, &res, &err), -EINVAL);
-    ck_assert_msg(starts_with(err.msg, "Malformed done record "), "%s", err.msg);
+    ck_assert_msg(starts_with(err.msg, "malformed done record "), "%s", err.msg);
     assert_nothing_left();
     free(shard);
 }
@@ -690,7 +690,7 @@ START_TEST(test_missing_result_file)
     publish(1, done_json(1, "a", shard)); /* no result written */
     put_done(2, "a", NULL);
     ck_assert_int_lt(do_merge(false, &res, &err), 0);
-    ck_assert_msg(starts_with(err.msg, "Cannot read result of part-00001-of-00003"), "%s",
+    ck_assert_msg(starts_with(err.msg, "cannot read result of part-00001-of-00003"), "%s",
                   err.msg);
     assert_nothing_left();
     free(shard);
@@ -808,7 +808,7 @@ START_TEST(test_verify_detects_changed_merged_output)
     data[len - 3] = 'z';
     free(tu_write(OUT_DIR, "merged.jsonl", data, len));
     ck_assert_int_lt(do_verify(&res, &err), 0);
-    ck_assert_msg(starts_with(err.msg, "Merged output ") && strstr(err.msg, OUT) &&
+    ck_assert_msg(starts_with(err.msg, "merged output ") && strstr(err.msg, OUT) &&
                       strstr(err.msg, "does not match"),
                   "%s", err.msg);
     free(data);
@@ -906,7 +906,7 @@ START_TEST(test_cancel)
     o.output = OUT;
     o.cancel = &stop;
     ck_assert_int_eq(merge_run(&M, &o, &res, &err), -ECANCELED);
-    ck_assert_str_eq(err.msg, "Interrupted; nothing was written");
+    ck_assert_str_eq(err.msg, "interrupted; nothing was written");
     assert_nothing_left();
 }
 END_TEST

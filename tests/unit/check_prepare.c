@@ -473,7 +473,7 @@ START_TEST(test_request_errors)
     ck_assert_ptr_nonnull(strstr(err.msg, "No .jsonl files found under "));
     /* no dataset_path anywhere */
     ck_assert_int_lt(run_prepare(&f, NULL, 1, &res, &err), 0);
-    ck_assert_ptr_nonnull(strstr(err.msg, "No dataset path"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "no dataset path"));
     prepare_opts_init(&o);
     o.config = missing;
     o.dataset_path = txt;
@@ -529,7 +529,7 @@ START_TEST(test_cancel)
     o.num_shards = 2;
     o.cancel = &stop;
     ck_assert_int_eq(prepare_run(&o, &res, &err), -ECANCELED);
-    ck_assert_str_eq(err.msg, "Interrupted; no job directory was published");
+    ck_assert_str_eq(err.msg, "interrupted; no job directory was published");
     ck_assert(!tu_exists(f.job));
     ck_assert_int_eq(tu_count_entries(f.dir), 2);
     free(input);
@@ -768,7 +768,7 @@ START_TEST(test_race_planted_links)
 
     /* at the staging name before it is made: mkdirat fails, no link followed */
     ck_assert_int_lt(attacked_prepare(ATTACK_PLANT_STAGING, PREPARE_STEP_MKDIR, &f, &err), 0);
-    ck_assert_msg(strstr(err.msg, "Cannot create staging directory"), "%s", err.msg);
+    ck_assert_msg(strstr(err.msg, "cannot create staging directory"), "%s", err.msg);
     ck_assert(!tu_exists(f.job));
     fixture_free(&f);
     /* at the job's name while prepare runs: not renamed over, not followed */
@@ -1011,7 +1011,7 @@ START_TEST(test_sync_failure)
         const char *msg;
     } c[] = {
         { PREPARE_SYNC_FS, 0, 1, "syncfs of its file system" },
-        { PREPARE_SYNC_FILES, 3, 0, "Cannot fsync " }, /* recipe, manifest, shard 0 */
+        { PREPARE_SYNC_FILES, 3, 0, "cannot fsync " }, /* recipe, manifest, shard 0 */
         { PREPARE_SYNC_FILES, 12, 0, "shards/part-00009-of-00020.jsonl" },
         { PREPARE_SYNC_FS, 2, 0, "state/history" },
     };

@@ -461,7 +461,7 @@ START_TEST(test_rglob)
         char *missing = fs_join(d, "missing"), *msg;
 
         ck_assert_int_eq(pypath_rglob(missing, is_jsonl, &e, &err), -ENOENT);
-        msg = xasprintf("Cannot read directory %s", missing);
+        msg = xasprintf("cannot read directory %s", missing);
         ck_assert_ptr_nonnull(strstr(err.msg, msg));
         pypath_entries_free(&e);
         free(msg);

@@ -208,7 +208,7 @@ START_TEST(test_load_unreadable)
         recipe_free(&rec);
     } else {
         ck_assert_int_eq(rc, -EACCES);
-        snprintf(want, sizeof(want), "Cannot open recipe %s: Permission denied", path);
+        snprintf(want, sizeof(want), "cannot open recipe %s: Permission denied", path);
         ck_assert_str_eq(err.msg, want);
     }
     fs_rm_rf(dir);
@@ -229,12 +229,12 @@ START_TEST(test_too_large)
     big[RECIPE_MAX_BYTES + 1] = '\0';
     path = tu_write(dir, "big.yaml", big, 101);
     ck_assert_int_eq(recipe_load(path, &pol, &rec, &err), -EFBIG);
-    snprintf(want, sizeof(want), "Recipe %s is larger than 100 bytes", path);
+    snprintf(want, sizeof(want), "recipe %s is larger than 100 bytes", path);
     ck_assert_str_eq(err.msg, want);
     free(path);
     path = tu_write(dir, "big.yaml", big, RECIPE_MAX_BYTES + 1);
     ck_assert_int_eq(recipe_load(path, NULL, &rec, &err), -EFBIG);
-    snprintf(want, sizeof(want), "Recipe %s is larger than 4194304 bytes", path);
+    snprintf(want, sizeof(want), "recipe %s is larger than 4194304 bytes", path);
     ck_assert_str_eq(err.msg, want);
 
     /* exactly at the cap is fine */
@@ -246,13 +246,13 @@ START_TEST(test_too_large)
 
     /* buffers too */
     ck_assert_int_eq(recipe_parse(big, RECIPE_MAX_BYTES + 1, "r.yaml", NULL, &rec, &err), -EFBIG);
-    ck_assert_str_eq(err.msg, "Recipe r.yaml is larger than 4194304 bytes");
+    ck_assert_str_eq(err.msg, "recipe r.yaml is larger than 4194304 bytes");
     ck_assert_int_eq(recipe_parse(big, RECIPE_MAX_BYTES, "r.yaml", NULL, &rec, &err), 0);
     recipe_free(&rec);
     ck_assert_str_eq(refuse_pol("process: []\n# padding ........................................."
                                 "..........................................................\n",
                                 &pol),
-                     "Recipe r.yaml is larger than 100 bytes");
+                     "recipe r.yaml is larger than 100 bytes");
 
     fs_rm_rf(dir);
     free(path);
@@ -270,13 +270,13 @@ START_TEST(test_load_fixture_errors)
           "Operator 'document_deduplicator' in @:5 requires or may require whole-dataset "
           "semantics and cannot run per shard" },
         { "recipes/tab-indent.yaml",
-          "Invalid YAML in @:3: found character that cannot start any token (while scanning "
+          "invalid YAML in @:3: found character that cannot start any token (while scanning "
           "for the next token)" },
         { "recipes/billion-laughs.yaml",
-          "Recipe @: too many YAML nodes (alias expansion?), limit 200000" },
+          "recipe @: too many YAML nodes (alias expansion?), limit 200000" },
         { "recipes/multi-doc.yaml",
-          "Recipe @:3: only a single YAML document is allowed, found another" },
-        { "recipes/not-mapping.yaml", "Recipe @ must be a mapping" },
+          "recipe @:3: only a single YAML document is allowed, found another" },
+        { "recipes/not-mapping.yaml", "recipe @ must be a mapping" },
     };
     char want[4096];
     const char *at;
@@ -301,28 +301,28 @@ END_TEST
 
 START_TEST(test_not_mapping)
 {
-    ck_assert_str_eq(refuse("- process: []\n"), "Recipe r.yaml must be a mapping");
-    ck_assert_str_eq(refuse("process\n"), "Recipe r.yaml must be a mapping");
-    ck_assert_str_eq(refuse("~\n"), "Recipe r.yaml must be a mapping");
-    ck_assert_str_eq(refuse("'x'\n"), "Recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse("- process: []\n"), "recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse("process\n"), "recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse("~\n"), "recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse("'x'\n"), "recipe r.yaml must be a mapping");
     /* empty stream, comments only, empty document: safe_load gives None */
-    ck_assert_str_eq(refuse(""), "Recipe r.yaml must be a mapping");
-    ck_assert_str_eq(refuse("# nothing\n\n"), "Recipe r.yaml must be a mapping");
-    ck_assert_str_eq(refuse("---\n"), "Recipe r.yaml must be a mapping");
-    ck_assert_str_eq(refuse("--- \n...\n"), "Recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse(""), "recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse("# nothing\n\n"), "recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse("---\n"), "recipe r.yaml must be a mapping");
+    ck_assert_str_eq(refuse("--- \n...\n"), "recipe r.yaml must be a mapping");
     ck_assert_int_eq(recipe_parse(NULL, 0, "r.yaml", NULL, &rec, &err), -EINVAL);
-    ck_assert_str_eq(err.msg, "Recipe r.yaml must be a mapping");
+    ck_assert_str_eq(err.msg, "recipe r.yaml must be a mapping");
 }
 END_TEST
 
 START_TEST(test_multiple_documents)
 {
     ck_assert_str_eq(refuse("process: []\n---\nprocess: []\n"),
-                     "Recipe r.yaml:2: only a single YAML document is allowed, found another");
+                     "recipe r.yaml:2: only a single YAML document is allowed, found another");
     ck_assert_str_eq(refuse("--- {process: []}\n--- \n"),
-                     "Recipe r.yaml:2: only a single YAML document is allowed, found another");
+                     "recipe r.yaml:2: only a single YAML document is allowed, found another");
     ck_assert_str_eq(refuse("process: []\n...\n---\nx: 1\n"),
-                     "Recipe r.yaml:3: only a single YAML document is allowed, found another");
+                     "recipe r.yaml:3: only a single YAML document is allowed, found another");
     /* one explicit document, with an end marker, is fine */
     accept("%YAML 1.1\n---\nprocess: []\n...\n");
     recipe_free(&rec);
@@ -332,21 +332,21 @@ END_TEST
 START_TEST(test_invalid_yaml)
 {
     ck_assert_str_eq(refuse("executor_type: ray\nprocess:\n\t- a_mapper:\n"),
-                     "Invalid YAML in r.yaml:3: found character that cannot start any token "
+                     "invalid YAML in r.yaml:3: found character that cannot start any token "
                      "(while scanning for the next token)");
     ck_assert_str_eq(refuse("process: [a_mapper\n\n"),
-                     "Invalid YAML in r.yaml:3: did not find expected ',' or ']' (while "
+                     "invalid YAML in r.yaml:3: did not find expected ',' or ']' (while "
                      "parsing a flow sequence)");
     ck_assert_str_eq(refuse("a: 1\n b: 2\n"),
-                     "Invalid YAML in r.yaml:2: mapping values are not allowed in this context");
+                     "invalid YAML in r.yaml:2: mapping values are not allowed in this context");
     ck_assert_str_eq(refuse("process: []\nx: 'unterminated\n"),
-                     "Invalid YAML in r.yaml:3: found unexpected end of stream (while scanning a "
+                     "invalid YAML in r.yaml:3: found unexpected end of stream (while scanning a "
                      "quoted scalar)");
     /* reader errors carry a byte offset; the line is computed from it */
     ck_assert_str_eq(refuse("process: []\n\nx: \xff\n"),
-                     "Invalid YAML in r.yaml:3: invalid leading UTF-8 octet at byte 16");
+                     "invalid YAML in r.yaml:3: invalid leading UTF-8 octet at byte 16");
     ck_assert_str_eq(refuse("process: []\nx: \x01\n"),
-                     "Invalid YAML in r.yaml:2: control characters are not allowed at byte 15");
+                     "invalid YAML in r.yaml:2: control characters are not allowed at byte 15");
 }
 END_TEST
 
@@ -359,13 +359,13 @@ START_TEST(test_alias_bomb)
 
     ck_assert_ptr_nonnull(text);
     ck_assert_str_eq(refuse(text),
-                     "Recipe r.yaml: too many YAML nodes (alias expansion?), limit 200000");
+                     "recipe r.yaml: too many YAML nodes (alias expansion?), limit 200000");
     /* zero limits are the defaults */
     ck_assert_str_eq(refuse_pol(text, &pol),
-                     "Recipe r.yaml: too many YAML nodes (alias expansion?), limit 200000");
+                     "recipe r.yaml: too many YAML nodes (alias expansion?), limit 200000");
     pol.limits.max_nodes = 1000;
     ck_assert_str_eq(refuse_pol(text, &pol),
-                     "Recipe r.yaml: too many YAML nodes (alias expansion?), limit 1000");
+                     "recipe r.yaml: too many YAML nodes (alias expansion?), limit 1000");
     ck_assert_msg(now() - t0 < 2.0, "alias bomb took %.2f s", now() - t0);
     free(text);
     free(path);
@@ -384,12 +384,12 @@ START_TEST(test_node_budget_counts_aliases)
     recipe_free(&rec);
     pol.limits.max_nodes = 75;
     ck_assert_str_eq(refuse_pol(y, &pol),
-                     "Recipe r.yaml: too many YAML nodes (alias expansion?), limit 75");
+                     "recipe r.yaml: too many YAML nodes (alias expansion?), limit 75");
     /* merges expand too */
     pol.limits.max_nodes = 10;
     ck_assert_str_eq(refuse_pol("m: &m {a: 1, b: 2, c: 3}\nx: {<<: *m}\ny: {<<: *m}\nprocess: []\n",
                               &pol),
-                     "Recipe r.yaml: too many YAML nodes (alias expansion?), limit 10");
+                     "recipe r.yaml: too many YAML nodes (alias expansion?), limit 10");
 }
 END_TEST
 
@@ -398,15 +398,15 @@ START_TEST(test_recursive_alias)
     double t0 = now();
 
     ck_assert_str_eq(refuse("a: &a [*a]\nprocess: []\n"),
-                     "Recipe r.yaml:1: recursive alias 'a' is not supported");
+                     "recipe r.yaml:1: recursive alias 'a' is not supported");
     ck_assert_str_eq(refuse("process: []\nb: &b\n  c: 1\n  d: [x, {e: *b}]\n"),
-                     "Recipe r.yaml:4: recursive alias 'b' is not supported");
+                     "recipe r.yaml:4: recursive alias 'b' is not supported");
     ck_assert_str_eq(refuse("c: &c {<<: *c}\nprocess: []\n"),
-                     "Recipe r.yaml:1: recursive alias 'c' is not supported");
+                     "recipe r.yaml:1: recursive alias 'c' is not supported");
     ck_assert_str_eq(refuse("&r {process: [], self: *r}\n"),
-                     "Recipe r.yaml:1: recursive alias 'r' is not supported");
+                     "recipe r.yaml:1: recursive alias 'r' is not supported");
     ck_assert_str_eq(refuse("process: &p [{a_mapper: *p}]\n"),
-                     "Recipe r.yaml:1: recursive alias 'p' is not supported");
+                     "recipe r.yaml:1: recursive alias 'p' is not supported");
     ck_assert_msg(now() - t0 < 2.0, "recursive aliases took %.2f s", now() - t0);
 }
 END_TEST
@@ -414,12 +414,12 @@ END_TEST
 START_TEST(test_anchor_errors)
 {
     ck_assert_str_eq(refuse("a: *nope\nprocess: []\n"),
-                     "Recipe r.yaml:1: found undefined alias 'nope'");
+                     "recipe r.yaml:1: found undefined alias 'nope'");
     ck_assert_str_eq(refuse("a: &x 1\nb: &x 2\nprocess: []\n"),
-                     "Recipe r.yaml:2: found duplicate anchor 'x'");
+                     "recipe r.yaml:2: found duplicate anchor 'x'");
     /* an anchor used before its definition is undefined */
     ck_assert_str_eq(refuse("b: *late\na: &late 1\nprocess: []\n"),
-                     "Recipe r.yaml:1: found undefined alias 'late'");
+                     "recipe r.yaml:1: found undefined alias 'late'");
     accept("a: &x [1]\nb: *x\nprocess: []\n");
     recipe_free(&rec);
 }
@@ -436,10 +436,10 @@ START_TEST(test_deep_nesting)
     accept_pol("x: [[]]\nprocess: []\n", &pol);
     recipe_free(&rec);
     ck_assert_str_eq(refuse_pol("process: []\ny: [[]]\nx:\n  - [[1]]\n", &pol),
-                     "Recipe r.yaml:4: YAML nesting deeper than 3 levels");
+                     "recipe r.yaml:4: YAML nesting deeper than 3 levels");
     /* an alias brings its own height */
     ck_assert_str_eq(refuse_pol("a: &a [[1]]\nprocess: []\nb: [*a]\n", &pol),
-                     "Recipe r.yaml:3: YAML nesting deeper than 3 levels");
+                     "recipe r.yaml:3: YAML nesting deeper than 3 levels");
     accept_pol("a: &a [[1]]\nprocess: []\nb: *a\n", &pol);
     recipe_free(&rec);
 
@@ -458,12 +458,12 @@ START_TEST(test_deep_nesting)
     for (size_t i = 0; i < n; i++)
         *p++ = ']';
     strcpy(p, "\n");
-    ck_assert_str_eq(refuse(deep), "Recipe r.yaml:2: YAML nesting deeper than 64 levels");
+    ck_assert_str_eq(refuse(deep), "recipe r.yaml:2: YAML nesting deeper than 64 levels");
     p = deep;
     for (size_t i = 0; i < n; i++)
         p += sprintf(p, "- ");
     strcpy(p, "x\n");
-    ck_assert_str_eq(refuse(deep), "Recipe r.yaml:1: YAML nesting deeper than 64 levels");
+    ck_assert_str_eq(refuse(deep), "recipe r.yaml:1: YAML nesting deeper than 64 levels");
     ck_assert_msg(now() - t0 < 5.0, "deep nesting took %.2f s", now() - t0);
     free(deep);
 }
@@ -473,29 +473,29 @@ START_TEST(test_construct_errors)
 {
     /* what makes yaml.safe_load raise */
     ck_assert_str_eq(refuse("process: []\nx: !foo bar\n"),
-                     "Recipe r.yaml:2: unsupported YAML tag '!foo' on a scalar");
+                     "recipe r.yaml:2: unsupported YAML tag '!foo' on a scalar");
     ck_assert_str_eq(refuse("process: !!set {a: ~}\n"),
-                     "Recipe r.yaml:1: unsupported YAML tag 'tag:yaml.org,2002:set' on a mapping");
+                     "recipe r.yaml:1: unsupported YAML tag 'tag:yaml.org,2002:set' on a mapping");
     ck_assert_str_eq(refuse("process: !!seq x\n"),
-                     "Recipe r.yaml:1: unsupported YAML tag 'tag:yaml.org,2002:seq' on a scalar");
+                     "recipe r.yaml:1: unsupported YAML tag 'tag:yaml.org,2002:seq' on a scalar");
     ck_assert_str_eq(refuse("process: []\nx: !!int abc\n"),
-                     "Recipe r.yaml:2: cannot construct a int from 'abc'");
+                     "recipe r.yaml:2: cannot construct a int from 'abc'");
     ck_assert_str_eq(refuse("process: []\nx: !!bool maybe\n"),
-                     "Recipe r.yaml:2: cannot construct a bool from 'maybe'");
+                     "recipe r.yaml:2: cannot construct a bool from 'maybe'");
     ck_assert_str_eq(refuse("process: []\nx: !!float abc\n"),
-                     "Recipe r.yaml:2: cannot construct a float from 'abc'");
+                     "recipe r.yaml:2: cannot construct a float from 'abc'");
     ck_assert_str_eq(refuse("process: []\nx: 0b_\n"),
-                     "Recipe r.yaml:2: cannot construct a int from '0b_'");
+                     "recipe r.yaml:2: cannot construct a int from '0b_'");
     ck_assert_str_eq(refuse("process: []\nx: 2001-02-29\n"),
-                     "Recipe r.yaml:2: cannot construct a timestamp from '2001-02-29'");
+                     "recipe r.yaml:2: cannot construct a timestamp from '2001-02-29'");
     ck_assert_str_eq(refuse("process: []\n? [a]\n: 1\n"),
-                     "Recipe r.yaml:2: found unhashable key (a sequence used as a key)");
+                     "recipe r.yaml:2: found unhashable key (a sequence used as a key)");
     ck_assert_str_eq(refuse("process: []\nx: {{a: 1}: 2}\n"),
-                     "Recipe r.yaml:2: found unhashable key (a mapping used as a key)");
+                     "recipe r.yaml:2: found unhashable key (a mapping used as a key)");
     ck_assert_str_eq(refuse("process: []\nx: =\n"),
-                     "Recipe r.yaml:2: '=' can only be used as a mapping key (quote it)");
+                     "recipe r.yaml:2: '=' can only be used as a mapping key (quote it)");
     ck_assert_str_eq(refuse("process: [<<]\n"),
-                     "Recipe r.yaml:1: '<<' can only be used as a mapping key (quote it)");
+                     "recipe r.yaml:1: '<<' can only be used as a mapping key (quote it)");
     /* Python 3.11 refuses to turn more than 4300 decimal digits into an int */
     {
         char y[5000];
@@ -503,7 +503,7 @@ START_TEST(test_construct_errors)
         memcpy(y, "process: []\nx: ", 15);
         memset(y + 15, '7', 4301);
         strcpy(y + 15 + 4301, "\n");
-        ck_assert_msg(strstr(refuse(y), "Recipe r.yaml:2: cannot construct a int from '777") ==
+        ck_assert_msg(strstr(refuse(y), "recipe r.yaml:2: cannot construct a int from '777") ==
                           err.msg,
                       "%s", err.msg);
         y[15 + 4300] = '\n';
@@ -534,42 +534,42 @@ START_TEST(test_executor_type)
     recipe_free(&rec);
 
     ck_assert_str_eq(refuse("process: []\n\n\nexecutor_type: spark\n"),
-                     "Recipe r.yaml:4: executor_type must be 'default' or 'ray', got 'spark'");
+                     "recipe r.yaml:4: executor_type must be 'default' or 'ray', got 'spark'");
     ck_assert_str_eq(refuse("executor_type: Ray\nprocess: []\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'Ray'");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'Ray'");
     ck_assert_str_eq(refuse("executor_type: ~\nprocess: []\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got None");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got None");
     ck_assert_str_eq(refuse("executor_type:\nprocess: []\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got None");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got None");
     ck_assert_str_eq(refuse("executor_type: [ray]\nprocess: []\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got ['ray']");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got ['ray']");
     ck_assert_str_eq(refuse("executor_type: yes\nprocess: []\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got True");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got True");
     /* checked before process */
     ck_assert_str_eq(refuse("executor_type: 'ray '\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'ray '");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'ray '");
 }
 END_TEST
 
 START_TEST(test_process_list)
 {
-    ck_assert_str_eq(refuse("executor_type: ray\n"), "Recipe r.yaml: 'process' must be a list");
+    ck_assert_str_eq(refuse("executor_type: ray\n"), "recipe r.yaml: 'process' must be a list");
     ck_assert_str_eq(refuse("executor_type: ray\nprocess:\n"),
-                     "Recipe r.yaml:2: 'process' must be a list, not a null");
+                     "recipe r.yaml:2: 'process' must be a list, not a null");
     ck_assert_str_eq(refuse("process: {a_mapper: ~}\n"),
-                     "Recipe r.yaml:1: 'process' must be a list, not a mapping");
+                     "recipe r.yaml:1: 'process' must be a list, not a mapping");
     ck_assert_str_eq(refuse("process: a_mapper\n"),
-                     "Recipe r.yaml:1: 'process' must be a list, not a scalar");
+                     "recipe r.yaml:1: 'process' must be a list, not a scalar");
     /* "process" quoted is the same key; not-a-string keys are others */
     accept("'process': []\n");
     recipe_free(&rec);
-    ck_assert_str_eq(refuse("? !!null process\n: []\n"), "Recipe r.yaml: 'process' must be a list");
+    ck_assert_str_eq(refuse("? !!null process\n: []\n"), "recipe r.yaml: 'process' must be a list");
     /* later duplicate keys win */
     accept("process: x\nprocess: [a_mapper: ~]\n");
     ASSERT_STRV(&rec.ops, "a_mapper");
     recipe_free(&rec);
     ck_assert_str_eq(refuse("process: [a_mapper: ~]\nprocess: 1\n"),
-                     "Recipe r.yaml:2: 'process' must be a list, not a scalar");
+                     "recipe r.yaml:2: 'process' must be a list, not a scalar");
 }
 END_TEST
 
@@ -930,7 +930,7 @@ START_TEST(test_index_key)
     ck_assert_str_eq(refuse("process:\n- a_mapper:\n    index_key:\n      - id\n"),
                      "Operator 'a_mapper' in r.yaml:4: index_key must be a non-empty string");
     ck_assert_str_eq(refuse("process:\n- a_mapper: {index_key: \"a\\0b\"}\n"),
-                     "Recipe r.yaml:2: index_key contains a NUL character");
+                     "recipe r.yaml:2: index_key contains a NUL character");
 }
 END_TEST
 
@@ -949,13 +949,13 @@ START_TEST(test_media_keys)
     recipe_free(&rec);
 
     ck_assert_str_eq(refuse("process: []\nimage_key: ''\n"),
-                     "Recipe r.yaml:2: image_key must be a non-empty string");
+                     "recipe r.yaml:2: image_key must be a non-empty string");
     ck_assert_str_eq(refuse("process: []\n\naudio_key:\n"),
-                     "Recipe r.yaml:3: audio_key must be a non-empty string");
+                     "recipe r.yaml:3: audio_key must be a non-empty string");
     ck_assert_str_eq(refuse("process: []\nvideo_key: 5\n"),
-                     "Recipe r.yaml:2: video_key must be a non-empty string");
+                     "recipe r.yaml:2: video_key must be a non-empty string");
     ck_assert_str_eq(refuse("process: []\nvideo_key: [v]\n"),
-                     "Recipe r.yaml:2: video_key must be a non-empty string");
+                     "recipe r.yaml:2: video_key must be a non-empty string");
     /* operators are checked first */
     ck_assert_str_eq(refuse("image_key: ''\nprocess: [foo_op: ~]\n"),
                      "Unknown operator 'foo_op' in r.yaml:2; cannot prove it is shard-safe");
@@ -982,13 +982,13 @@ START_TEST(test_custom_operator_paths)
     recipe_free(&rec);
 
     ck_assert_str_eq(refuse("process: []\ncustom_operator_paths: [a.py, 1]\n"),
-                     "Recipe r.yaml:2: custom_operator_paths must be a string or a list of "
+                     "recipe r.yaml:2: custom_operator_paths must be a string or a list of "
                      "strings");
     ck_assert_str_eq(refuse("process: []\n\ncustom-operator-paths: 5\n"),
-                     "Recipe r.yaml:3: custom-operator-paths must be a string or a list of "
+                     "recipe r.yaml:3: custom-operator-paths must be a string or a list of "
                      "strings");
     ck_assert_str_eq(refuse("process: []\ncustom_operator_paths: {a: 1}\n"),
-                     "Recipe r.yaml:2: custom_operator_paths must be a string or a list of "
+                     "recipe r.yaml:2: custom_operator_paths must be a string or a list of "
                      "strings");
 }
 END_TEST
@@ -1024,7 +1024,7 @@ START_TEST(test_dataset_path)
         recipe_free(&rec);
     }
     ck_assert_str_eq(refuse("process: []\ndataset_path: \"a\\0\"\n"),
-                     "Recipe r.yaml:2: dataset_path contains a NUL character");
+                     "recipe r.yaml:2: dataset_path contains a NUL character");
 }
 END_TEST
 
@@ -1223,15 +1223,15 @@ START_TEST(test_merge_keys)
     ASSERT_STRV(&rec.ops, "a_mapper");
     recipe_free(&rec);
     ck_assert_str_eq(refuse("base: &base {executor_type: spark}\n<<: *base\nprocess: []\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'spark'");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'spark'");
 
     ck_assert_str_eq(refuse("process: []\nx: {<<: 5}\n"),
-                     "Recipe r.yaml:2: expected a mapping or list of mappings for merging, found "
+                     "recipe r.yaml:2: expected a mapping or list of mappings for merging, found "
                      "a scalar");
     ck_assert_str_eq(refuse("m: &m {a: 1}\nprocess: []\nx:\n  <<: [*m, [1]]\n"),
-                     "Recipe r.yaml:4: expected a mapping for merging, found a sequence");
+                     "recipe r.yaml:4: expected a mapping for merging, found a sequence");
     ck_assert_str_eq(refuse("process: []\nx: {a: <<}\n"),
-                     "Recipe r.yaml:2: '<<' can only be used as a mapping key (quote it)");
+                     "recipe r.yaml:2: '<<' can only be used as a mapping key (quote it)");
 }
 END_TEST
 
@@ -1240,11 +1240,11 @@ START_TEST(test_check_order)
     /* mapping, executor_type, process, custom paths, operators in order,
      * media keys: the first failing rule is the one reported */
     ck_assert_str_eq(refuse("executor_type: spark\n"),
-                     "Recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'spark'");
+                     "recipe r.yaml:1: executor_type must be 'default' or 'ray', got 'spark'");
     ck_assert_str_eq(refuse("custom_operator_paths: 5\nexecutor_type: ray\n"),
-                     "Recipe r.yaml: 'process' must be a list");
+                     "recipe r.yaml: 'process' must be a list");
     ck_assert_str_eq(refuse("custom_operator_paths: 5\nprocess: [foo_op: ~]\n"),
-                     "Recipe r.yaml:1: custom_operator_paths must be a string or a list of "
+                     "recipe r.yaml:1: custom_operator_paths must be a string or a list of "
                      "strings");
     ck_assert_str_eq(refuse("process:\n- foo_op: ~\n- x\n"),
                      "Unknown operator 'foo_op' in r.yaml:2; cannot prove it is shard-safe");
@@ -1262,7 +1262,7 @@ START_TEST(test_name_as_given)
 {
     ck_assert_int_eq(recipe_parse("x: 1\n", 5, "/abs/dir/recipe.yaml", NULL, &rec, &err),
                      -EINVAL);
-    ck_assert_str_eq(err.msg, "Recipe /abs/dir/recipe.yaml: 'process' must be a list");
+    ck_assert_str_eq(err.msg, "recipe /abs/dir/recipe.yaml: 'process' must be a list");
     ck_assert_int_eq(recipe_parse("process: [foo_op: ~]", 20, "rel/r.yaml", NULL, &rec, &err),
                      -EINVAL);
     ck_assert_str_eq(err.msg,

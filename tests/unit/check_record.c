@@ -100,7 +100,7 @@ static const struct {
     { NULL, "{\"images\":[\"a\",null]}",
       "Every item in media field 'images' must be a string at r.jsonl:4" },
     { NULL, "{\"images\":[\"a\\u0000b\"]}",
-      "Media path in field 'images' contains a NUL character at r.jsonl:4" },
+      "media path in field 'images' contains a NUL character at r.jsonl:4" },
 };
 
 START_TEST(test_cases)
