@@ -60,7 +60,7 @@ T=$(date +%s)
 run_demo "$W/standin.out" STANDIN=1 DEMO_KEEP=1 DEMO_DIR="$D"
 [ "$DRC" -eq 0 ] || fail "STANDIN=1 scripts/demo exits 0" "exit status $DRC" "$(tail -n 40 "$W/standin.out")"
 ok "STANDIN=1 scripts/demo exits 0 ($(($(date +%s) - T)) s)"
-for want in "STAND-IN MODE" "NOT Data-Juicer" "generated from a fixed seed by scripts/demo" \
+for want in "STAND-IN MODE" "NOT Data-Juicer" "generated from a fixed seed by tests/tools/gen-text-sample" \
     "submit \$W/jobs/demo --everywhere --config" "status --watch" "--shard part-00000-of-00008" \
     "$D/node-a/esd.log" "$D/node-b/esd.log" "node-a: esd exited 0" "node-b: esd exited 0" \
     "demo: OK in" "(STAND-IN mode: mini-dj, not Data-Juicer)"; do

@@ -36,16 +36,11 @@
 #                              pid or group in STRAYS, then removes W.
 #   unset_knobs [NAME...]      unsets every MINI_DJ_* and FAKE_RAY_* knob of
 #                              the stand-ins, and the NAMEs given.
-# Waiting and processes:
-#   wait_for WHAT SECS CMD...  polls CMD every WAIT_POLL seconds (0.1 unless
-#                              the script sets it) until it succeeds; fails
-#                              WHAT once SECS seconds have passed.
-#   alive PID / dead PID       the process exists and is not a zombie / not.
-#   all_exited PID...          none of them is alive.
-#   group_gone PGID            no process of the group is alive (zombies aside).
-#   group_vanished PGID        no process of the group is left, not even a
-#                              zombie (kill -0 fails).
-#   descendants PID            the pids below PID, recursively.
+# Waiting, processes and daemons: tests/tools/proc.bash (sourced here, its
+#   errors reported with fail): wait_for WHAT SECS CMD..., poll, alive, dead,
+#   all_exited, group_gone, group_vanished, descendants, kill_tree,
+#   start_daemon NAME [ENV=VALUE...] (output in $W/NAME/log), stop_daemon
+#   NAME [SIGNAL], reap_daemon NAME, dsock NAME, DPID, DRC, DAEMON_AS.
 # Files and commands:
 #   count DIR                  how many names DIR holds (0 if it is missing).
 #   py EXPR FILE...            a Python expression on JSON documents (j is
@@ -82,17 +77,6 @@
 #                              attempts. KEY=VALUE (ray.mode=... for
 #                              a section's key) replaces a default or adds
 #                              a key; VALUE is written as YAML, unquoted.
-#   start_daemon NAME [ENV=VALUE...]
-#                              starts esd on that file (pid in DPID[NAME] and
-#                              BG, output appended to $W/NAME/log) and waits
-#                              until it answers ping. With DAEMON_AS=USER set
-#                              and run as root, esd runs as USER (setpriv),
-#                              who is given $W/NAME and the spool: the
-#                              service-user deployment, which ray.mode
-#                              persistent needs (esd refuses it as root).
-#   stop_daemon NAME [SIGNAL]  SIGTERM (or SIGNAL) and waits until it exits;
-#                              its exit status in DRC.
-#   dsock NAME                 the daemon's socket.
 #   dstatus NAME               its status (JSON) in $W/NAME/status.json.
 #   give_job JOB               makes JOB the job of an unprivileged user when
 #                              run as root (esd refuses to run attempts as
@@ -109,6 +93,9 @@ TOOLS=${TOOLS:-$(dirname "${JSONL_CHECK:-$TOP/build/default/tools/jsonl-check}")
 MINI="$TOOLS/mini-dj"
 # shellcheck disable=SC2034 # used by the scripts
 FAKE_RAY="$TOP/tests/tools/fake-ray"
+# shellcheck source=tests/tools/proc.bash
+. "$TOP/tests/tools/proc.bash"
+PROC_FAIL=fail
 
 # ---- reporting ----
 SCRIPT=${0##*/}
@@ -176,27 +163,14 @@ skip() {
 }
 
 # ---- the temporary directory and what is started in the background ----
-# Background processes started by the script (BG), and processes or groups
-# seen below them that may outlive them (STRAYS); all killed at exit.
-BG=()
+# Background processes started by the script (BG, proc.bash's), and
+# processes or groups seen below them that may outlive them (STRAYS); all
+# killed at exit.
 STRAYS=()
-descendants() {
-    local k
-    for k in $(pgrep -P "$1" 2>/dev/null || true); do
-        echo "$k"
-        descendants "$k"
-    done
-}
 cleanup() {
     [ -z "${KEEP:-}" ] || { echo "# kept $W"; W=/nonexistent; }
-    local p k
-    for p in "${BG[@]}"; do
-        for k in $(descendants "$p"); do
-            kill -KILL -- "-$k" 2>/dev/null || true
-            kill -KILL "$k" 2>/dev/null || true
-        done
-        kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null || true
-    done
+    local p
+    kill_tree "${BG[@]}"
     for p in "${STRAYS[@]}"; do
         kill -KILL -- "-$p" 2>/dev/null || true
         kill -KILL "$p" 2>/dev/null || true
@@ -216,37 +190,6 @@ new_workdir() {
 unset_knobs() {
     unset "${!MINI_DJ_@}" "${!FAKE_RAY_@}" "$@" || true
 }
-
-# ---- waiting and processes ----
-WAIT_POLL=0.1
-wait_for() {
-    local what=$1 deadline
-    deadline=$(($(date +%s) + $2))
-    shift 2
-    until "$@"; do
-        [ "$(date +%s)" -le "$deadline" ] || fail "$what" "not within the deadline"
-        sleep "$WAIT_POLL"
-    done
-}
-alive() {
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$st" ] && [ "$st" != Z ]
-}
-dead() { ! alive "$1"; }
-all_exited() {
-    local p
-    for p in "$@"; do
-        ! alive "$p" || return 1
-    done
-}
-group_gone() {
-    local p
-    for p in $(pgrep -g "$1" 2>/dev/null || true); do
-        ! alive "$p" || return 1
-    done
-}
-group_vanished() { ! kill -0 -- "-$1" 2>/dev/null; }
 
 # ---- the mini-dj text job ----
 # The expectation applies both operators to the parsed records and
@@ -320,9 +263,6 @@ EOF
 # ---- daemons ----
 ESD=${ESD:-$TOP/esd}
 case $ESD in /*) ;; *) ESD=$(pwd)/$ESD ;; esac
-declare -A DPID=()
-# shellcheck disable=SC2034 # read by the scripts
-DRC=0
 # esd's default attempt_env and what the tests pass through esd to attempts
 DAEMON_ATTEMPT_ENV="LANG, LANGUAGE, LC_*, TZ, CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES,\
  HF_ENDPOINT, HF_HUB_OFFLINE, HTTP_PROXY, HTTPS_PROXY, NO_PROXY, http_proxy, https_proxy,\
@@ -347,34 +287,6 @@ daemon_conf() {
             done
         done
     } >"$W/$name/esd.yaml"
-}
-dsock() { echo "$W/$1/esd.sock"; }
-daemon_up() {
-    alive "${DPID[$1]}" || fail "esd $1 starts" "it exited" "$(tail -n 20 "$W/$1/log")"
-    "$ESCTL" --socket "$(dsock "$1")" ping >/dev/null 2>&1
-}
-start_daemon() {
-    local name=$1 as=()
-    shift
-    if [ -n "${DAEMON_AS:-}" ] && [ "$(id -u)" -eq 0 ]; then
-        chmod 755 "$W"
-        mkdir -p "$W/$name/state" "$W/spool"
-        chown -R "$DAEMON_AS:" "$W/$name" "$W/spool"
-        # (setpriv execs: the pid is esd's, so signals reach esd itself)
-        as=(setpriv "--reuid=$DAEMON_AS" "--regid=$(id -g "$DAEMON_AS")" --clear-groups)
-    fi
-    env "$@" "${as[@]}" "$ESD" -f -c "$W/$name/esd.yaml" >>"$W/$name/log" 2>&1 &
-    DPID[$name]=$!
-    BG+=("$!")
-    wait_for "esd $name answers ping" 20 daemon_up "$name"
-}
-stop_daemon() {
-    local name=$1 sig=${2:-TERM}
-    kill "-$sig" "${DPID[$name]}"
-    wait_for "esd $name exits after SIG$sig" 60 dead "${DPID[$name]}"
-    DRC=0
-    # shellcheck disable=SC2034 # read by the scripts
-    { wait "${DPID[$name]}"; } 2>/dev/null || DRC=$?
 }
 dstatus() {
     "$ESCTL" --json --socket "$(dsock "$1")" status >"$W/$1/status.json" 2>"$W/$1/status.err" ||
@@ -480,40 +392,14 @@ check() {
 }
 
 # real_stack_as_nobody: for the real-stack tests (VENV, RAY, DJ set). As
-# root, nobody runs the daemons, their heads and the attempts, so .venv
-# must be runnable by nobody. A venv made by root from a Python under /root
-# (pyenv: /root is 0700) is not: then RAY and DJ become those of an overlay
-# venv, made here, of the system Python of the same minor version, reading
-# .venv's packages through a .pth file. Sets DAEMON_AS=nobody and gives
-# nobody $W/home. Nothing as another user.
+# root, nobody runs the daemons, their heads and the attempts: proc.bash's
+# venv_for_nobody, then DAEMON_AS=nobody. Nothing as another user.
 real_stack_as_nobody() {
-    local minor sys_python site x
     [ "$(id -u)" -eq 0 ] || return 0
-    chmod 755 "$W"
-    if ! runuser -u nobody -- "$VENV/bin/python" -c '' 2>/dev/null; then
-        minor=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-        sys_python=/usr/bin/python$minor
-        [ -x "$sys_python" ] || fail "nobody can run .venv's python, or $sys_python exists" \
-            "$(readlink -f "$VENV/bin/python") is not executable by nobody"
-        "$sys_python" -m venv --without-pip "$W/venv"
-        site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-        echo "$site" >"$W/venv/lib/python$minor/site-packages/esd-real.pth"
-        for x in ray dj-process; do
-            sed "1s|.*|#!$W/venv/bin/python|" "$VENV/bin/$x" >"$W/venv/bin/$x"
-            chmod 755 "$W/venv/bin/$x"
-        done
-        # shellcheck disable=SC2034  # (the caller's)
-        RAY=$W/venv/bin/ray
-        # shellcheck disable=SC2034
-        DJ=$W/venv/bin/dj-process
-        runuser -u nobody -- "$W/venv/bin/python" -c 'import ray, data_juicer' ||
-            fail "nobody can run the overlay venv $W/venv"
-        echo "# $(readlink -f "$VENV/bin/python") is not executable by nobody:" \
-            "the heads and attempts use $sys_python with .venv's packages"
-    fi
+    venv_for_nobody
+    [ -z "$VENV_OVERLAY" ] || echo "# $(readlink -f "$VENV/bin/python") is not executable by nobody:" \
+        "the heads and attempts use $VENV_OVERLAY with .venv's packages"
     export DAEMON_AS=nobody
-    mkdir -p "$W/home"
-    chown nobody: "$W/home"
 }
 
 # ---- the real Ray dying under load ----

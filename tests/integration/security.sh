@@ -159,16 +159,7 @@ expect_within() {
     EXPECT_OK=1
     ok "$A: $what"
 }
-# poll SECS CMD...: like expect_within without a report; the status tells.
-poll() {
-    local deadline
-    deadline=$(($(date +%s) + $1))
-    shift
-    until "$@"; do
-        [ "$(date +%s)" -le "$deadline" ] || return 1
-        sleep 0.2
-    done
-}
+# (poll SECS CMD...: like expect_within without a report, is proc.bash's)
 
 # udir ROLE-USER: the user's own directory of this attack, $AW/<role>.
 udir() {
