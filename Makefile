@@ -118,7 +118,7 @@ INTEGRATION := $(filter-out $(INTEGRATION_SKIP:%=tests/integration/%.sh),\
                  $(sort $(wildcard tests/integration/*.sh)))
 FUZZ_SRC    := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all modcheck errcase deps depcheck depcheck-unit depcheck-fuzz test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
+.PHONY: all modcheck errcase format format-check deps depcheck depcheck-unit depcheck-fuzz test-deps tools check demo unit valgrind integration fuzz fuzz-build bench install uninstall clean distclean
 ESD_DJ := $(BUILD)/esd-dj
 all: $(ESCTL) $(ESD) $(ESD_DJ)
 	$(Q)ln -sf $(CURDIR)/$(ESCTL) esctl
@@ -340,6 +340,14 @@ uninstall:
 	! cmp -s etc/esd.yaml $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml || \
 		rm -f $(DESTDIR)$(SYSCONFDIR)/esd/esd.yaml
 	rmdir $(DESTDIR)$(SYSCONFDIR)/esd 2>/dev/null || true
+
+
+# The layout: .clang-format for the C sources, .editorconfig's basics for
+# every tracked text file (scripts/format-check). format rewrites in place.
+format:
+	$(Q)scripts/format-check --fix
+format-check:
+	$(Q)scripts/format-check
 
 clean:
 	rm -rf build esctl esd
