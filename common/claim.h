@@ -1,5 +1,5 @@
 /*
- * claim: claiming shards, leases and heartbeats (spec §8.3, DESIGN.md "What
+ * claim: claiming shards, leases and heartbeats (spec §8.3, ARCHITECTURE.md "What
  * esd adds"). Many nodes share one job directory; the only mutual exclusion
  * is the O_CREAT|O_EXCL create of state/locks/<id>.lock. Takeover of a
  * stale lock and every fenced step take flock(2) on the lock file, opened

@@ -117,7 +117,7 @@ enum cmd_id {
     CMD__COUNT
 };
 
-/* Who may run a command through esd (DESIGN.md "Security model"). */
+/* Who may run a command through esd (ARCHITECTURE.md "Security model"). */
 enum cmd_auth {
     AUTH_READ, /* any peer that can connect */
     AUTH_NODE, /* root, or a member of the control group (esd's own uid only

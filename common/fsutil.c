@@ -1,6 +1,6 @@
 /*
  * fsutil: the filesystem primitives the job-directory contract rests on
- * (spec §3, §5.1; DESIGN.md "On-disk contract"). Metadata reaches its final
+ * (spec §3, §5.1; ARCHITECTURE.md "On-disk contract"). Metadata reaches its final
  * name only through rename() (atomic replace), link() (exclusive publish) or
  * O_CREAT|O_EXCL (claims), always after an fsync of the data and followed by
  * an fsync of the directory, so a crash leaves the old state or the new one

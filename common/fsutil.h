@@ -1,6 +1,6 @@
 /*
  * fsutil: the filesystem primitives the job-directory contract rests on
- * (spec §3, §5.1; DESIGN.md "On-disk contract"): atomic replace, exclusive
+ * (spec §3, §5.1; ARCHITECTURE.md "On-disk contract"): atomic replace, exclusive
  * publish, O_EXCL create, directory fsync, opens that follow no link and
  * wait on no FIFO, and plain path string helpers. The Python-compatible
  * path resolution and the safe join are in pypath.h.
@@ -63,7 +63,7 @@ int fs_read_file(const char *path, size_t max, char **ret, size_t *ret_len, stru
 /*
  * The one way to open a file of a job directory, which its owner or any
  * peer node may have replaced by a symbolic link, a FIFO, a device or a
- * huge file (DESIGN.md "Security model"): open(2) with flags (O_RDONLY,
+ * huge file (ARCHITECTURE.md "Security model"): open(2) with flags (O_RDONLY,
  * O_RDWR, O_WRONLY, O_CREAT...; mode for a create) plus O_NOFOLLOW,
  * O_NONBLOCK, O_NOCTTY and O_CLOEXEC, so that it never follows a link nor
  * waits; then fstat: anything but a regular file is refused (-EINVAL, "is

@@ -7,7 +7,7 @@
  * streamed, one at a time.
  *
  * The directory the job goes in may belong to someone else, who can
- * rename and replace its entries while prepare runs (DESIGN.md "Security
+ * rename and replace its entries while prepare runs (ARCHITECTURE.md "Security
  * model"). So prepare makes and fills the staging directory only through
  * descriptors (the parent opened once, every name below it opened without
  * following links), and a process running as root takes the identity of

@@ -91,7 +91,7 @@
 #define PROTO_IDLE_SECS 60              /* idle connection closed after */
 
 /*
- * Fair shares (DESIGN.md "Security model"). Each connection, and each
+ * Fair shares (ARCHITECTURE.md "Security model"). Each connection, and each
  * operation run in a child for a request, is held by a peer of a class:
  *   root     uid 0;
  *   service  a member of the control group (socket_group), or esd's own uid;

@@ -1,5 +1,5 @@
 /*
- * ctl: the control socket (DESIGN.md "Control protocol"): one JSON object
+ * ctl: the control socket (ARCHITECTURE.md "Control protocol"): one JSON object
  * per line over a SOCK_STREAM UNIX socket. Request
  * {"v":1,"id":N,"cmd":"…","args":{…}}; reply {"v":1,"id":N,"ok":true,
  * "result":{…}} or {"v":1,"id":N,"ok":false,"error":{"code":"…",

@@ -152,7 +152,7 @@ jobref_get(const struct conn *c, const char *job_dir, struct jobref *jr, const c
 }
 
 /*
- * The identity an operation on jr runs with (DESIGN.md "Security model"):
+ * The identity an operation on jr runs with (ARCHITECTURE.md "Security model"):
  * a user's own, with the groups the kernel gave their connection; root's
  * on a user's job, that job's owner's, with the owner's groups from the
  * user database (never the directory's group); root's into a directory

@@ -88,7 +88,7 @@ int ctlcmd_authorise(const struct conn *c, const struct cmd_def *cmd,
 
 /*
  * The identity an operation on jr (NULL: none) runs with, for op_start
- * (DESIGN.md "Security model"). *cred holds what was looked up
+ * (ARCHITECTURE.md "Security model"). *cred holds what was looked up
  * (spawn_cred_free). 0, or a negative errno with err set.
  */
 int ctlcmd_ident(const struct conn *c, const struct jobref *jr, struct ident *who,

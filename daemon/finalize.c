@@ -253,7 +253,7 @@ fin_merge_child(struct fin *f, int fd)
     sigaction(SIGTERM, &sa, NULL);
     test_delay();
     /* The directory bound at submit, checked once more, and the output
-     * reached from it, following no link (DESIGN.md "Security model"). */
+     * reached from it, following no link (ARCHITECTURE.md "Security model"). */
     dfd = open(j->job_dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (dfd < 0 || fstat(dfd, &st) < 0) {
         r = err_sys(&err, -errno, "cannot open the job directory %s", j->job_dir);

@@ -18,7 +18,7 @@
 #     and nothing of the heads is left (their process groups, their
 #     descendants, anything naming their temp dirs).
 # Run as root, the job belongs to nobody (give_job) and the daemons run as
-# nobody too (lib.bash's DAEMON_AS), DESIGN.md's service-user deployment:
+# nobody too (lib.bash's DAEMON_AS), ARCHITECTURE.md's service-user deployment:
 # the heads, the attempts and Ray's workers all run as nobody, who owns the
 # job. (esd refuses ray.mode persistent as root: a head of root's would run
 # every recipe as root, and an attempt of another user could use neither

@@ -1,6 +1,6 @@
 /*
  * check_attempt: one run of the processor on a claimed shard (spec §5.4–5.6,
- * §8.4–8.7, DESIGN.md "Failure classes"): the command, environment and
+ * §8.4–8.7, ARCHITECTURE.md "What esd adds"): the command, environment and
  * working directory of the child and what attempt.json records of them;
  * materialising Ray's export into processed.jsonl (file order, skipped
  * names, per-source metadata, every kind of invalid output naming its file

@@ -1,5 +1,5 @@
 /*
- * check_claim: the claim pass (spec §8.3 with esd's leases, DESIGN.md "What
+ * check_claim: the claim pass (spec §8.3 with esd's leases, ARCHITECTURE.md "What
  * esd adds"): the lock file and the first attempt.json a claim writes, the
  * node-specific starting shard, the idle report, the O_EXCL race between
  * many claimers, stale takeover by lease or by the reference's lock
