@@ -49,8 +49,10 @@ main(int argc, char **argv)
             return 2;
         }
         if (r == 0) {
-            fprintf(stderr, "claimer: nothing left to claim after %ld claims "
-                    "(done %zu, failed %zu, busy %zu)\n", k, idle.done, idle.failed, idle.busy);
+            fprintf(stderr,
+                    "claimer: nothing left to claim after %ld claims "
+                    "(done %zu, failed %zu, busy %zu)\n",
+                    k, idle.done, idle.failed, idle.busy);
             return 2;
         }
         claim_free(&cl);

@@ -85,8 +85,8 @@ env_get(const struct strv *env, const char *name)
 }
 
 int
-attempt_prepare(const struct manifest *m, const struct claim *cl,
-                const struct attempt_opts *o, struct attempt_cmd *ret, struct esd_err *err)
+attempt_prepare(const struct manifest *m, const struct claim *cl, const struct attempt_opts *o,
+                struct attempt_cmd *ret, struct esd_err *err)
 {
     static const struct attempt_opts none = { 0 };
     const char *snapshot = m->recipe_snapshot;
@@ -102,8 +102,8 @@ attempt_prepare(const struct manifest *m, const struct claim *cl,
         o = &none;
     strv_init(&argv);
     strv_init(&env);
-    if ((r = pypath_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config,
-                                err)) < 0 ||
+    if ((r = pypath_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config, err)) <
+            0 ||
         (r = pypath_join_inside(m->job_dir, m->shards[cl->index].path, &dataset, err)) < 0) {
         free(config);
         return r;
@@ -365,8 +365,7 @@ src_data(void *ctx, const char *p, size_t n)
 
 int
 attempt_materialize(const struct manifest *m, const struct claim *cl,
-                    const struct jsonl_limits *lim, struct attempt_result *ret,
-                    struct esd_err *err)
+                    const struct jsonl_limits *lim, struct attempt_result *ret, struct esd_err *err)
 {
     struct attempt_result res = { 0 };
     struct pypath_entries src = { 0 };
@@ -570,8 +569,7 @@ failed_record(const struct claimer *c, const struct claim *cl, const struct atte
 
 int
 attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
-               const struct attempt_result *res, struct attempt_final *ret,
-               struct esd_err *err)
+               const struct attempt_result *res, struct attempt_final *ret, struct esd_err *err)
 {
     const struct manifest *m = c->m;
     struct attempt_final fin = { 0 };
@@ -611,8 +609,8 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         if (json_get_str(latest, "stale_at"))
             json_set(meta, "stale_at", cJSON_CreateString(json_get_str(latest, "stale_at")));
         json_set(meta, "failure_class", cJSON_CreateString("infrastructure"));
-        json_set(meta, "error", cJSON_CreateString(
-                                    out->error && out->fc == FC_INFRASTRUCTURE
+        json_set(meta, "error",
+                 cJSON_CreateString(out->error && out->fc == FC_INFRASTRUCTURE
                                         ? out->error
                                         : "the lease was lost before the attempt ended"));
         if (res)

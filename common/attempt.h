@@ -81,8 +81,8 @@ struct attempt_cmd {
  * resolved work directory and records "command" and "ray_export_path" in
  * attempt.json.
  */
-int attempt_prepare(const struct manifest *m, const struct claim *cl,
-                    const struct attempt_opts *o, struct attempt_cmd *ret, struct esd_err *err);
+int attempt_prepare(const struct manifest *m, const struct claim *cl, const struct attempt_opts *o,
+                    struct attempt_cmd *ret, struct esd_err *err);
 void attempt_cmd_free(struct attempt_cmd *cmd);
 
 /* A validated result (spec §8.5). */
@@ -113,12 +113,12 @@ void attempt_result_free(struct attempt_result *r);
 
 /* How an attempt ended, as the caller saw it. */
 struct attempt_outcome {
-    int return_code;   /* exit status; -N killed by signal N; -1 never started */
-    double duration;   /* seconds */
-    enum failure_class fc; /* FC_NONE for success */
-    const char *error; /* message for a failure */
-    bool released;     /* stopped on purpose (drain, shutdown): not a failure */
-    const char *dj_commit; /* recorded in the done record; NULL: "unknown" */
+    int return_code;         /* exit status; -N killed by signal N; -1 never started */
+    double duration;         /* seconds */
+    enum failure_class fc;   /* FC_NONE for success */
+    const char *error;       /* message for a failure */
+    bool released;           /* stopped on purpose (drain, shutdown): not a failure */
+    const char *dj_commit;   /* recorded in the done record; NULL: "unknown" */
     const char *ray_address; /* the address the attempt used; NULL: the manifest's */
     /* when the processor was let run and when it ended (epoch seconds;
      * 0: unknown), recorded in attempt.json as started_at_epoch and
@@ -132,9 +132,9 @@ struct attempt_final {
     char status[16];
     bool shard_done;
     bool shard_failed;
-    bool shard_left;   /* this node alone used up the shard's retries: left to the others */
-    bool counted;      /* a failure toward max_retries (processor, output) */
-    size_t index;      /* the claim's shard */
+    bool shard_left; /* this node alone used up the shard's retries: left to the others */
+    bool counted;    /* a failure toward max_retries (processor, output) */
+    size_t index;    /* the claim's shard */
 };
 
 /*

@@ -318,9 +318,11 @@ claim_fence(const char *path, const char *token, bool nb, struct esd_err *err)
     }
     if (r < 0) {
         r = errno != EWOULDBLOCK ? err_sys(err, -errno, "cannot lock %s", path)
-            : nb ? -EWOULDBLOCK
-                 : err_set(err, -EWOULDBLOCK, "lock %s stayed locked by another process for "
-                           "%.0f s", path, CLAIM_FENCE_WAIT);
+            : nb                 ? -EWOULDBLOCK
+                                 : err_set(err, -EWOULDBLOCK,
+                                           "lock %s stayed locked by another process for "
+                                                           "%.0f s",
+                                           path, CLAIM_FENCE_WAIT);
         close(fd);
         return r;
     }
@@ -352,8 +354,7 @@ claim_fence_own(const struct claim *cl, struct esd_err *err)
     /* The heartbeat's rule too: our token in another file is not ours. */
     if (fstat(fd, &st) < 0 || st.st_dev != cl->lock_dev || st.st_ino != cl->lock_ino) {
         claim_unfence(fd);
-        return err_set(err, -ESTALE, "lock %s is not the file this claim created",
-                       cl->lock_path);
+        return err_set(err, -ESTALE, "lock %s is not the file this claim created", cl->lock_path);
     }
     return fd;
 }
@@ -563,8 +564,7 @@ exists(struct claimer *c, const char *path)
 
 /* The failed record of a shard whose limits were used up before a claim. */
 static int
-fail_before_claim(struct claimer *c, size_t i, const struct tries_counts *n,
-                  struct esd_err *err)
+fail_before_claim(struct claimer *c, size_t i, const struct tries_counts *n, struct esd_err *err)
 {
     const struct manifest *m = c->m;
     char now[40], *path = manifest_state_path(m, "failed", m->shards[i].id, ".json");
@@ -578,8 +578,9 @@ fail_before_claim(struct claimer *c, size_t i, const struct tries_counts *n,
     json_add_str(j, "failed_at", now);
     json_add_int(j, "failures", n->counted);
     json_add_int(j, "infrastructure_failures", n->infra);
-    json_add_str(j, "reason", infra ? "infrastructure failure limit reached before claim"
-                                    : "retry limit reached before claim");
+    json_add_str(j, "reason",
+                 infra ? "infrastructure failure limit reached before claim"
+                       : "retry limit reached before claim");
     json_add_str(j, "node", c->node);
     r = json_publish_excl(path, j, JSON_PRETTY, err);
     if (r == -EEXIST)
@@ -592,8 +593,7 @@ fail_before_claim(struct claimer *c, size_t i, const struct tries_counts *n,
 /* The fields of a new claim (spec §5.3, plus lease and node): the lock's
  * one line, and the start of its attempt.json. Caller frees. */
 static cJSON *
-claim_fields(const struct claimer *c, const struct claim *cl, const char *claimed_at,
-             double epoch)
+claim_fields(const struct claimer *c, const struct claim *cl, const char *claimed_at, double epoch)
 {
     cJSON *j = cJSON_CreateObject();
 
@@ -930,10 +930,10 @@ tokens_now(struct claimer *c)
 
 struct pass {
     double now;
-    double until;    /* monotonic end of the pass's time */
-    int budget;      /* shards that may still cost a syscall */
-    bool starved;    /* a lock to judge waits for a token */
-    bool stopped;    /* budget or time used up */
+    double until; /* monotonic end of the pass's time */
+    int budget;   /* shards that may still cost a syscall */
+    bool starved; /* a lock to judge waits for a token */
+    bool stopped; /* budget or time used up */
 };
 
 /* Spends one unit of the pass's budget; false when none is left. */
@@ -1040,8 +1040,7 @@ idle_report(struct claimer *c, const struct pass *p, unsigned long long ops,
 }
 
 int
-claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
-              struct esd_err *err)
+claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle, struct esd_err *err)
 {
     unsigned long long ops0 = c->stats.ops;
     struct claim_idle scratch;
@@ -1063,8 +1062,7 @@ claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
             return r;
     /* Nothing claimable: a listing put off above is made now, so that the
      * end of the job is seen at once, not at the next pass. */
-    if (!c->cancelled && !p.stopped &&
-        (c->dirs[D_DONE].unsettled || c->dirs[D_FAILED].unsettled)) {
+    if (!c->cancelled && !p.stopped && (c->dirs[D_DONE].unsettled || c->dirs[D_FAILED].unsettled)) {
         size_t woken = c->woken;
 
         if ((r = follow_dirs(c, p.now, true, err)) < 0)
@@ -1139,8 +1137,10 @@ claim_heartbeat(const struct claim *cl, struct esd_err *err)
                            cl->shard_id);
         /* replaced by something that is not a lock file: not ours */
         if (fd == -ELOOP || fd == -EINVAL)
-            return err_set(err, -ESTALE, "lease of %s lost: its lock was replaced by something "
-                           "that is not a lock file", cl->shard_id);
+            return err_set(err, -ESTALE,
+                           "lease of %s lost: its lock was replaced by something "
+                           "that is not a lock file",
+                           cl->shard_id);
         return fd;
     }
     if (fstat(fd, &st) < 0) {

@@ -77,30 +77,30 @@ struct claimer {
     long long lock_timeout;
     long long max_retries;
     long long max_infra;
-    int clock_fd;          /* state/clock/<node>, kept open */
-    double clock_server;   /* last server time read ... */
-    double clock_mono;     /* ... and the monotonic time it was read at */
+    int clock_fd;        /* state/clock/<node>, kept open */
+    double clock_server; /* last server time read ... */
+    double clock_mono;   /* ... and the monotonic time it was read at */
     bool clock_valid;
-    size_t cursor;         /* where the next pass starts */
-    unsigned char *known;  /* per shard: what this node knows (claim.c) */
-    double *fresh_until;   /* per shard: server time before which its lock stays fresh */
-    ino_t *lock_ino;       /* per shard: the lock file last read ... */
+    size_t cursor;        /* where the next pass starts */
+    unsigned char *known; /* per shard: what this node knows (claim.c) */
+    double *fresh_until;  /* per shard: server time before which its lock stays fresh */
+    ino_t *lock_ino;      /* per shard: the lock file last read ... */
     dev_t *lock_dev;
     double *lock_threshold; /* ... and the staleness threshold it holds */
     size_t ndone, nfailed;
-    unsigned char *locked; /* per shard: a lock was listed in state/locks */
-    double *retry_at;      /* per shard: monotonic time before which this node does not
+    unsigned char *locked;     /* per shard: a lock was listed in state/locks */
+    double *retry_at;          /* per shard: monotonic time before which this node does not
                               claim it again (claim_backoff) ... */
     unsigned char *fails_here; /* ... after this many counted failures here */
-    bool taken_valid;      /* the pass took a stale lock of shard taken_index over ... */
+    bool taken_valid;          /* the pass took a stale lock of shard taken_index over ... */
     size_t taken_index;
-    char taken_from[128];  /* ... from this node (or host) */
-    struct claim_dir {     /* state/locks, state/done, state/failed */
+    char taken_from[128];      /* ... from this node (or host) */
+    struct claim_dir {         /* state/locks, state/done, state/failed */
         struct timespec mtime; /* as last listed */
         bool listed;
-        bool unsettled;    /* listed within a timestamp granule of a change: list again */
-        double checked;    /* monotonic time of the last look at its mtime */
-        double at;         /* ... and of the last listing */
+        bool unsettled; /* listed within a timestamp granule of a change: list again */
+        double checked; /* monotonic time of the last look at its mtime */
+        double at;      /* ... and of the last listing */
     } dirs[3];
     char *cancel_path;     /* state/esd/cancelled.json ... */
     bool cancelled;        /* ... seen by the last pass */
@@ -112,9 +112,9 @@ struct claimer {
         dev_t dev;
         ino_t ino;
         struct timespec mtime;
-        double since;      /* monotonic; 0: free entry */
+        double since; /* monotonic; 0: free entry */
     } suspects[16];
-    struct claim_stats {   /* since claimer_init (esd(8) status "claims") */
+    struct claim_stats {                  /* since claimer_init (esd(8) status "claims") */
         unsigned long long locks_created; /* O_EXCL creations that succeeded */
         unsigned long long claimed;       /* of which became claims */
         unsigned long long passed_done;   /* shards learnt done elsewhere, no lock made */
@@ -128,8 +128,8 @@ struct claim {
     char *shard_id;
     char token[33];
     long long attempt_number;
-    char *attempt_rel;  /* attempts/<id>/<NNNN>-<token> */
-    char *attempt_dir;  /* absolute */
+    char *attempt_rel; /* attempts/<id>/<NNNN>-<token> */
+    char *attempt_dir; /* absolute */
     char *lock_path;
     dev_t lock_dev;
     ino_t lock_ino;
@@ -140,14 +140,14 @@ struct claim {
 
 /* What a pass that claimed nothing saw. */
 struct claim_idle {
-    size_t done, failed;   /* known terminal shards */
-    size_t busy;           /* locked by a live owner (or by this node) */
-    bool complete;         /* every shard done */
-    bool terminal;         /* every shard done or failed */
-    double next_secs;      /* when a fresh lock could turn stale; -1: unknown */
-    double min_secs;       /* wait at least this long (CLAIM_IDLE_RATE), or a poll */
-    bool more;             /* the pass stopped at its budget: call again soon */
-    bool cancelled;        /* the job is cancelled on every node */
+    size_t done, failed; /* known terminal shards */
+    size_t busy;         /* locked by a live owner (or by this node) */
+    bool complete;       /* every shard done */
+    bool terminal;       /* every shard done or failed */
+    double next_secs;    /* when a fresh lock could turn stale; -1: unknown */
+    double min_secs;     /* wait at least this long (CLAIM_IDLE_RATE), or a poll */
+    bool more;           /* the pass stopped at its budget: call again soon */
+    bool cancelled;      /* the job is cancelled on every node */
 };
 
 /*
@@ -226,8 +226,7 @@ int claim_acquire(struct claimer *c, struct claim *ret, struct claim_idle *idle,
  * stale takeover does. Returns 1 taken over, 0 not ours any more (gone or
  * another claim's), or a negative errno.
  */
-int claim_recover(struct claimer *c, const char *shard_id, const char *token,
-                  struct esd_err *err);
+int claim_recover(struct claimer *c, const char *shard_id, const char *token, struct esd_err *err);
 
 /*
  * Renews the lease: refreshes the lock's mtime if the lock at lock_path is

@@ -54,8 +54,8 @@ const struct opt_def cmd_opts[O__COUNT] = {
                 "all", false },
     [O_ALL_FAILED] = { "all-failed", K_FLAG, NULL, "requeue every failed shard", "all_failed",
                        false },
-    [O_SHARD_ID] = { "shard-id", K_STRV, "ID", "requeue this shard (repeatable)", "shard_id",
-                     false, "shard" },
+    [O_SHARD_ID] = { "shard-id", K_STRV, "ID", "requeue this shard (repeatable)", "shard_id", false,
+                     "shard" },
     [O_OUTPUT] = { "output", K_STR, "PATH",
                    "merged output (default <job-dir>/merged.jsonl; through esd: inside the job "
                    "dir); report: the HTML file (default report.html; -o is short for it)",
@@ -67,8 +67,8 @@ const struct opt_def cmd_opts[O__COUNT] = {
                          false },
     [O_NODE] = { "node", K_STR, "NAME", "this worker's node name (default: the host name)", "node",
                  false },
-    [O_MAX_SHARDS] = { "max-shards", K_POSITIVE, "N", "stop after handling N claims",
-                       "max_shards", false },
+    [O_MAX_SHARDS] = { "max-shards", K_POSITIVE, "N", "stop after handling N claims", "max_shards",
+                       false },
     [O_LEASE_SECS] = { "lease-secs", K_POSITIVE, "N",
                        "lease of a claim, renewed every N/4 seconds (default 60)", "lease_secs",
                        false },
@@ -104,8 +104,8 @@ const struct opt_def cmd_opts[O__COUNT] = {
                  false },
     [O_LINES] = { "lines", K_POSITIVE, "N", "only the last N lines", "lines", false },
     [O_NODES] = { "nodes", K_POSITIVE, "N",
-                   "fscheck: participants to wait for, one per node (default 1: this node alone)",
-                   "nodes", false },
+                  "fscheck: participants to wait for, one per node (default 1: this node alone)",
+                  "nodes", false },
     [O_WAIT_SECS] = { "wait-secs", K_POSITIVE, "N",
                       "fscheck: how long to wait for the other participants (default 60)",
                       "wait_secs", false },
@@ -138,17 +138,16 @@ const struct opt_def cmd_opts[O__COUNT] = {
 };
 
 #define LIMITS (OPT(O_MAX_LINE_BYTES) | OPT(O_MAX_DEPTH))
-#define PREPARE_OPTS                                                                           \
-    (OPT(O_CONFIG) | OPT(O_DATASET_PATH) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS) |              \
-     OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) |   \
+#define PREPARE_OPTS                                                                        \
+    (OPT(O_CONFIG) | OPT(O_DATASET_PATH) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS) |             \
+     OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) | \
      OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) | LIMITS)
 
 const struct cmd_def cmd_table[CMD__COUNT] = {
     [CMD_PING] = { CMD_PING, "ping", "", "check that esd answers on its control socket", 0, 0,
                    false, AUTH_READ, CMDF_DAEMON },
-    [CMD_VERSION] = { CMD_VERSION, "version", "",
-                      "versions of esctl, esd and the control protocol", 0, 0, false, AUTH_READ,
-                      CMDF_DAEMON },
+    [CMD_VERSION] = { CMD_VERSION, "version", "", "versions of esctl, esd and the control protocol",
+                      0, 0, false, AUTH_READ, CMDF_DAEMON },
     [CMD_SUBMIT] = { CMD_SUBMIT, "submit",
                      "[--job-dir] DIR [--output PATH] [--everywhere] [--config PATH "
                      "--num-shards N [prepare options]]",
@@ -156,22 +155,22 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                      PREPARE_OPTS | OPT(O_OUTPUT) | OPT(O_EVERYWHERE), OPT(O_JOB_DIR), true,
                      AUTH_JOB, CMDF_DAEMON | CMDF_CHILD | CMDF_LONG },
     [CMD_LIST] = { CMD_LIST, "list", "[--state STATE] [--all]",
-                   "the jobs on this node: state, progress, rows/s, ETA",
-                   OPT(O_STATE) | OPT(O_ALL), 0, false, AUTH_READ, CMDF_DAEMON },
+                   "the jobs on this node: state, progress, rows/s, ETA", OPT(O_STATE) | OPT(O_ALL),
+                   0, false, AUTH_READ, CMDF_DAEMON },
     [CMD_STATUS] = { CMD_STATUS, "status",
                      "[[--job-dir] DIR [--all] [--state STATE] [--sort KEY] [--watch]]",
                      "without a job: the daemon, its slots and jobs; with one: the job's shards "
                      "(--all: with every attempt)",
                      OPT(O_JOB_DIR) | OPT(O_ALL) | OPT(O_LOCK_TIMEOUT) | OPT(O_WATCH) |
                          OPT(O_STATE) | OPT(O_SORT),
-                     0, true,
-                     AUTH_READ, CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD },
+                     0, true, AUTH_READ, CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD },
     /* (esctl repeats status: esd has no wait of its own) */
     [CMD_WAIT] = { CMD_WAIT, "wait", "[--job-dir] DIR [--timeout-secs N]",
                    "block until the job is over: exit 0 merged, 2 failed or cancelled, 1 timed out",
                    OPT(O_JOB_DIR) | OPT(O_TIMEOUT_SECS), OPT(O_JOB_DIR), true, AUTH_READ,
                    CMDF_LOCAL },
-    [CMD_PREPARE] = { CMD_PREPARE, "prepare", "--config PATH --job-dir DIR --num-shards N [options]",
+    [CMD_PREPARE] = { CMD_PREPARE, "prepare",
+                      "--config PATH --job-dir DIR --num-shards N [options]",
                       "validate a recipe and a JSONL dataset and split it into a job directory",
                       PREPARE_OPTS, OPT(O_CONFIG) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS), false,
                       AUTH_JOB, CMDF_DAEMON | CMDF_LOCAL | CMDF_CHILD | CMDF_LONG },
@@ -204,17 +203,18 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
     [CMD_RESUME] = { CMD_RESUME, "resume", "", "take claims again after a drain", 0, 0, false,
                      AUTH_NODE, CMDF_DAEMON },
     [CMD_NODES] = { CMD_NODES, "nodes", "",
-                    "every node working the shared spool: state, slots, what it runs, versions",
-                    0, 0, false, AUTH_READ, CMDF_DAEMON },
+                    "every node working the shared spool: state, slots, what it runs, versions", 0,
+                    0, false, AUTH_READ, CMDF_DAEMON },
     [CMD_LOGS] = { CMD_LOGS, "logs",
                    "[--job-dir] DIR [--shard ID [--attempt N]] [--lines N] [--follow]",
                    "a shard's process.log, or without --shard this node's journal for the job",
                    OPT(O_JOB_DIR) | OPT(O_SHARD) | OPT(O_ATTEMPT) | OPT(O_FOLLOW) | OPT(O_LINES),
-                   OPT(O_JOB_DIR),
-                   true, AUTH_READ, CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD },
+                   OPT(O_JOB_DIR), true, AUTH_READ,
+                   CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD },
     [CMD_CONFIG] = { CMD_CONFIG, "config", "", "esd's effective configuration", 0, 0, false,
                      AUTH_READ, CMDF_DAEMON },
-    [CMD_WORKER] = { CMD_WORKER, "worker", "[--job-dir] DIR [--node NAME] [--max-shards N] [options]",
+    [CMD_WORKER] = { CMD_WORKER, "worker",
+                     "[--job-dir] DIR [--node NAME] [--max-shards N] [options]",
                      "claim and process shards until the job is terminal (in-process, no esd)",
                      OPT(O_JOB_DIR) | OPT(O_NODE) | OPT(O_MAX_SHARDS) | OPT(O_LEASE_SECS) |
                          OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_MAX_INFRA) |
@@ -227,12 +227,12 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
                          false, AUTH_READ, CMDF_LOCAL },
     [CMD_FSCHECK] = { CMD_FSCHECK, "fscheck", "DIR [--nodes N] [--wait-secs N] [--run NAME]",
                       "check the shared file system for exclusive claims (run on N nodes at once)",
-                      OPT(O_JOB_DIR) | OPT(O_NODES) | OPT(O_WAIT_SECS) | OPT(O_RUN),
-                      OPT(O_JOB_DIR), true, AUTH_READ, CMDF_LOCAL },
+                      OPT(O_JOB_DIR) | OPT(O_NODES) | OPT(O_WAIT_SECS) | OPT(O_RUN), OPT(O_JOB_DIR),
+                      true, AUTH_READ, CMDF_LOCAL },
     [CMD_REPORT] = { CMD_REPORT, "report", "[--job-dir] DIR [--output PATH]",
                      "write the job's timeline, pace and summary as one self-contained HTML file",
-                     OPT(O_JOB_DIR) | OPT(O_OUTPUT) | OPT(O_LOCK_TIMEOUT), OPT(O_JOB_DIR),
-                     true, AUTH_READ, CMDF_LOCAL },
+                     OPT(O_JOB_DIR) | OPT(O_OUTPUT) | OPT(O_LOCK_TIMEOUT), OPT(O_JOB_DIR), true,
+                     AUTH_READ, CMDF_LOCAL },
     [CMD_RELOAD] = { CMD_RELOAD, "reload", "",
                      "reread esd.yaml; an invalid file is refused and the running one kept", 0, 0,
                      false, AUTH_NODE, CMDF_DAEMON },
@@ -280,37 +280,41 @@ cmd_args_check(const struct cmd_def *cmd, const cJSON *args, struct esd_err *err
                            a->string ? a->string : "");
         d = &cmd_opts[o];
         if (seen & OPT(o))
-            return err_set(err, -EINVAL, "argument \"%s\" of %s is given twice", d->key,
-                           cmd->name);
+            return err_set(err, -EINVAL, "argument \"%s\" of %s is given twice", d->key, cmd->name);
         seen |= OPT(o);
         switch (d->kind) {
         case K_FLAG:
             if (!cJSON_IsBool(a))
-                return err_set(err, -EINVAL, "argument \"%s\" of %s must be true or false",
-                               d->key, cmd->name);
+                return err_set(err, -EINVAL, "argument \"%s\" of %s must be true or false", d->key,
+                               cmd->name);
             break;
         case K_STR:
-            if (!cJSON_IsString(a) || !*a->valuestring ||
-                strlen(a->valuestring) > 4096)
-                return err_set(err, -EINVAL, "argument \"%s\" of %s must be a non-empty string "
-                               "of at most 4096 bytes", d->key, cmd->name);
+            if (!cJSON_IsString(a) || !*a->valuestring || strlen(a->valuestring) > 4096)
+                return err_set(err, -EINVAL,
+                               "argument \"%s\" of %s must be a non-empty string "
+                               "of at most 4096 bytes",
+                               d->key, cmd->name);
             break;
         case K_STRV:
             if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > 100000)
-                return err_set(err, -EINVAL, "argument \"%s\" of %s must be an array of "
-                               "strings", d->key, cmd->name);
-            cJSON_ArrayForEach(s, a)
-            if (!cJSON_IsString(s) || !*s->valuestring || strlen(s->valuestring) > 4096)
-                return err_set(err, -EINVAL, "argument \"%s\" of %s must be an array of "
-                               "non-empty strings", d->key, cmd->name);
+                return err_set(err, -EINVAL,
+                               "argument \"%s\" of %s must be an array of "
+                               "strings",
+                               d->key, cmd->name);
+            cJSON_ArrayForEach(
+                s, a) if (!cJSON_IsString(s) || !*s->valuestring ||
+                          strlen(s->valuestring) >
+                              4096) return err_set(err, -EINVAL,
+                                                   "argument \"%s\" of %s must be an array of "
+                                                   "non-empty strings",
+                                                   d->key, cmd->name);
             break;
         case K_POSITIVE:
         case K_NONNEG:
             /* plain or raw (exact) numbers alike */
             if (json_get_int(args, a->string, &v) < 0 || v < (d->kind == K_POSITIVE))
-                return err_set(err, -EINVAL, "argument \"%s\" of %s must be a %s integer",
-                               d->key, cmd->name,
-                               d->kind == K_POSITIVE ? "positive" : "non-negative");
+                return err_set(err, -EINVAL, "argument \"%s\" of %s must be a %s integer", d->key,
+                               cmd->name, d->kind == K_POSITIVE ? "positive" : "non-negative");
             break;
         }
     }
@@ -330,9 +334,8 @@ cmd_arg_has(const cJSON *args, enum opt_id o)
 const char *
 cmd_arg_str(const cJSON *args, enum opt_id o)
 {
-    const cJSON *a = args && cmd_opts[o].key
-                         ? cJSON_GetObjectItemCaseSensitive(args, cmd_opts[o].key)
-                         : NULL;
+    const cJSON *a =
+        args && cmd_opts[o].key ? cJSON_GetObjectItemCaseSensitive(args, cmd_opts[o].key) : NULL;
 
     return cJSON_IsString(a) ? a->valuestring : NULL;
 }
@@ -355,12 +358,9 @@ cmd_arg_num(const cJSON *args, enum opt_id o, long long dflt)
 void
 cmd_arg_strv(const cJSON *args, enum opt_id o, struct strv *v)
 {
-    const cJSON *a = args && cmd_opts[o].key
-                         ? cJSON_GetObjectItemCaseSensitive(args, cmd_opts[o].key)
-                         : NULL;
+    const cJSON *a =
+        args && cmd_opts[o].key ? cJSON_GetObjectItemCaseSensitive(args, cmd_opts[o].key) : NULL;
     const cJSON *s;
 
-    cJSON_ArrayForEach(s, a)
-    if (cJSON_IsString(s))
-        strv_push(v, s->valuestring);
+    cJSON_ArrayForEach(s, a) if (cJSON_IsString(s)) strv_push(v, s->valuestring);
 }

@@ -86,8 +86,8 @@ struct opt_def {
     enum opt_kind kind;
     const char *metavar;
     const char *help;
-    const char *key;  /* request argument: name with '-' as '_' */
-    bool path;        /* the value is a file or directory (completion) */
+    const char *key;   /* request argument: name with '-' as '_' */
+    bool path;         /* the value is a file or directory (completion) */
     const char *alias; /* another spelling esctl accepts for it, or NULL */
 };
 
@@ -127,12 +127,13 @@ enum cmd_auth {
 };
 
 /* Where a command runs. */
-#define CMDF_DAEMON   0x01u /* esd answers it */
-#define CMDF_LOCAL    0x02u /* esctl can run it in-process (--local) */
-#define CMDF_FALLBACK 0x04u /* only reads a job dir: in-process, with a notice,
+#define CMDF_DAEMON 0x01u /* esd answers it */
+#define CMDF_LOCAL 0x02u  /* esctl can run it in-process (--local) */
+#define CMDF_FALLBACK \
+    0x04u                /* only reads a job dir: in-process, with a notice,
                                when esd cannot be reached */
-#define CMDF_CHILD    0x08u /* esd runs it in a child process as the caller */
-#define CMDF_LONG     0x10u /* may take minutes; sends progress events */
+#define CMDF_CHILD 0x08u /* esd runs it in a child process as the caller */
+#define CMDF_LONG 0x10u  /* may take minutes; sends progress events */
 
 struct cmd_def {
     enum cmd_id id;
@@ -143,7 +144,7 @@ struct cmd_def {
     uint64_t required;   /* options it needs */
     bool positional_job; /* a lone positional argument is --job-dir */
     enum cmd_auth auth;
-    unsigned flags;      /* CMDF_* */
+    unsigned flags; /* CMDF_* */
 };
 
 extern const struct opt_def cmd_opts[O__COUNT];

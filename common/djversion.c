@@ -267,12 +267,11 @@ static char *
 package_version(const char *python, const char *cwd, char **why)
 {
     /* the error goes to stdout, marked, since stderr is not collected */
-    static const char *const probe =
-        "import importlib.metadata as m\n"
-        "try:\n"
-        "    print(m.version('py-data-juicer'))\n"
-        "except Exception as e:\n"
-        "    print('!%s: %s' % (type(e).__name__, e))\n";
+    static const char *const probe = "import importlib.metadata as m\n"
+                                     "try:\n"
+                                     "    print(m.version('py-data-juicer'))\n"
+                                     "except Exception as e:\n"
+                                     "    print('!%s: %s' % (type(e).__name__, e))\n";
     struct buf out;
     char *line = NULL;
     bool ok;
@@ -365,8 +364,8 @@ djversion_read(const struct attempt_opts *o, struct djversion *ret)
         buf_init(&out);
         if ((version = git_head(o->dj_root, &why))) {
             source = xasprintf("git HEAD of the checkout %s", o->dj_root);
-        } else if (run(NULL, 4096, &out, "git", "-c", safe, "-C", o->dj_root, "rev-parse",
-                       "HEAD", NULL) &&
+        } else if (run(NULL, 4096, &out, "git", "-c", safe, "-C", o->dj_root, "rev-parse", "HEAD",
+                       NULL) &&
                    (version = first_line(&out))) {
             /* (a layout git_head does not read, e.g. reftable) */
             source = xasprintf("git rev-parse HEAD in the checkout %s", o->dj_root);
@@ -377,8 +376,8 @@ djversion_read(const struct attempt_opts *o, struct djversion *ret)
         /* Without the safe.directory override: a checkout git does not
          * trust must not run its configuration (core.fsmonitor, filters)
          * here; its dirty flag stays unknown. */
-        if (version && run(NULL, 1 << 20, &out, "git", "-C", o->dj_root, "status", "--porcelain",
-                           NULL))
+        if (version &&
+            run(NULL, 1 << 20, &out, "git", "-C", o->dj_root, "status", "--porcelain", NULL))
             dirty = out.len > 0;
         buf_free(&out);
         free(safe);

@@ -179,8 +179,10 @@ barrier(struct fsc *f, const char *what)
         for (size_t i = 0; i < f->ids.n; i++)
             if (!strv_contains(&seen, f->ids.v[i]) && !missing++ && time_mono() > until) {
                 strv_free(&seen);
-                return err_set(f->err, -ETIMEDOUT, "participant %s did not reach the %s phase "
-                               "within %.0f s", f->ids.v[i], what, PHASE_WAIT);
+                return err_set(f->err, -ETIMEDOUT,
+                               "participant %s did not reach the %s phase "
+                               "within %.0f s",
+                               f->ids.v[i], what, PHASE_WAIT);
             }
         strv_free(&seen);
         if (!missing)
@@ -278,8 +280,7 @@ rendezvous(struct fsc *f)
     snprintf(name, sizeof(name), "hello.%s", f->me);
     if ((r = put_file(f->run_fd, name, f->me, true)) < 0) {
         free(text);
-        return err_sys(f->err, r, "cannot create %s/%s/%s/%s", f->o->dir, RUN_BASE, f->run,
-                       name);
+        return err_sys(f->err, r, "cannot create %s/%s/%s/%s", f->o->dir, RUN_BASE, f->run, name);
     }
     if (f->o->nodes <= 1) {
         strv_push(&f->ids, f->me);
@@ -317,8 +318,8 @@ rendezvous(struct fsc *f)
                 if (r < 0 && r != -EEXIST) {
                     strv_free(&hello);
                     free(text);
-                    return err_sys(f->err, r, "cannot create %s/%s/%s/start", f->o->dir,
-                                   RUN_BASE, f->run);
+                    return err_sys(f->err, r, "cannot create %s/%s/%s/start", f->o->dir, RUN_BASE,
+                                   f->run);
                 }
             }
             strv_free(&hello);
@@ -335,9 +336,11 @@ rendezvous(struct fsc *f)
         ;
     f->owner = f->rank == 0;
     if (f->rank == f->ids.n)
-        return err_set(f->err, -EAGAIN, "the run %s in %s had started without this process "
+        return err_set(f->err, -EAGAIN,
+                       "the run %s in %s had started without this process "
                        "(a run that ended badly leaves %s/%s/%s: remove it, or pass another "
-                       "--run)", f->run, f->o->dir, f->o->dir, RUN_BASE, f->run);
+                       "--run)",
+                       f->run, f->o->dir, f->o->dir, RUN_BASE, f->run);
     return 0;
 }
 
@@ -372,8 +375,10 @@ phase_excl(struct fsc *f)
         /* the same name again, from the same node: must be refused */
         fd = openat(f->run_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
         if (fd >= 0 || errno != EEXIST) {
-            json_add_str(f->mine, "excl_error", fd >= 0 ? "a second O_EXCL create of an "
-                         "existing file succeeded" : strerror(errno));
+            json_add_str(f->mine, "excl_error",
+                         fd >= 0 ? "a second O_EXCL create of an "
+                                   "existing file succeeded"
+                                 : strerror(errno));
             if (fd >= 0)
                 close(fd);
             return 0;
@@ -438,9 +443,10 @@ phase_link(struct fsc *f)
             int again = linkat(f->run_fd, src, f->run_fd, name, 0) < 0 ? -errno : 0;
 
             if (again != -EEXIST) {
-                json_add_str(f->mine, "link_error", again ? strerror(-again)
-                                                          : "a second link() to an existing "
-                                                            "name succeeded");
+                json_add_str(f->mine, "link_error",
+                             again ? strerror(-again)
+                                   : "a second link() to an existing "
+                                     "name succeeded");
                 r = -1;
             }
         } else if (r != -EEXIST) {
@@ -567,8 +573,10 @@ phase_flock(struct fsc *f)
         json_add_str(f->mine, "flock_local", strerror(errno));
     } else {
         r = flock(b, LOCK_EX | LOCK_NB);
-        json_add_str(f->mine, "flock_local", r == 0 ? "does not block" : errno == EWOULDBLOCK
-                     ? "blocks" : strerror(errno));
+        json_add_str(f->mine, "flock_local",
+                     r == 0                 ? "does not block"
+                     : errno == EWOULDBLOCK ? "blocks"
+                                            : strerror(errno));
         flock(b, LOCK_UN);
         flock(a, LOCK_UN);
     }
@@ -692,9 +700,7 @@ in_array(const cJSON *a, int i)
 {
     const cJSON *x;
 
-    cJSON_ArrayForEach(x, a)
-    if (cJSON_IsNumber(x) && (int)x->valuedouble == i)
-        return true;
+    cJSON_ArrayForEach(x, a) if (cJSON_IsNumber(x) && (int)x->valuedouble == i) return true;
     return false;
 }
 
@@ -719,15 +725,16 @@ judge_race(struct fsc *f, cJSON *results, const char *won_key, const char *err_k
         const char *e = json_get_str(r, err_key);
 
         if (e)
-            return xasprintf("%s: %s on %s", strstr(e, "second") ? "FAILED" : "unsupported",
-                             e, str_or(json_get_str(r, "id"), "?"));
+            return xasprintf("%s: %s on %s", strstr(e, "second") ? "FAILED" : "unsupported", e,
+                             str_or(json_get_str(r, "id"), "?"));
     }
     for (int i = 0; i < f->rounds; i++) {
         int winners = 0;
         const char *winner = NULL;
 
-        cJSON_ArrayForEach(r, results)
-        if (in_array(cJSON_GetObjectItemCaseSensitive(r, won_key), i)) {
+        cJSON_ArrayForEach(r,
+                           results) if (in_array(cJSON_GetObjectItemCaseSensitive(r, won_key), i))
+        {
             winners++;
             winner = json_get_str(r, "id");
         }
@@ -828,9 +835,12 @@ verdict(struct fsc *f, cJSON *results)
     if (rerr)
         json_add_str(v, "rename", rerr);
     else if (missing || torn)
-        cJSON_AddItemToObject(v, "rename", cJSON_CreateString(
-            (why = xasprintf("FAILED: the name was missing %lld times and torn %lld times "
-                             "while replaced", missing, torn))));
+        cJSON_AddItemToObject(
+            v, "rename",
+            cJSON_CreateString(
+                (why = xasprintf("FAILED: the name was missing %lld times and torn %lld times "
+                                 "while replaced",
+                                 missing, torn))));
     else
         json_add_str(v, "rename", estale ? "ok (stale handles seen)" : "ok");
     free(why);
@@ -840,12 +850,14 @@ verdict(struct fsc *f, cJSON *results)
     else if (f->ids.n < 2)
         json_add_str(v, "flock", "untested across nodes (one participant)");
     else if (free_)
-        json_add_str(v, "flock", "node-local: a lock held by one participant did not block "
-                                 "another");
+        json_add_str(v, "flock",
+                     "node-local: a lock held by one participant did not block "
+                     "another");
     else
-        json_add_str(v, "flock", hosts.n > 1 ? "cluster-wide"
-                                             : "blocks across processes of one host (run on "
-                                               "two nodes for a cluster verdict)");
+        json_add_str(v, "flock",
+                     hosts.n > 1 ? "cluster-wide"
+                                 : "blocks across processes of one host (run on "
+                                   "two nodes for a cluster verdict)");
     free(why);
     why = NULL;
     if (flock_local)
@@ -857,10 +869,9 @@ verdict(struct fsc *f, cJSON *results)
     exclusive = !strncmp(excl, "ok", 2) && !strncmp(link, "ok", 2);
     json_add_bool(v, "exclusive", exclusive);
     if (!exclusive)
-        json_add_str(v, "reason", strncmp(excl, "ok", 2) ? (why = xasprintf("O_EXCL create: %s",
-                                                                           excl))
-                                                         : (why = xasprintf("link(): %s",
-                                                                            link)));
+        json_add_str(v, "reason",
+                     strncmp(excl, "ok", 2) ? (why = xasprintf("O_EXCL create: %s", excl))
+                                            : (why = xasprintf("link(): %s", link)));
     free(why);
     free(excl);
     free(link);
@@ -924,15 +935,16 @@ run_phases(struct fsc *f, cJSON **ret_verdict)
 int
 fscheck_run(const struct fscheck_opts *o, cJSON **ret_verdict, struct esd_err *err)
 {
-    struct fsc f = { .o = o, .err = err, .base_fd = -1, .run_fd = -1, .sig_fd = -1,
-                     .lag_fd = -1 };
+    struct fsc f = { .o = o, .err = err, .base_fd = -1, .run_fd = -1, .sig_fd = -1, .lag_fd = -1 };
     char shown[4200];
     cJSON *v = NULL;
     int dfd, r;
 
     if (o->run && !name_ok(o->run))
-        return err_set(err, -EINVAL, "invalid run name '%s': use up to 64 letters, digits, "
-                       "'.', '_' and '-', not starting with '.'", o->run);
+        return err_set(err, -EINVAL,
+                       "invalid run name '%s': use up to 64 letters, digits, "
+                       "'.', '_' and '-', not starting with '.'",
+                       o->run);
     {
         char host[256];
 
@@ -1074,8 +1086,9 @@ fscheck_refusal(const char *job_dir, const char *node)
         when = json_get_str(rec, "checked_at");
         why = xasprintf("claims cannot be exclusive on this file system: %.300s (verdict of "
                         "%.40s in state/esd/fscheck.json; once the mount is fixed, run `esctl "
-                        "fscheck %s` on the nodes again)", reason ? reason : "see the verdict",
-                        when ? when : "an earlier check", job_dir);
+                        "fscheck %s` on the nodes again)",
+                        reason ? reason : "see the verdict", when ? when : "an earlier check",
+                        job_dir);
         goto out;
     }
     snprintf(run, sizeof(run), "esd.%.60s", node && *node ? node : "node");
@@ -1085,7 +1098,8 @@ fscheck_refusal(const char *job_dir, const char *node)
         goto out;
     if (!fscheck_exclusive(v, &reason)) {
         why = xasprintf("claims cannot be exclusive on this file system: %s (esctl fscheck %s "
-                        "says more)", reason ? reason : "see state/esd/fscheck.json", job_dir);
+                        "says more)",
+                        reason ? reason : "see state/esd/fscheck.json", job_dir);
         fscheck_record(job_dir, v, &err);
     } else if (!rec) {
         fscheck_record(job_dir, v, &err);
@@ -1135,22 +1149,22 @@ fscheck_text(const cJSON *v)
     json_get_int(v, "hosts", &hosts);
     str_escape(dir ? dir : "?", strlen(dir ? dir : "?"), &b);
     buf_printf(&b, ": %d participant(s) on %lld host(s)\n", cJSON_GetArraySize(parts), hosts);
-    cJSON_ArrayForEach(p, parts)
-    text_line(&b, "participant", json_get_str(p, "id"), "");
+    cJSON_ArrayForEach(p, parts) text_line(&b, "participant", json_get_str(p, "id"), "");
     text_line(&b, "O_EXCL create", json_get_str(v, "o_excl"), "");
     text_line(&b, "link()", json_get_str(v, "link"), "");
     text_line(&b, "rename()", json_get_str(v, "rename"), "");
     text_line(&b, "flock across nodes", json_get_str(v, "flock"), "");
     if ((s = json_get_str(v, "flock_same_process")))
-        text_line(&b, "flock in one process", s, !strcmp(s, "does not block")
-                  ? " (emulated by POSIX locks, as NFS does)" : "");
+        text_line(&b, "flock in one process", s,
+                  !strcmp(s, "does not block") ? " (emulated by POSIX locks, as NFS does)" : "");
     text_lag(&b, v, "create_lag_secs", "create seen after");
     text_lag(&b, v, "attr_lag_secs", "change seen after");
     text_lag(&b, v, "unlink_lag_secs", "unlink seen after");
     json_get_num(v, "clock_offset_secs", &off);
     buf_printf(&b, "  %-22s %+.3f s%s\n", "server clock", off,
                fabs(off) > FSCHECK_CLOCK_WARN ? " (esd judges leases on the server's clock; "
-                                                "other tools may not)" : "");
+                                                "other tools may not)"
+                                              : "");
     if (hosts < 2 && cJSON_GetArraySize(parts) > 1)
         buf_puts(&b, "note: all participants ran on one host; real verdicts need two nodes\n");
     if (ex) {

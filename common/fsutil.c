@@ -190,8 +190,7 @@ write_temp(const char *path, const void *data, size_t len, mode_t mode, char **r
 }
 
 int
-fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode,
-                struct esd_err *err)
+fs_write_atomic(const char *path, const void *data, size_t len, mode_t mode, struct esd_err *err)
 {
     char *tmp;
     int r;
@@ -245,8 +244,7 @@ published_ours(const char *tmp, const char *path, const void *data, size_t len)
 }
 
 int
-fs_publish_excl(const char *path, const void *data, size_t len, mode_t mode,
-                struct esd_err *err)
+fs_publish_excl(const char *path, const void *data, size_t len, mode_t mode, struct esd_err *err)
 {
     char *tmp;
     int r;
@@ -390,8 +388,10 @@ fs_mkdir_beneath(int dirfd, const char *rel, mode_t mode, const char *shown, str
 
             free(copy);
             if (e == ELOOP)
-                return err_set(err, -ELOOP, "%s is, or passes through, a symbolic link or a "
-                               "file; not following it", shown);
+                return err_set(err, -ELOOP,
+                               "%s is, or passes through, a symbolic link or a "
+                               "file; not following it",
+                               shown);
             return err_sys(err, -e, "cannot open directory %s", shown);
         }
         fd = next;
@@ -417,8 +417,10 @@ fs_open_dir_beneath(int dirfd, const char *rel, const char *shown, struct esd_er
         return fd;
     if (errno != ENOSYS) {
         if (errno == ELOOP || errno == EXDEV)
-            return err_set(err, -ELOOP, "%s is, or passes through, a symbolic link or leaves "
-                           "its directory; not following it", shown);
+            return err_set(err, -ELOOP,
+                           "%s is, or passes through, a symbolic link or leaves "
+                           "its directory; not following it",
+                           shown);
         return err_sys(err, -errno, "cannot open directory %s", shown);
     }
     /* (a kernel before 5.6) one component at a time, none followed */
@@ -428,17 +430,19 @@ fs_open_dir_beneath(int dirfd, const char *rel, const char *shown, struct esd_er
     for (part = strtok_r(copy, "/", &save); part; part = strtok_r(NULL, "/", &save)) {
         if (!strcmp(part, "."))
             continue;
-        next = !strcmp(part, "..") ? (errno = EXDEV, -1)
-                                   : openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
-                                                          O_CLOEXEC);
+        next = !strcmp(part, "..")
+                   ? (errno = EXDEV, -1)
+                   : openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         close(fd);
         if (next < 0) {
             int e = errno == ENOTDIR ? ELOOP : errno;
 
             free(copy);
             if (e == ELOOP || e == EXDEV)
-                return err_set(err, -ELOOP, "%s is, or passes through, a symbolic link or leaves "
-                               "its directory; not following it", shown);
+                return err_set(err, -ELOOP,
+                               "%s is, or passes through, a symbolic link or leaves "
+                               "its directory; not following it",
+                               shown);
             return err_sys(err, -e, "cannot open directory %s", shown);
         }
         fd = next;
@@ -547,8 +551,10 @@ mkdir_one(const char *path, mode_t mode, struct esd_err *err)
         if (S_ISDIR(st.st_mode))
             return 0;
         if (r == -EEXIST)
-            return err_set(err, -ENOTDIR, "cannot create directory %s: it exists and is not "
-                           "a directory", path);
+            return err_set(err, -ENOTDIR,
+                           "cannot create directory %s: it exists and is not "
+                           "a directory",
+                           path);
     }
     return err_sys(err, r, "cannot create directory %s", path);
 }
@@ -704,8 +710,8 @@ static const struct {
 };
 
 int
-fs_kind(const char *path, const char **ret_name, bool *ret_local, bool *ret_rdonly,
-        char **ret_at, struct esd_err *err)
+fs_kind(const char *path, const char **ret_name, bool *ret_local, bool *ret_rdonly, char **ret_at,
+        struct esd_err *err)
 {
     static __thread char hex[24];
     char *at = xstrdup(path);

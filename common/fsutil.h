@@ -78,8 +78,7 @@ int fs_open_job(const char *path, int flags, mode_t mode, size_t max, struct sta
 /* fs_open_job that follows a symbolic link (an input file, a result a
  * record names, opened as someone who may read it): still never waits on
  * a FIFO and refuses anything but a regular file. */
-int fs_open_file(const char *path, int flags, size_t max, struct stat *ret_st,
-                 struct esd_err *err);
+int fs_open_file(const char *path, int flags, size_t max, struct stat *ret_st, struct esd_err *err);
 
 /* fs_read_file for a job file: through fs_open_job (no link followed, no
  * FIFO waited on, at most max bytes). *ret is NUL-terminated. */

@@ -29,7 +29,7 @@ struct hashq {
     unsigned long long head; /* next slot to fill */
     unsigned long long tail; /* next slot to hash */
     bool stop;
-    struct slot *filling;    /* partially filled slot at head, or NULL */
+    struct slot *filling; /* partially filled slot at head, or NULL */
 };
 
 static void *

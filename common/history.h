@@ -35,7 +35,7 @@ struct history_attempt {
 struct history_shard {
     struct history_attempt *v; /* by number, oldest first */
     size_t n;
-    size_t omitted;            /* older attempts not kept */
+    size_t omitted; /* older attempts not kept */
 };
 
 /*

@@ -64,13 +64,27 @@ json_escape(struct buf *out, const char *s, size_t n)
         buf_append(out, s + start, i - start);
         start = i + 1;
         switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
+        case '"':
+            esc = "\\\"";
+            break;
+        case '\\':
+            esc = "\\\\";
+            break;
+        case '\n':
+            esc = "\\n";
+            break;
+        case '\r':
+            esc = "\\r";
+            break;
+        case '\t':
+            esc = "\\t";
+            break;
+        case '\b':
+            esc = "\\b";
+            break;
+        case '\f':
+            esc = "\\f";
+            break;
         default:
             memcpy(u, "\\u00", 4);
             u[4] = hex[c >> 4];
@@ -273,10 +287,12 @@ static void dump(const cJSON *v, enum json_style style, int depth, struct buf *o
 static void
 dump_container(const cJSON *v, enum json_style style, int depth, struct buf *out)
 {
-    static const char *const item_sep[] = { [JSON_PRETTY] = ",", [JSON_LINE] = ", ",
-                                            [JSON_COMPACT] = "," };
-    static const char *const key_sep[] = { [JSON_PRETTY] = ": ", [JSON_LINE] = ": ",
-                                           [JSON_COMPACT] = ":" };
+    static const char *const item_sep[] = {
+        [JSON_PRETTY] = ",", [JSON_LINE] = ", ", [JSON_COMPACT] = ","
+    };
+    static const char *const key_sep[] = {
+        [JSON_PRETTY] = ": ", [JSON_LINE] = ": ", [JSON_COMPACT] = ":"
+    };
     bool object = cJSON_IsObject(v);
     struct member *m;
     size_t n = 0, k = 0;
@@ -520,8 +536,7 @@ utf8_len(const unsigned char *s, size_t n)
         return 3;
     }
     if (c >= 0xf0 && c <= 0xf4) {
-        if (n < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 ||
-            (s[3] & 0xc0) != 0x80)
+        if (n < 4 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80 || (s[3] & 0xc0) != 0x80)
             return 0;
         if ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))
             return 0;
@@ -711,8 +726,7 @@ bad_json(struct esd_err *err, const char *path, const char *text, size_t off, co
 }
 
 int
-json_parse_object(const char *text, size_t len, const char *name, cJSON **ret,
-                  struct esd_err *err)
+json_parse_object(const char *text, size_t len, const char *name, cJSON **ret, struct esd_err *err)
 {
     struct numtok t = { 0 };
     const char *end = NULL, *why = NULL;
@@ -796,8 +810,7 @@ json_write_atomic(const char *path, const cJSON *v, enum json_style style, struc
 }
 
 int
-json_publish_excl(const char *path, const cJSON *v, enum json_style style,
-                  struct esd_err *err)
+json_publish_excl(const char *path, const cJSON *v, enum json_style style, struct esd_err *err)
 {
     return serialise_and(fs_publish_excl, path, v, style, err);
 }

@@ -74,10 +74,8 @@ int json_get_num(const cJSON *obj, const char *key, double *ret);
 bool json_get_bool(const cJSON *obj, const char *key, bool *ret);
 
 /* Serialises v in style and writes it to path with fs_write_atomic. */
-int json_write_atomic(const char *path, const cJSON *v, enum json_style style,
-                      struct esd_err *err);
+int json_write_atomic(const char *path, const cJSON *v, enum json_style style, struct esd_err *err);
 /* Serialises v and publishes it to path with fs_publish_excl. */
-int json_publish_excl(const char *path, const cJSON *v, enum json_style style,
-                      struct esd_err *err);
+int json_publish_excl(const char *path, const cJSON *v, enum json_style style, struct esd_err *err);
 
 #endif

@@ -157,7 +157,10 @@ skip_ws(struct scan *sc)
 /* Byte classes for the scalar string loop: 1 = stop (quote, backslash,
  * control, non-ASCII). */
 static const unsigned char str_stop[256] = {
-    [0 ... 0x1f] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xff] = 1,
+    [0 ... 0x1f] = 1,
+    ['"'] = 1,
+    ['\\'] = 1,
+    [0x80 ... 0xff] = 1,
 };
 
 /*
@@ -181,9 +184,9 @@ scan_string(struct scan *sc, bool *ret_escaped)
             while (i + 16 <= n) {
                 __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
                 /* signed compare: bytes < 0x20 and bytes >= 0x80 both stop */
-                __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote),
-                                                      _mm_cmpeq_epi8(v, bslash)),
-                                         _mm_cmplt_epi8(v, space));
+                __m128i m =
+                    _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
+                                 _mm_cmplt_epi8(v, space));
                 unsigned mask = (unsigned)_mm_movemask_epi8(m);
                 if (mask) {
                     i += (size_t)__builtin_ctz(mask);
@@ -196,7 +199,7 @@ scan_string(struct scan *sc, bool *ret_escaped)
         while (i < n && !str_stop[s[i]])
             i++;
 #if defined(__SSE2__)
-    stop:
+stop:
 #endif
         if (i >= n)
             return fault(sc, JSONL_SYNTAX, start, "unterminated string");
@@ -224,7 +227,14 @@ scan_string(struct scan *sc, bool *ret_escaped)
             return fault(sc, JSONL_SYNTAX, start, "unterminated string");
         c = s[i + 1];
         switch (c) {
-        case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+        case '"':
+        case '\\':
+        case '/':
+        case 'b':
+        case 'f':
+        case 'n':
+        case 'r':
+        case 't':
             i += 2;
             continue;
         case 'u':
@@ -435,7 +445,7 @@ after:
     if (sc->i >= sc->n)
         return fault(sc, JSONL_SYNTAX, sc->i,
                      (stack[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1 ? "expected ',' or '}'"
-                                                                      : "expected ',' or ']'");
+                                                                       : "expected ',' or ']'");
     {
         bool obj = (stack[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1;
         unsigned char c = sc->s[sc->i];
@@ -521,16 +531,17 @@ jsonl_error(const struct jsonl_record *rec, const struct jsonl_limits *lim, cons
     case JSONL_BLANK:
         return err_set(err, -EINVAL, "Blank JSONL record at %s:%llu", file, line);
     case JSONL_TOO_LONG:
-        return err_set(err, -EINVAL, "JSONL record longer than %zu bytes at %s:%llu",
-                       lim->max_line, file, line);
+        return err_set(err, -EINVAL, "JSONL record longer than %zu bytes at %s:%llu", lim->max_line,
+                       file, line);
     case JSONL_UTF8:
         return err_set(err, -EINVAL, "Invalid UTF-8 at %s:%llu: %s at byte %llu", file, line,
                        rec->detail, byte);
     case JSONL_BOM:
         return err_set(err, -EINVAL, "Invalid JSON at %s:%llu: Unexpected UTF-8 BOM", file, line);
     case JSONL_DEPTH:
-        return err_set(err, -EINVAL, "Invalid JSON at %s:%llu: nested deeper than %u levels at byte %llu",
-                       file, line, lim->max_depth ? lim->max_depth : JSONL_MAX_DEPTH_DEFAULT, byte);
+        return err_set(err, -EINVAL,
+                       "Invalid JSON at %s:%llu: nested deeper than %u levels at byte %llu", file,
+                       line, lim->max_depth ? lim->max_depth : JSONL_MAX_DEPTH_DEFAULT, byte);
     case JSONL_SURROGATE:
         return err_set(err, -EINVAL, "Invalid JSON at %s:%llu: lone surrogate escape at byte %llu",
                        file, line, byte);
@@ -588,13 +599,32 @@ jsonl_unescape(const char *s, size_t n, struct buf *out)
         if (i + 1 >= n)
             break;
         switch (u[i + 1]) {
-        case 'b': buf_putc(out, '\b'); i += 2; continue;
-        case 'f': buf_putc(out, '\f'); i += 2; continue;
-        case 'n': buf_putc(out, '\n'); i += 2; continue;
-        case 'r': buf_putc(out, '\r'); i += 2; continue;
-        case 't': buf_putc(out, '\t'); i += 2; continue;
-        case 'u': break;
-        default: buf_putc(out, (char)u[i + 1]); i += 2; continue;
+        case 'b':
+            buf_putc(out, '\b');
+            i += 2;
+            continue;
+        case 'f':
+            buf_putc(out, '\f');
+            i += 2;
+            continue;
+        case 'n':
+            buf_putc(out, '\n');
+            i += 2;
+            continue;
+        case 'r':
+            buf_putc(out, '\r');
+            i += 2;
+            continue;
+        case 't':
+            buf_putc(out, '\t');
+            i += 2;
+            continue;
+        case 'u':
+            break;
+        default:
+            buf_putc(out, (char)u[i + 1]);
+            i += 2;
+            continue;
         }
         long cp = i + 6 <= n ? hex4(u + i + 2) : -1;
         if (cp < 0)

@@ -210,16 +210,21 @@ manifest_check_size(const char *text, size_t len, const char *path, struct esd_e
 
     precount(text, len, &shards, &files);
     if (shards > MANIFEST_MAX_SHARDS)
-        return err_set(err, -EFBIG, "malformed manifest %s: %zu shards, more than the %d esd "
-                       "works", path, shards, MANIFEST_MAX_SHARDS);
+        return err_set(err, -EFBIG,
+                       "malformed manifest %s: %zu shards, more than the %d esd "
+                       "works",
+                       path, shards, MANIFEST_MAX_SHARDS);
     if (files > MANIFEST_MAX_FILES)
-        return err_set(err, -EFBIG, "malformed manifest %s: %zu input files, more than the %d "
-                       "esd reads", path, files, MANIFEST_MAX_FILES);
+        return err_set(err, -EFBIG,
+                       "malformed manifest %s: %zu input files, more than the %d "
+                       "esd reads",
+                       path, files, MANIFEST_MAX_FILES);
     cap = MANIFEST_BASE_BYTES + MANIFEST_ENTRY_BYTES * (shards + files);
     if (len > cap)
-        return err_set(err, -EFBIG, "malformed manifest %s: %zu bytes for %zu shards and %zu "
-                       "input files, more than the %zu such a manifest can need", path, len,
-                       shards, files, cap);
+        return err_set(err, -EFBIG,
+                       "malformed manifest %s: %zu bytes for %zu shards and %zu "
+                       "input files, more than the %zu such a manifest can need",
+                       path, len, shards, files, cap);
     return 0;
 }
 
@@ -264,9 +269,8 @@ keep_strings(struct manifest *m, const char *job_dir)
 
     if (!m->job_id)
         m->job_id = fs_basename(job_dir);
-    total = slen0(job_dir) + slen0(m->job_id) + slen0(m->ray_address) +
-                   slen0(m->execution_json) + slen0(m->recipe_sha256) +
-                   slen0(m->recipe_snapshot) + slen0(m->dj_commit);
+    total = slen0(job_dir) + slen0(m->job_id) + slen0(m->ray_address) + slen0(m->execution_json) +
+            slen0(m->recipe_sha256) + slen0(m->recipe_snapshot) + slen0(m->dj_commit);
 
     for (size_t i = 0; i < m->nshards; i++)
         total += slen0(m->shards[i].id) + slen0(m->shards[i].path) + slen0(m->shards[i].sha256);
@@ -301,8 +305,10 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(doc, "schema_version");
         char *txt = v ? cJSON_PrintUnformatted(v) : NULL;
 
-        r = err_set(err, -EINVAL, "unsupported manifest schema_version %.40s in %s (expected "
-                    "%d)", txt ? txt : "(missing)", path, MANIFEST_SCHEMA);
+        r = err_set(err, -EINVAL,
+                    "unsupported manifest schema_version %.40s in %s (expected "
+                    "%d)",
+                    txt ? txt : "(missing)", path, MANIFEST_SCHEMA);
         free(txt);
         return r;
     }
@@ -318,8 +324,10 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     if (!cJSON_IsObject(exec) || !json_get_str(exec, "executor_type") ||
         strcmp(json_get_str(exec, "executor_type"), "ray") != 0 || !m->ray_address ||
         !*m->ray_address)
-        return err_set(err, -EINVAL, "malformed manifest %s: execution must have executor_type "
-                       "\"ray\" and a non-empty ray_address", path);
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: execution must have executor_type "
+                       "\"ray\" and a non-empty ray_address",
+                       path);
     m->job_id = json_get_str(doc, "job_id");
     if (!manifest_job_id_ok(m->job_id ? m->job_id : fs_basename(job_dir)))
         return job_id_refused(path, m->job_id ? m->job_id : fs_basename(job_dir), err);
@@ -331,27 +339,34 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     policy = cJSON_GetObjectItemCaseSensitive(doc, "policy");
     if ((r = policy_int(policy, "lock_timeout_secs", POLICY_LOCK_TIMEOUT_DEFAULT, 1,
                         &m->lock_timeout_secs, path, err)) < 0 ||
-        (r = policy_int(policy, "max_retries", POLICY_MAX_RETRIES_DEFAULT, 0, &m->max_retries,
-                        path, err)) < 0 ||
+        (r = policy_int(policy, "max_retries", POLICY_MAX_RETRIES_DEFAULT, 0, &m->max_retries, path,
+                        err)) < 0 ||
         (r = policy_int(policy, "poll_interval_secs", POLICY_POLL_INTERVAL_DEFAULT, 1,
                         &m->poll_interval_secs, path, err)) < 0)
         return r;
     m->nshards = (size_t)cJSON_GetArraySize(shards);
     m->shards = xcalloc(m->nshards, sizeof(*m->shards));
-    cJSON_ArrayForEach(item, shards) {
+    cJSON_ArrayForEach(item, shards)
+    {
         struct manifest_shard *s = &m->shards[i];
 
         if (!cJSON_IsObject(item) || !(s->id = json_get_str(item, "id")) ||
             !(s->path = json_get_str(item, "path")) || json_get_int(item, "rows", &s->rows) < 0)
-            return err_set(err, -EINVAL, "malformed manifest %s: shards[%d] needs string id and "
-                           "path and integer rows", path, i);
+            return err_set(err, -EINVAL,
+                           "malformed manifest %s: shards[%d] needs string id and "
+                           "path and integer rows",
+                           path, i);
         if (!path_ok(s->path) || strlen(s->path) > MANIFEST_PATH_MAX ||
             !str_clean(s->path, strlen(s->path)))
-            return err_set(err, -EINVAL, "malformed manifest %s: shard path '%.200s' is not a "
-                           "relative path inside the job directory", path, s->path);
+            return err_set(err, -EINVAL,
+                           "malformed manifest %s: shard path '%.200s' is not a "
+                           "relative path inside the job directory",
+                           path, s->path);
         if (!manifest_id_ok(s->id))
-            return err_set(err, -EINVAL, "malformed manifest %s: shard id '%.200s' is not a "
-                           "plain file name", path, s->id);
+            return err_set(err, -EINVAL,
+                           "malformed manifest %s: shard id '%.200s' is not a "
+                           "plain file name",
+                           path, s->id);
         if (json_get_int(item, "index", &s->index) < 0)
             s->index = i;
         if (json_get_int(item, "size_bytes", &s->size_bytes) < 0)
@@ -364,21 +379,25 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     }
     if (strlen(m->ray_address) > MANIFEST_PATH_MAX ||
         !str_clean(m->ray_address, strlen(m->ray_address)))
-        return err_set(err, -EINVAL, "malformed manifest %s: ray_address is too long or holds "
-                       "control characters", path);
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: ray_address is too long or holds "
+                       "control characters",
+                       path);
     /* what esd does not rely on is dropped when it is not plain */
     if (m->recipe_sha256 && !hex_ok(m->recipe_sha256))
         return err_set(err, -EINVAL, "malformed manifest %s: recipe.sha256 is not a hex digest",
                        path);
     if (m->recipe_snapshot && (strlen(m->recipe_snapshot) > MANIFEST_PATH_MAX ||
                                !str_clean(m->recipe_snapshot, strlen(m->recipe_snapshot))))
-        return err_set(err, -EINVAL, "malformed manifest %s: recipe.snapshot_path is not a "
-                       "plain path", path);
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.snapshot_path is not a "
+                       "plain path",
+                       path);
     /* A commit that is not plain text pins nothing: "unknown" is what the
      * reference writes when it cannot tell, and the version check is then
      * skipped (spec §8.1), as for any job that records no version. */
-    if (m->dj_commit && (strlen(m->dj_commit) > 256 || !str_clean(m->dj_commit,
-                                                                  strlen(m->dj_commit))))
+    if (m->dj_commit &&
+        (strlen(m->dj_commit) > 256 || !str_clean(m->dj_commit, strlen(m->dj_commit))))
         m->dj_commit = "unknown";
     *ret_exec = cJSON_PrintUnformatted(exec);
     m->execution_json = *ret_exec;
@@ -403,8 +422,8 @@ index_ids(struct manifest *m, const char *path, struct esd_err *err)
 }
 
 int
-manifest_parse(const char *text, size_t len, const char *job_dir, const char *path,
-               cJSON **ret_doc, struct manifest *ret, struct esd_err *err)
+manifest_parse(const char *text, size_t len, const char *job_dir, const char *path, cJSON **ret_doc,
+               struct manifest *ret, struct esd_err *err)
 {
     struct manifest m = { 0 };
     cJSON *doc = NULL;
@@ -463,8 +482,10 @@ manifest_dir_explain(const char *job_dir, int r, struct esd_err *err)
         return true;
     }
     if (r == -ENOENT) {
-        err_set(err, -ENOENT, "%s: not a job directory (no manifest.json): prepare it first, or "
-                "check the path", job_dir);
+        err_set(err, -ENOENT,
+                "%s: not a job directory (no manifest.json): prepare it first, or "
+                "check the path",
+                job_dir);
         return true;
     }
     return false;
@@ -504,8 +525,7 @@ manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err)
 }
 
 int
-manifest_load_doc(const char *job_dir, struct manifest *ret, cJSON **ret_doc,
-                  struct esd_err *err)
+manifest_load_doc(const char *job_dir, struct manifest *ret, cJSON **ret_doc, struct esd_err *err)
 {
     return load(job_dir, ret, ret_doc, err);
 }
@@ -796,8 +816,8 @@ manifest_state_path(const struct manifest *m, const char *kind, const char *id, 
 }
 
 int
-manifest_list_state(const struct manifest *m, const char *kind, const char *suffix,
-                    bool *present, struct esd_err *err)
+manifest_list_state(const struct manifest *m, const char *kind, const char *suffix, bool *present,
+                    struct esd_err *err)
 {
     char *dir = xasprintf("%s/state/%s", m->job_dir, kind);
     size_t slen = strlen(suffix);

@@ -47,14 +47,14 @@ struct manifest_shard {
  * one arena.
  */
 struct manifest {
-    char *arena;       /* every string below (owned) */
-    char *job_dir;     /* resolved job directory */
+    char *arena;   /* every string below (owned) */
+    char *job_dir; /* resolved job directory */
     const char *job_id;
     size_t nshards;
     struct manifest_shard *shards;
-    size_t *by_id;     /* shard indices sorted by id, for manifest_find */
+    size_t *by_id; /* shard indices sorted by id, for manifest_find */
     const char *ray_address;
-    const char *execution_json; /* the execution object, compact JSON */
+    const char *execution_json;  /* the execution object, compact JSON */
     const char *recipe_sha256;   /* recipe.sha256; NULL if absent */
     const char *recipe_snapshot; /* recipe.snapshot_path; NULL: "recipe.yaml" */
     const char *dj_commit;       /* data_juicer.commit; NULL if absent */
@@ -113,20 +113,19 @@ void manifest_compact(const struct manifest *m, struct buf *out);
 
 /* Reads a compact form as it arrives. */
 struct manifest_reader {
-    struct buf part;    /* an incomplete line */
-    struct buf arena;   /* the strings read (offsets below) */
+    struct buf part;  /* an incomplete line */
+    struct buf arena; /* the strings read (offsets below) */
     bool header;
     size_t nshards, got, lines;
     long long lock_timeout, max_retries, poll;
-    size_t hoff[6];     /* job_id, ray_address, execution, recipe sha256, snapshot, commit */
+    size_t hoff[6]; /* job_id, ray_address, execution, recipe sha256, snapshot, commit */
     struct manifest_shard *shards;
-    size_t *offs;       /* per shard: id, path, sha256 */
+    size_t *offs; /* per shard: id, path, sha256 */
 };
 
 void manifest_reader_init(struct manifest_reader *rd);
 /* The next n bytes. 0, or -EINVAL with err set for a malformed form. */
-int manifest_reader_feed(struct manifest_reader *rd, const char *p, size_t n,
-                         struct esd_err *err);
+int manifest_reader_feed(struct manifest_reader *rd, const char *p, size_t n, struct esd_err *err);
 /* The manifest read, for job_dir (manifest_free), after every byte was
  * fed; checks what manifest_parse would. 0 or -EINVAL. */
 int manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct manifest *ret,

@@ -262,7 +262,7 @@ collect_owners(struct ctx *c, struct merge_result *res)
 bool
 merge_output_clobbers(const char *job_dir, const char *out)
 {
-    static const char *const owned[] = { "shards", "attempts", "state", "cache",
+    static const char *const owned[] = { "shards",        "attempts",    "state",     "cache",
                                          "manifest.json", "recipe.yaml", "merge.json" };
 
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
@@ -418,8 +418,8 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
         return err_set(err, -EINVAL, "merge needs an output path");
     /* Confined, the output is reached below as a path relative to job_fd,
      * so it must be textually below job_dir, not just resolve there. */
-    if (o->confined && (strncmp(o->output, m->job_dir, jl) || o->output[jl] != '/' ||
-                        !o->output[jl + 1]))
+    if (o->confined &&
+        (strncmp(o->output, m->job_dir, jl) || o->output[jl] != '/' || !o->output[jl + 1]))
         return err_set(err, -EACCES, "output %s is not inside the job directory %s", o->output,
                        m->job_dir);
     ctx_init(&c, m, o);
@@ -474,8 +474,10 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
         if (o->overwrite ? renameat(pfd, fs_basename(tmp), pfd, base) < 0
                          : linkat(pfd, fs_basename(tmp), pfd, base, 0) < 0 &&
                                !linked_ours(pfd, fs_basename(tmp), base))
-            r = errno == EEXIST ? err_set(err, -EEXIST, "Output already exists: %s; pass "
-                                          "--overwrite to replace it", o->output)
+            r = errno == EEXIST ? err_set(err, -EEXIST,
+                                          "Output already exists: %s; pass "
+                                          "--overwrite to replace it",
+                                          o->output)
                                 : err_sys(err, -errno, "cannot create %s", o->output);
         else if (!o->overwrite)
             unlinkat(pfd, fs_basename(tmp), 0);

@@ -27,9 +27,9 @@ struct merge_progress {
 };
 
 struct merge_opts {
-    const char *output;      /* resolved path; NULL for verify */
+    const char *output; /* resolved path; NULL for verify */
     bool overwrite;
-    long long lock_timeout;  /* for the completeness check; <= 0: manifest */
+    long long lock_timeout; /* for the completeness check; <= 0: manifest */
     const struct jsonl_limits *limits;
     void (*progress)(void *ctx, const struct merge_progress *p);
     void *progress_ctx;

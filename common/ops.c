@@ -29,7 +29,7 @@
 #include "retry.h"
 #include "status.h"
 
-#define LOG_CHUNK 65536        /* bytes of a log in one event */
+#define LOG_CHUNK 65536 /* bytes of a log in one event */
 #define FOLLOW_POLL_NS 250000000L
 
 static void
@@ -201,8 +201,8 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
      * runs on esd's own classification, and the result says so below
      * rather than claiming a check that did not happen. */
     if (djversion_registry(djv.python, o.dj_root, &registry, &registry_why) == 0) {
-        registry_source = xasprintf("%zu operators of data_juicer.ops in %s", registry.n,
-                                    djv.python);
+        registry_source =
+            xasprintf("%zu operators of data_juicer.ops in %s", registry.n, djv.python);
         o.registry = &registry;
         o.registry_source = registry_source;
     }
@@ -390,15 +390,19 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
         for (k = 0; k < ST__COUNT && strcmp(status_state_name[k], state); k++)
             ;
         if (k == ST__COUNT)
-            return err_set(err, -EINVAL, "--state %s: not a state (pending, running, stale, "
-                           "done, failed)", state);
+            return err_set(err, -EINVAL,
+                           "--state %s: not a state (pending, running, stale, "
+                           "done, failed)",
+                           state);
     }
     if (sort) {
         for (k = 1; k <= SORT_ATTEMPTS && strcmp(sort_names[k], sort); k++)
             ;
         if (k > SORT_ATTEMPTS)
-            return err_set(err, -EINVAL, "--sort %s: not a sort key (elapsed, start, shard, "
-                           "node, attempts)", sort);
+            return err_set(err, -EINVAL,
+                           "--sort %s: not a sort key (elapsed, start, shard, "
+                           "node, attempts)",
+                           sort);
         sort_by = (enum sort_key)k;
     }
     keys = xcalloc(cap + 1, sizeof(*keys));
@@ -406,8 +410,8 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
         const char *id = json_get_str(x, "shard_id");
         struct history_shard h;
 
-        if (!id || (state && strcmp(json_get_str(x, "status") ? json_get_str(x, "status") : "",
-                                    state))) {
+        if (!id ||
+            (state && strcmp(json_get_str(x, "status") ? json_get_str(x, "status") : "", state))) {
             cJSON_Delete(x);
             continue;
         }
@@ -427,7 +431,7 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
                  * (wall clock, as its start was recorded by another node's
                  * wall clock; a start in our future counts as unknown). */
                 keys[n].start = h.v[0].start;
-                keys[n].elapsed = last->elapsed >= 0                           ? last->elapsed
+                keys[n].elapsed = last->elapsed >= 0 ? last->elapsed
                                   : last->start > 0 && !last->end && now > last->start
                                       ? now - last->start
                                       : -1;
@@ -467,7 +471,8 @@ status_history(const struct manifest *m, cJSON *j, const char *state, const char
     if (r < 0)
         return r;
     json_add_int(j, "shards_listed", (long long)(n < HISTORY_LIST_MAX ? n : HISTORY_LIST_MAX));
-    json_set(j, "shards_omitted", json_int((long long)(n > HISTORY_LIST_MAX ? n - HISTORY_LIST_MAX : 0)));
+    json_set(j, "shards_omitted",
+             json_int((long long)(n > HISTORY_LIST_MAX ? n - HISTORY_LIST_MAX : 0)));
     return 0;
 }
 
@@ -499,7 +504,10 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
 
     for (size_t i = 0; i < st.total; i++) {
         const struct shard_status *s = &st.shards[i];
-        int k = s->state == ST_DONE ? 0 : s->state == ST_RUNNING ? 1 : s->state == ST_STALE ? 2 : -1;
+        int k = s->state == ST_DONE      ? 0
+                : s->state == ST_RUNNING ? 1
+                : s->state == ST_STALE   ? 2
+                                         : -1;
         size_t x;
 
         if (s->state == ST_DONE)
@@ -670,7 +678,8 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
      * mount. The job directory is the one place esd must be able to write
      * and that both see alike. fs_is_inside compares resolved paths. */
     if (r == 0 && env->confined && !fs_is_inside(m.job_dir, output))
-        r = err_set(err, -EACCES, "output %s is outside the job directory %s; through esd a "
+        r = err_set(err, -EACCES,
+                    "output %s is outside the job directory %s; through esd a "
                     "merge writes only inside it (esctl merge --local writes anywhere you may)",
                     output, m.job_dir);
     if (r < 0) {
@@ -726,9 +735,9 @@ op_latest_log(const char *job_dir, const char *shard, char **ret_path, struct es
     if (r < 0)
         return r;
     if (!(d = opendir(dir))) {
-        r = errno == ENOENT ? err_set(err, -ENOENT, "shard %s of %s has no attempt yet", shard,
-                                      job_dir)
-                            : err_sys(err, -errno, "cannot read %s", dir);
+        r = errno == ENOENT
+                ? err_set(err, -ENOENT, "shard %s of %s has no attempt yet", shard, job_dir)
+                : err_sys(err, -errno, "cannot read %s", dir);
         free(dir);
         return r;
     }
@@ -832,8 +841,8 @@ tail_offset(int fd, off_t size, long long lines)
 /* logs --attempt: the process.log of attempt number of shard, after a
  * header naming the node, the attempt and the file. */
 static int
-attempt_log(const struct manifest *m, const char *shard, long long number,
-            const struct op_env *env, char **ret_path, struct esd_err *err)
+attempt_log(const struct manifest *m, const char *shard, long long number, const struct op_env *env,
+            char **ret_path, struct esd_err *err)
 {
     const struct history_attempt *a;
     struct history_shard h;

@@ -53,7 +53,6 @@ int op_status_exit(const cJSON *result);
  * *ret_path is set (caller frees). Returns 0 or a negative errno (-ENOENT:
  * the shard has no attempt yet).
  */
-int op_latest_log(const char *job_dir, const char *shard, char **ret_path,
-                  struct esd_err *err);
+int op_latest_log(const char *job_dir, const char *shard, char **ret_path, struct esd_err *err);
 
 #endif

@@ -45,7 +45,7 @@ outcome_classify(const struct outcome_facts *f, struct attempt_outcome *out, cha
         out->error = "the attempt was stopped on purpose (drain, cancel or shutdown)";
     } else if (f->start_error || !f->ran) {
         out->fc = FC_INFRASTRUCTURE;
-        out->error = f->start_error ? f->start_error
+        out->error = f->start_error   ? f->start_error
                      : f->lease_error ? f->lease_error
                                       : "the processor never started";
     } else if (f->lease_error) {
@@ -57,8 +57,7 @@ outcome_classify(const struct outcome_facts *f, struct attempt_outcome *out, cha
         out->error = msg;
     } else if (f->timed_out) {
         out->fc = FC_PROCESSOR;
-        snprintf(msg, msglen, "Data-Juicer timed out after %.0f s and was killed",
-                 f->timeout_secs);
+        snprintf(msg, msglen, "Data-Juicer timed out after %.0f s and was killed", f->timeout_secs);
         out->error = msg;
     } else if (code != 0) {
         out->fc = FC_PROCESSOR;

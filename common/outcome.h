@@ -20,16 +20,16 @@
 
 /* What the caller saw of one attempt. */
 struct outcome_facts {
-    bool stopped;            /* stopped on purpose: drain, cancel, shutdown, SIGTERM */
-    const char *start_error; /* non-NULL: the processor could not be started (why) */
-    const char *lease_error; /* non-NULL: the claim's lease was lost (why) */
-    bool ran;                /* the processor ran and ended: status is its wait status */
-    int status;              /* the processor's wait status (waitpid) */
-    bool timed_out;          /* the attempt timeout killed it */
-    double timeout_secs;     /* that timeout */
-    bool ray_restarted;      /* the Ray head it used went down while it ran */
-    bool validated;          /* its output was materialised: result_rc says how */
-    int result_rc;           /* attempt_materialize's return: 0 or a negative errno */
+    bool stopped;             /* stopped on purpose: drain, cancel, shutdown, SIGTERM */
+    const char *start_error;  /* non-NULL: the processor could not be started (why) */
+    const char *lease_error;  /* non-NULL: the claim's lease was lost (why) */
+    bool ran;                 /* the processor ran and ended: status is its wait status */
+    int status;               /* the processor's wait status (waitpid) */
+    bool timed_out;           /* the attempt timeout killed it */
+    double timeout_secs;      /* that timeout */
+    bool ray_restarted;       /* the Ray head it used went down while it ran */
+    bool validated;           /* its output was materialised: result_rc says how */
+    int result_rc;            /* attempt_materialize's return: 0 or a negative errno */
     const char *result_error; /* attempt_materialize's message when result_rc < 0 */
 };
 

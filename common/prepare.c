@@ -142,8 +142,8 @@ struct infile {
     long long mtime_ns;
     uint64_t rows;
     uint64_t norm_bytes;
-    uint64_t fast;     /* fasthash of the raw bytes, scan pass */
-    bool edited;       /* some record needed a normalisation edit */
+    uint64_t fast; /* fasthash of the raw bytes, scan pass */
+    bool edited;   /* some record needed a normalisation edit */
     char sha256[SHA256_HEX_LEN + 1];
     struct sha256 sha; /* in flight during the scan */
 };
@@ -280,10 +280,12 @@ dir_open_path(const char *path, bool create, int last_flags, int *ret_fd, struct
             struct stat lst;
 
             r = -errno;
-            if ((r == -ENOTDIR || r == -ELOOP) && fstatat(fd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
-                S_ISLNK(lst.st_mode))
-                r = err_set(err, -ENOTDIR, "cannot use directory %.*s: a symbolic link appeared "
-                            "there after the path was resolved (not followed)", len, path);
+            if ((r == -ENOTDIR || r == -ELOOP) &&
+                fstatat(fd, name, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode))
+                r = err_set(err, -ENOTDIR,
+                            "cannot use directory %.*s: a symbolic link appeared "
+                            "there after the path was resolved (not followed)",
+                            len, path);
             else if (r == -ENOTDIR)
                 err_set(err, r, "cannot create directory %.*s: it exists and is not a directory",
                         len, path);
@@ -376,25 +378,25 @@ dir_sync(int fd, const char *shown, struct esd_err *err)
 struct job {
     const struct prepare_opts *o;
     struct jsonl_limits lim;
-    char *config;        /* resolved recipe path */
+    char *config; /* resolved recipe path */
     char *recipe_data;
     size_t recipe_len;
     struct stat recipe_st;
     char recipe_sha[SHA256_HEX_LEN + 1];
     struct recipe recipe;
     bool have_recipe;
-    char *ray_address;   /* stripped */
-    char *dataset;       /* resolved dataset path */
+    char *ray_address; /* stripped */
+    char *dataset;     /* resolved dataset path */
     char *media_root;
     struct files files;
     char *job_dir;
-    char *staging;       /* its path, for messages */
-    char *staging_name;  /* its name in the parent */
-    int parent_fd;       /* the job directory's parent, or -1 */
-    int staging_fd;      /* or -1 */
-    int shards_fd;       /* staging's shards/, or -1 */
+    char *staging;          /* its path, for messages */
+    char *staging_name;     /* its name in the parent */
+    int parent_fd;          /* the job directory's parent, or -1 */
+    int staging_fd;         /* or -1 */
+    int shards_fd;          /* staging's shards/, or -1 */
     struct stat staging_st; /* of staging_fd: what the name must still be at publication */
-    bool staged;         /* staging_name was made here: removed on failure */
+    bool staged;            /* staging_name was made here: removed on failure */
     struct record_ctx rctx;
     struct strv warnings;
     uint64_t total_raw;
@@ -402,8 +404,8 @@ struct job {
     uint64_t bytes;
     double t0;
     uint64_t progress_next;
-    struct hashq *hq;  /* input digests; the normalised stream in the write pass */
-    struct hashq *hq2; /* shard digests */
+    struct hashq *hq;       /* input digests; the normalised stream in the write pass */
+    struct hashq *hq2;      /* shard digests */
     enum prepare_sync sync; /* FS or FILES, chosen once the staging directory is open */
 };
 
@@ -468,9 +470,10 @@ registry_check(const struct prepare_opts *o, const struct recipe *rc, struct esd
         for (size_t k = 0; k < o->registry->n; k++)
             suggest_add(&s, o->registry->v[k]);
         best = suggest_result(&s);
-        return err_set(err, -EINVAL, "Unknown operator '%s' in %s: the processor's Data-Juicer "
-                       "(%s) registers no such operator%s%s%s", op, o->config,
-                       o->registry_source ? o->registry_source : "its registry",
+        return err_set(err, -EINVAL,
+                       "Unknown operator '%s' in %s: the processor's Data-Juicer "
+                       "(%s) registers no such operator%s%s%s",
+                       op, o->config, o->registry_source ? o->registry_source : "its registry",
                        best ? "; did you mean '" : "", best ? best : "", best ? "'?" : "");
     }
     return 0;
@@ -500,7 +503,8 @@ load_request(struct job *j, struct esd_err *err)
             return r;
     }
     sha256_buf(j->recipe_data, j->recipe_len, j->recipe_sha);
-    if ((r = recipe_parse(j->recipe_data, j->recipe_len, j->config, o->policy, &j->recipe, err)) < 0)
+    if ((r = recipe_parse(j->recipe_data, j->recipe_len, j->config, o->policy, &j->recipe, err)) <
+        0)
         return r;
     j->have_recipe = true;
     if ((r = registry_check(o, &j->recipe, err)) < 0)
@@ -512,7 +516,8 @@ load_request(struct job *j, struct esd_err *err)
         struct buf w;
 
         buf_init(&w);
-        buf_printf(&w, "recipe ray_address=%s will be overridden with ", j->recipe.ray_address_repr);
+        buf_printf(&w, "recipe ray_address=%s will be overridden with ",
+                   j->recipe.ray_address_repr);
         py_repr_str(j->ray_address, strlen(j->ray_address), &w);
         strv_push_owned(&j->warnings, buf_steal(&w));
     }
@@ -555,8 +560,10 @@ load_request(struct job *j, struct esd_err *err)
     if (!manifest_job_id_ok(fs_basename(j->job_dir))) {
         char *shown = str_escape_dup(fs_basename(j->job_dir));
 
-        r = err_set(err, -EINVAL, "the job directory's name '%s' cannot be a job id (1 to 255 "
-                    "bytes of UTF-8 without control characters, not starting with '-')", shown);
+        r = err_set(err, -EINVAL,
+                    "the job directory's name '%s' cannot be a job id (1 to 255 "
+                    "bytes of UTF-8 without control characters, not starting with '-')",
+                    shown);
         free(shown);
         return r;
     }
@@ -611,7 +618,8 @@ matches_existing(struct job *j, int parent_fd, bool *ret_match, struct esd_err *
         goto done;
     if (!cJSON_IsArray(files) || (size_t)cJSON_GetArraySize(files) != j->files.n)
         goto done;
-    cJSON_ArrayForEach(f, files) {
+    cJSON_ArrayForEach(f, files)
+    {
         struct infile *x = &j->files.v[i++];
         long long size, mt;
 
@@ -621,7 +629,8 @@ matches_existing(struct job *j, int parent_fd, bool *ret_match, struct esd_err *
             goto done;
     }
     i = 0;
-    cJSON_ArrayForEach(f, files) {
+    cJSON_ArrayForEach(f, files)
+    {
         struct infile *x = &j->files.v[i++];
         char hex[SHA256_HEX_LEN + 1];
 
@@ -818,7 +827,7 @@ struct writer {
     long long cur;
     char *buf;
     size_t len;
-    struct sha256 all; /* normalised stream, on the hashing thread */
+    struct sha256 all;      /* normalised stream, on the hashing thread */
     struct shard_hasher sh; /* fed through j->hq2 */
 };
 
@@ -1030,8 +1039,8 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
         if (r < 0)
             break;
         if (rows != f->rows || sink.fh.total != f->size || fh_final(&sink.fh) != f->fast)
-            r = err_set(err, -ESTALE,
-                        "Input content changed between the scan and write passes: %s", f->path);
+            r = err_set(err, -ESTALE, "Input content changed between the scan and write passes: %s",
+                        f->path);
     }
     if (r == 0)
         r = shard_close(w, err);
@@ -1154,9 +1163,14 @@ out:
 }
 
 static const char *const state_dirs[] = {
-    "attempts",           "state/locks",           "state/done",
-    "state/failed",       "state/stale_locks",     "state/history/failed",
-    "state/history/attempts", "state/clock",
+    "attempts",
+    "state/locks",
+    "state/done",
+    "state/failed",
+    "state/stale_locks",
+    "state/history/failed",
+    "state/history/attempts",
+    "state/clock",
 };
 
 /* mkdir -p of rel below the staging directory's descriptor, following no
@@ -1198,7 +1212,8 @@ write_shards(int fd, const struct writer *w, long long n, struct buf *b)
         struct shard_name sn;
 
         shard_fmt(&sn, i, n);
-        buf_printf(b, "%s\n    {\n      \"id\": \"%.*s\",\n      \"index\": %lld,\n"
+        buf_printf(b,
+                   "%s\n    {\n      \"id\": \"%.*s\",\n      \"index\": %lld,\n"
                    "      \"path\": \"%s\",\n      \"rows\": %llu,\n      \"sha256\": \"%s\",\n"
                    "      \"size_bytes\": %llu\n    }",
                    i ? "," : "", sn.id_len, sn.name, i, sn.rel, (unsigned long long)s->rows,
@@ -1219,8 +1234,7 @@ write_shards(int fd, const struct writer *w, long long n, struct buf *b)
 /* manifest.json, as json_write_atomic writes it (0666 less the umask); a
  * new name in a directory nobody else can write needs no temporary file. */
 static int
-write_manifest(struct job *j, const struct writer *w, const cJSON *manifest,
-               struct esd_err *err)
+write_manifest(struct job *j, const struct writer *w, const cJSON *manifest, struct esd_err *err)
 {
     char *path = fs_join(j->staging, "manifest.json");
     struct buf b, sb;
@@ -1310,7 +1324,8 @@ sync_choose(const struct job *j)
 
     if (j->o->sync != PREPARE_SYNC_AUTO)
         return j->o->sync;
-    if (j->o->num_shards <= SYNC_FILES_MAX || fstatfs(j->staging_fd, &sf) < 0 || !syncfs_reports_errors())
+    if (j->o->num_shards <= SYNC_FILES_MAX || fstatfs(j->staging_fd, &sf) < 0 ||
+        !syncfs_reports_errors())
         return PREPARE_SYNC_FILES;
     for (size_t i = 0; i < sizeof(syncfs_types) / sizeof(syncfs_types[0]); i++)
         if ((unsigned long)sf.f_type == syncfs_types[i])
@@ -1357,8 +1372,7 @@ stage_sync(struct job *j, const struct writer *w, struct esd_err *err)
 
     if (j->sync == PREPARE_SYNC_FS) {
         if (syncfs(j->staging_fd) < 0)
-            return err_sys(err, -errno, "cannot sync %s (syncfs of its file system)",
-                           j->staging);
+            return err_sys(err, -errno, "cannot sync %s (syncfs of its file system)", j->staging);
     } else {
         for (long long i = 0; r == 0 && i < j->o->num_shards; i++) {
             struct shard_name sn;
@@ -1403,8 +1417,10 @@ staging_make(struct job *j, struct esd_err *err)
     hook(j, PREPARE_STEP_OPEN);
     fd = openat(j->parent_fd, j->staging_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
-        return err_sys(err, -errno, "cannot open staging directory %s (replaced after it was "
-                       "made?); nothing was written", j->staging);
+        return err_sys(err, -errno,
+                       "cannot open staging directory %s (replaced after it was "
+                       "made?); nothing was written",
+                       j->staging);
     if (fstat(fd, &j->staging_st) < 0) {
         close(fd);
         return err_sys(err, -errno, "cannot open staging directory %s", j->staging);
@@ -1414,7 +1430,8 @@ staging_make(struct job *j, struct esd_err *err)
      * another uid (root_squash) fails here too, which is the safe way. */
     if (j->staging_st.st_uid != geteuid()) {
         close(fd);
-        return err_set(err, -EPERM, "staging directory %s is owned by uid %u, not by this "
+        return err_set(err, -EPERM,
+                       "staging directory %s is owned by uid %u, not by this "
                        "prepare (uid %u): it was replaced after it was made, or the file server "
                        "maps this uid to another; nothing was written",
                        j->staging, (unsigned)j->staging_st.st_uid, (unsigned)geteuid());
@@ -1422,7 +1439,8 @@ staging_make(struct job *j, struct esd_err *err)
     /* mkdirat's 0755 never gives group or others write, whatever the umask */
     if ((j->staging_st.st_mode & (S_IWGRP | S_IWOTH)) || !dir_is_empty(fd)) {
         close(fd);
-        return err_set(err, -EPERM, "staging directory %s is not the empty directory this "
+        return err_set(err, -EPERM,
+                       "staging directory %s is not the empty directory this "
                        "prepare made: it was replaced after it was made; nothing was written",
                        j->staging);
     }
@@ -1467,8 +1485,10 @@ publish(struct job *j, struct esd_err *err)
     hook(j, PREPARE_STEP_FILLED);
     if (fstatat(j->parent_fd, j->staging_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
         !same_inode(&st, &j->staging_st))
-        return err_set(err, -ESTALE, "staging directory %s was moved or replaced while this "
-                       "prepare ran; nothing was published", j->staging);
+        return err_set(err, -ESTALE,
+                       "staging directory %s was moved or replaced while this "
+                       "prepare ran; nothing was published",
+                       j->staging);
     hook(j, PREPARE_STEP_RENAME);
     /*
      * The residual window: rename renames whatever the staging name is at
@@ -1493,9 +1513,11 @@ publish(struct job *j, struct esd_err *err)
         return err_sys(err, -errno, "cannot publish job directory %s", j->job_dir);
     if (fstatat(j->parent_fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
         !same_inode(&st, &j->staging_st))
-        return err_set(err, -ESTALE, "job directory %s is not the directory this prepare made: "
+        return err_set(err, -ESTALE,
+                       "job directory %s is not the directory this prepare made: "
                        "its staging directory was replaced just before publication. Nothing was "
-                       "published; do not use what is there now", j->job_dir);
+                       "published; do not use what is there now",
+                       j->job_dir);
     j->staged = false;
     parent = fs_dirname(j->job_dir);
     r = dir_sync(j->parent_fd, parent, err);
@@ -1595,8 +1617,8 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
         goto out;
     }
     if ((uint64_t)o->num_shards > j.rows) {
-        r = err_set(err, -EINVAL, "--num-shards (%lld) exceeds input records (%llu)",
-                    o->num_shards, (unsigned long long)j.rows);
+        r = err_set(err, -EINVAL, "--num-shards (%lld) exceeds input records (%llu)", o->num_shards,
+                    (unsigned long long)j.rows);
         goto out;
     }
     {
@@ -1672,8 +1694,10 @@ prepare_owner(const char *job_dir, uid_t *ret_uid, char **ret_where, struct esd_
      * refuses to follow it anyway; a file is its owner's too. */
     while (lstat(p, &st) < 0) {
         if ((errno != ENOENT && errno != ENOTDIR) || !strcmp(p, "/") || !strcmp(p, ".")) {
-            int r = err_sys(err, -errno, "cannot examine %s, where job directory %s would be "
-                            "created", p, job_dir);
+            int r = err_sys(err, -errno,
+                            "cannot examine %s, where job directory %s would be "
+                            "created",
+                            p, job_dir);
 
             free(p);
             return r;
@@ -1701,8 +1725,7 @@ prepare_become(uid_t uid, struct esd_err *err)
     /* groups first: setresuid gives up the right to change them */
     if (setgroups(c.ngroups, c.groups) < 0 || setresgid(c.gid, c.gid, c.gid) < 0 ||
         setresuid(uid, uid, uid) < 0)
-        r = err_sys(err, -errno, "cannot take the identity of %s (uid %u)", c.name,
-                    (unsigned)uid);
+        r = err_sys(err, -errno, "cannot take the identity of %s (uid %u)", c.name, (unsigned)uid);
     else if (uid != 0 && setuid(0) == 0)
         r = err_set(err, -EPERM, "taking the identity of %s (uid %u) left root's behind", c.name,
                     (unsigned)uid);

@@ -56,13 +56,13 @@ struct prepare_opts {
     long long max_retries;        /* -1: default 3 */
     long long poll_interval_secs; /* 0: default 20 */
     const char *ray_address;      /* NULL: "local" */
-    const char *dj_root;   /* base of relative paths in the recipe; NULL: working dir */
-    const char *dj_commit; /* recorded as data_juicer.commit; NULL: "unknown" */
-    int dj_dirty;          /* data_juicer.dirty: 0, 1, or -1 for null */
+    const char *dj_root;          /* base of relative paths in the recipe; NULL: working dir */
+    const char *dj_commit;        /* recorded as data_juicer.commit; NULL: "unknown" */
+    int dj_dirty;                 /* data_juicer.dirty: 0, 1, or -1 for null */
     const struct recipe_policy *policy; /* may be NULL */
-    const struct strv *registry; /* the operators the processor's Data-Juicer registers
+    const struct strv *registry;        /* the operators the processor's Data-Juicer registers
                                     (sorted); NULL: not read, names are judged alone */
-    const char *registry_source; /* where registry was read, for messages */
+    const char *registry_source;        /* where registry was read, for messages */
     const struct jsonl_limits *limits;  /* may be NULL */
     void (*progress)(void *ctx, const struct prepare_progress *p); /* may be NULL */
     void *progress_ctx;
@@ -73,11 +73,11 @@ struct prepare_opts {
 };
 
 struct prepare_result {
-    char *job_dir;      /* resolved */
-    bool unchanged;     /* the job already existed and matched */
+    char *job_dir;  /* resolved */
+    bool unchanged; /* the job already existed and matched */
     long long num_shards;
-    uint64_t rows;      /* records */
-    uint64_t bytes;     /* normalised bytes */
+    uint64_t rows;  /* records */
+    uint64_t bytes; /* normalised bytes */
     struct strv warnings;
 };
 
@@ -138,7 +138,6 @@ enum prepare_step {
  * steps; staging and job are names in it. Programs do not define it: the
  * reference is weak, so prepare never calls it there.
  */
-void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging,
-                       const char *job);
+void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging, const char *job);
 
 #endif

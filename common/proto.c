@@ -36,8 +36,7 @@ bad_json(struct esd_err *err, const struct esd_err *why)
 }
 
 int
-proto_parse_request(const char *line, size_t len, struct proto_request *ret,
-                    struct esd_err *err)
+proto_parse_request(const char *line, size_t len, struct proto_request *ret, struct esd_err *err)
 {
     struct esd_err why;
     const cJSON *args;
@@ -84,9 +83,9 @@ proto_parse_request(const char *line, size_t len, struct proto_request *ret,
     }
     cmd = json_get_str(root, "cmd");
     if (!cmd || !*cmd) {
-        r = err_set(err, -EINVAL, cJSON_HasObjectItem(root, "cmd")
-                                      ? "request \"cmd\" must be a non-empty string"
-                                      : "request has no \"cmd\"");
+        r = err_set(err, -EINVAL,
+                    cJSON_HasObjectItem(root, "cmd") ? "request \"cmd\" must be a non-empty string"
+                                                     : "request has no \"cmd\"");
         goto fail;
     }
     args = cJSON_GetObjectItemCaseSensitive(root, "args");
@@ -178,11 +177,13 @@ proto_frame(const cJSON *msg, struct buf *out)
 
 /* Each tier leaves room for the ones above it, and one key never fills a tier. */
 _Static_assert(PROTO_MAX_PER_UID < PROTO_MAX_CONN_UNPRIV &&
-               PROTO_MAX_CONN_UNPRIV < PROTO_MAX_CONN_NOT_ROOT &&
-               PROTO_MAX_CONN_NOT_ROOT < PROTO_MAX_CONNECTIONS, "connection shares");
+                   PROTO_MAX_CONN_UNPRIV < PROTO_MAX_CONN_NOT_ROOT &&
+                   PROTO_MAX_CONN_NOT_ROOT < PROTO_MAX_CONNECTIONS,
+               "connection shares");
 _Static_assert(PROTO_MAX_OPS_PER_UID < PROTO_MAX_OPS_UNPRIV &&
-               PROTO_MAX_OPS_UNPRIV < PROTO_MAX_OPS_NOT_ROOT &&
-               PROTO_MAX_OPS_NOT_ROOT < PROTO_MAX_OPS, "operation shares");
+                   PROTO_MAX_OPS_UNPRIV < PROTO_MAX_OPS_NOT_ROOT &&
+                   PROTO_MAX_OPS_NOT_ROOT < PROTO_MAX_OPS,
+               "operation shares");
 
 const struct proto_limits proto_conn_limits = {
     .max = PROTO_MAX_CONNECTIONS,
@@ -230,19 +231,23 @@ proto_share_explain(enum proto_full full, const struct proto_limits *lim,
     switch (full) {
     case PROTO_FULL_KEY:
         if (who->key == PROTO_SHARE_POOL)
-            snprintf(buf, n, "too many %s of uids without an account on this node (at most %u "
-                     "for all of them together); try again later", what, lim->per_key);
+            snprintf(buf, n,
+                     "too many %s of uids without an account on this node (at most %u "
+                     "for all of them together); try again later",
+                     what, lim->per_key);
         else
             snprintf(buf, n, "too many %s of uid %u (at most %u); try again later", what,
                      (unsigned)who->key, lim->per_key);
         break;
     case PROTO_FULL_UNPRIV:
-        snprintf(buf, n, "too many %s of unprivileged users (at most %u together; the rest is "
-                 "kept for root, esd and socket_group); try again later", what, lim->unpriv);
+        snprintf(buf, n,
+                 "too many %s of unprivileged users (at most %u together; the rest is "
+                 "kept for root, esd and socket_group); try again later",
+                 what, lim->unpriv);
         break;
     case PROTO_FULL_NOT_ROOT:
-        snprintf(buf, n, "too many %s (the last %u of %u are kept for root); try again later",
-                 what, lim->max - lim->not_root, lim->max);
+        snprintf(buf, n, "too many %s (the last %u of %u are kept for root); try again later", what,
+                 lim->max - lim->not_root, lim->max);
         break;
     case PROTO_FULL_ALL:
     default:

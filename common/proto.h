@@ -86,9 +86,9 @@
 #define ESD_VERSION "0.1.0"
 
 #define PROTO_VERSION 1
-#define PROTO_MAX_MESSAGE (1024 * 1024) /* bytes in one line, "\n" excluded */
+#define PROTO_MAX_MESSAGE (1024 * 1024)     /* bytes in one line, "\n" excluded */
 #define PROTO_MAX_REPLY (256 * 1024 * 1024) /* bytes in one line a client takes */
-#define PROTO_IDLE_SECS 60              /* idle connection closed after */
+#define PROTO_IDLE_SECS 60                  /* idle connection closed after */
 
 /*
  * Fair shares (ARCHITECTURE.md "Security model"). Each connection, and each
@@ -110,16 +110,16 @@
  *   the maximum  held by everyone.
  * The figures are in esctl version's reply (cmd_version) and esctl(1).
  */
-#define PROTO_MAX_CONNECTIONS 256       /* connections served at once */
-#define PROTO_MAX_CONN_NOT_ROOT 248     /* by all but root: 8 always left for root */
-#define PROTO_MAX_CONN_UNPRIV 192       /* by unprivileged peers: 56 more kept for service */
-#define PROTO_MAX_PER_UID 32            /* by one share key */
-#define PROTO_MAX_OPS 16                /* operations (children) running at once */
-#define PROTO_MAX_OPS_NOT_ROOT 14       /* for all but root: 2 always left for root */
-#define PROTO_MAX_OPS_UNPRIV 10         /* for unprivileged peers: 4 more kept for service */
-#define PROTO_MAX_OPS_PER_UID 4         /* for one share key: a user's logs --follow calls
+#define PROTO_MAX_CONNECTIONS 256   /* connections served at once */
+#define PROTO_MAX_CONN_NOT_ROOT 248 /* by all but root: 8 always left for root */
+#define PROTO_MAX_CONN_UNPRIV 192   /* by unprivileged peers: 56 more kept for service */
+#define PROTO_MAX_PER_UID 32        /* by one share key */
+#define PROTO_MAX_OPS 16            /* operations (children) running at once */
+#define PROTO_MAX_OPS_NOT_ROOT 14   /* for all but root: 2 always left for root */
+#define PROTO_MAX_OPS_UNPRIV 10     /* for unprivileged peers: 4 more kept for service */
+#define PROTO_MAX_OPS_PER_UID \
+    4 /* for one share key: a user's logs --follow calls
                                            take at most this many */
-
 
 /* Error codes (error.code in a reply). */
 #define PROTO_E_BAD_REQUEST "bad-request"         /* not a valid request line */

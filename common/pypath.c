@@ -423,7 +423,7 @@ cmp_entry(const void *a, const void *b)
 
 int
 pypath_rglob(const char *dir, bool (*want)(const char *name), struct pypath_entries *ret,
-        struct esd_err *err)
+             struct esd_err *err)
 {
     int r;
 

@@ -72,11 +72,10 @@ static const struct {
     const char *word;
     bool value;
 } bool_words[] = {
-    { "yes", true },    { "Yes", true },    { "YES", true },    { "no", false },
-    { "No", false },    { "NO", false },    { "true", true },   { "True", true },
-    { "TRUE", true },   { "false", false }, { "False", false }, { "FALSE", false },
-    { "on", true },     { "On", true },     { "ON", true },     { "off", false },
-    { "Off", false },   { "OFF", false },
+    { "yes", true },    { "Yes", true },    { "YES", true },  { "no", false },  { "No", false },
+    { "NO", false },    { "true", true },   { "True", true }, { "TRUE", true }, { "false", false },
+    { "False", false }, { "FALSE", false }, { "on", true },   { "On", true },   { "ON", true },
+    { "off", false },   { "Off", false },   { "OFF", false },
 };
 
 /* 1 true, 0 false, -1 not a bool. */
@@ -846,8 +845,8 @@ doc_event(struct pyyaml_doc *d, const yaml_event_t *ev, struct pyyaml_node **sta
 
         t = anchor_find(d, name);
         if (!t)
-            return err_set(err, -EINVAL, "recipe %s:%lu: found undefined alias '%s'", d->name,
-                           line, name);
+            return err_set(err, -EINVAL, "recipe %s:%lu: found undefined alias '%s'", d->name, line,
+                           name);
         if (!t->done)
             return err_set(err, -EINVAL, "recipe %s:%lu: recursive alias '%s' is not supported",
                            d->name, line, name);
@@ -1098,13 +1097,15 @@ pyyaml_key_equal(const struct pyyaml_node *a, const struct pyyaml_node *b)
     if (a == b)
         return true;
     if (pyyaml_is_str(a) || pyyaml_is_str(b))
-        return pyyaml_is_str(a) && pyyaml_is_str(b) && a->len == b->len && memcmp(a->val, b->val, a->len) == 0;
+        return pyyaml_is_str(a) && pyyaml_is_str(b) && a->len == b->len &&
+               memcmp(a->val, b->val, a->len) == 0;
     if (na && nb) {
         if (a->type == PYYAML_FLOAT || b->type == PYYAML_FLOAT) {
             double fa = a->type == PYYAML_FLOAT ? a->fval : (double)a->ival;
             double fb = b->type == PYYAML_FLOAT ? b->fval : (double)b->ival;
 
-            if ((a->type != PYYAML_FLOAT && !a->ival_ok) || (b->type != PYYAML_FLOAT && !b->ival_ok))
+            if ((a->type != PYYAML_FLOAT && !a->ival_ok) ||
+                (b->type != PYYAML_FLOAT && !b->ival_ok))
                 return false;
             return fa == fb;
         }
@@ -1286,8 +1287,8 @@ check_value(struct pyyaml_doc *d, const struct pyyaml_node *nd, struct esd_err *
 {
     if (nd->kind == PYYAML_SCALAR && (nd->type == PYYAML_MERGE || nd->type == PYYAML_VALUE))
         return err_set(err, -EINVAL,
-                       "recipe %s:%lu: '%s' can only be used as a mapping key (quote it)",
-                       d->name, nd->line, nd->type == PYYAML_MERGE ? "<<" : "=");
+                       "recipe %s:%lu: '%s' can only be used as a mapping key (quote it)", d->name,
+                       nd->line, nd->type == PYYAML_MERGE ? "<<" : "=");
     return 0;
 }
 
@@ -1315,8 +1316,8 @@ doc_check(struct pyyaml_doc *d, struct esd_err *err)
 
             if (k->kind != PYYAML_SCALAR)
                 return err_set(err, -EINVAL,
-                               "recipe %s:%lu: found unhashable key (a %s used as a key)",
-                               d->name, k->line, pyyaml_kind_name(k));
+                               "recipe %s:%lu: found unhashable key (a %s used as a key)", d->name,
+                               k->line, pyyaml_kind_name(k));
             if (k->type == PYYAML_MERGE) {
                 for (size_t m = 0; v->kind == PYYAML_SEQ && m < v->n; m++)
                     if (v->kids[m]->kind != PYYAML_MAP)
@@ -1339,8 +1340,8 @@ doc_check(struct pyyaml_doc *d, struct esd_err *err)
 /* ---- public interface ---- */
 
 int
-pyyaml_parse(struct pyyaml_doc *d, const char *data, size_t len, const char *name,
-             size_t max_nodes, size_t max_depth, struct esd_err *err)
+pyyaml_parse(struct pyyaml_doc *d, const char *data, size_t len, const char *name, size_t max_nodes,
+             size_t max_depth, struct esd_err *err)
 {
     int rc;
 

@@ -24,21 +24,27 @@
 enum { PYYAML_SCALAR, PYYAML_SEQ, PYYAML_MAP };
 /* Python types of scalars; MERGE and VALUE are PyYAML's "<<" and "=". */
 enum {
-    PYYAML_STR, PYYAML_NULL, PYYAML_BOOL, PYYAML_INT, PYYAML_FLOAT, PYYAML_TS, PYYAML_MERGE,
+    PYYAML_STR,
+    PYYAML_NULL,
+    PYYAML_BOOL,
+    PYYAML_INT,
+    PYYAML_FLOAT,
+    PYYAML_TS,
+    PYYAML_MERGE,
     PYYAML_VALUE
 };
 
 struct pyyaml_node {
     unsigned char kind;
-    unsigned char type;  /* scalars */
-    unsigned char bad;   /* why safe_load could not construct it (pyyaml.c) */
-    bool done;           /* complete: aliases to it may be expanded */
-    bool ival_ok;        /* ints and bools: ival holds the exact value */
-    unsigned long line;  /* 1-based */
-    size_t size;         /* nodes in the alias-expanded subtree */
-    size_t height;       /* sequence/mapping nesting inside, 0 for scalars */
-    char *tag;           /* explicit tag as libyaml resolved it, or NULL */
-    char *val;           /* scalars: value, NUL-terminated, may hold NULs */
+    unsigned char type; /* scalars */
+    unsigned char bad;  /* why safe_load could not construct it (pyyaml.c) */
+    bool done;          /* complete: aliases to it may be expanded */
+    bool ival_ok;       /* ints and bools: ival holds the exact value */
+    unsigned long line; /* 1-based */
+    size_t size;        /* nodes in the alias-expanded subtree */
+    size_t height;      /* sequence/mapping nesting inside, 0 for scalars */
+    char *tag;          /* explicit tag as libyaml resolved it, or NULL */
+    char *val;          /* scalars: value, NUL-terminated, may hold NULs */
     size_t len;
     long long ival;
     double fval;
@@ -58,7 +64,7 @@ struct pyyaml_doc {
     struct pyyaml_anchor *anch; /* open addressing, capanch a power of two */
     size_t nanch, capanch;
     struct pyyaml_node *root; /* NULL for an empty stream */
-    size_t count; /* nodes so far, aliases expanded */
+    size_t count;             /* nodes so far, aliases expanded */
 };
 
 /*
@@ -99,7 +105,8 @@ const struct pyyaml_node *pyyaml_map_get(const struct pyyaml_node *m, const char
  * false; returns false then, true otherwise.
  */
 bool pyyaml_map_each(const struct pyyaml_node *m,
-                     bool (*fn)(const struct pyyaml_node *k, const struct pyyaml_node *v, void *arg),
+                     bool (*fn)(const struct pyyaml_node *k, const struct pyyaml_node *v,
+                                void *arg),
                      void *arg);
 
 /* Python truthiness of the constructed value. */

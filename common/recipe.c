@@ -67,9 +67,9 @@ check_executor(struct pyyaml_doc *d, struct recipe *r, struct esd_err *err)
 
     if (v && !pyyaml_str_is(v, "default") && !pyyaml_str_is(v, "ray")) {
         got = pyyaml_msg_repr(v);
-        rc = err_set(err, -EINVAL,
-                     "recipe %s:%lu: executor_type must be 'default' or 'ray', got %s", d->name,
-                     v->line, got);
+        rc =
+            err_set(err, -EINVAL, "recipe %s:%lu: executor_type must be 'default' or 'ray', got %s",
+                    d->name, v->line, got);
         free(got);
         return rc;
     }
@@ -112,8 +112,8 @@ check_custom_paths(struct pyyaml_doc *d, struct recipe *r, struct esd_err *err)
     }
     return 0;
 bad:
-    return err_set(err, -EINVAL, "recipe %s:%lu: %s must be a string or a list of strings",
-                   d->name, v->line, key);
+    return err_set(err, -EINVAL, "recipe %s:%lu: %s must be a string or a list of strings", d->name,
+                   v->line, key);
 }
 
 /*
@@ -260,8 +260,8 @@ check_fused(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx, c
         const struct pyyaml_node *list, *k;
         int rc;
 
-        if (strcmp(name, fused_lists[f][0]) != 0 || !(list = pyyaml_map_get(args, fused_lists[f][1], &k)) ||
-            pyyaml_is_null(list))
+        if (strcmp(name, fused_lists[f][0]) != 0 ||
+            !(list = pyyaml_map_get(args, fused_lists[f][1], &k)) || pyyaml_is_null(list))
             continue;
         if (list->kind != PYYAML_SEQ)
             return err_set(err, -EINVAL, "Operator '%s' in %s:%lu: %s must be a list", name,
@@ -274,8 +274,8 @@ check_fused(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx, c
 }
 
 static int
-check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx, const struct pyyaml_node *item,
-         struct recipe *r, struct esd_err *err)
+check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx,
+         const struct pyyaml_node *item, struct recipe *r, struct esd_err *err)
 {
     struct opscan s = { NULL, NULL, false };
     const struct pyyaml_node *args, *k, *v;
@@ -361,9 +361,9 @@ check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx, cons
 static int
 check_media_keys(struct pyyaml_doc *d, struct recipe *r, struct esd_err *err)
 {
-    static const char *const keys[][2] = {
-        { "image_key", "images" }, { "audio_key", "audios" }, { "video_key", "videos" }
-    };
+    static const char *const keys[][2] = { { "image_key", "images" },
+                                           { "audio_key", "audios" },
+                                           { "video_key", "videos" } };
     const struct pyyaml_node *v;
     char *s;
     int rc;
@@ -405,7 +405,8 @@ strv_uniq(struct strv *s)
 }
 
 static int
-validate(struct pyyaml_doc *d, const struct recipe_policy *pol, struct recipe *r, struct esd_err *err)
+validate(struct pyyaml_doc *d, const struct recipe_policy *pol, struct recipe *r,
+         struct esd_err *err)
 {
     const struct pyyaml_node *proc, *v;
     int rc;
@@ -603,4 +604,3 @@ recipe_free(struct recipe *r)
     strv_free(&r->warnings);
     memset(r, 0, sizeof(*r));
 }
-

@@ -39,25 +39,25 @@ struct recipe_limits {
 #define RECIPE_MAX_DEPTH 64u
 
 struct recipe_policy {
-    const struct strv *allow; /* may be NULL */
-    const struct strv *deny;  /* may be NULL */
+    const struct strv *allow;    /* may be NULL */
+    const struct strv *deny;     /* may be NULL */
     struct recipe_limits limits; /* zero fields take the defaults */
 };
 
 struct recipe {
-    char *executor_type;  /* "default" (also when absent) or "ray" */
-    char *dataset_path;   /* recipe value as written; NULL if absent/null */
-    bool dataset_path_valid; /* a non-empty, non-whitespace string */
-    char *ray_address;    /* Python str() of the recipe's ray_address; NULL if absent
+    char *executor_type;               /* "default" (also when absent) or "ray" */
+    char *dataset_path;                /* recipe value as written; NULL if absent/null */
+    bool dataset_path_valid;           /* a non-empty, non-whitespace string */
+    char *ray_address;                 /* Python str() of the recipe's ray_address; NULL if absent
                              or null */
-    char *ray_address_repr; /* its Python repr(), for the override warning */
-    struct strv ops;      /* operator names, in process order */
-    struct strv media_keys; /* image_key, audio_key, video_key (defaults images,
+    char *ray_address_repr;            /* its Python repr(), for the override warning */
+    struct strv ops;                   /* operator names, in process order */
+    struct strv media_keys;            /* image_key, audio_key, video_key (defaults images,
                                audios, videos), deduplicated, in that order */
-    struct strv index_keys; /* distinct non-null index_key values of operator
+    struct strv index_keys;            /* distinct non-null index_key values of operator
                                args, sorted */
     struct strv custom_operator_paths; /* as written */
-    struct strv warnings; /* executor warning, then save_dir warnings in
+    struct strv warnings;              /* executor warning, then save_dir warnings in
                              operator order */
 };
 

@@ -143,9 +143,8 @@ media_value(const struct record_ctx *ctx, const char *p, const struct jsonl_memb
 
 int
 record_normalize(const struct record_ctx *ctx, const char *p, size_t n,
-                 const struct jsonl_record *scan, uint64_t index, struct buf *out,
-                 bool *ret_edited, const char *file, unsigned long long line,
-                 struct esd_err *err)
+                 const struct jsonl_record *scan, uint64_t index, struct buf *out, bool *ret_edited,
+                 const char *file, unsigned long long line, struct esd_err *err)
 {
     struct edits e = { 0 };
     struct buf tmp, append;
@@ -179,10 +178,9 @@ record_normalize(const struct record_ctx *ctx, const char *p, size_t n,
         buf_printf(&append, ":%llu", (unsigned long long)index);
     }
     if (r == 0 && append.len) {
-        insert_at = scan->nmembers
-                        ? scan->members[scan->nmembers - 1].val_off +
-                              scan->members[scan->nmembers - 1].val_len
-                        : scan->obj_open + 1;
+        insert_at = scan->nmembers ? scan->members[scan->nmembers - 1].val_off +
+                                         scan->members[scan->nmembers - 1].val_len
+                                   : scan->obj_open + 1;
         edit_add(&e, insert_at, 0, append.p, append.len);
     }
     if (r == 0) {

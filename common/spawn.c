@@ -140,8 +140,7 @@ child_exec(char *const *argv, char *const *envp, const char *cwd, bool merge, bo
         e = errno;
     } else if (getppid() != parent) {
         _exit(127); /* the parent died before the line above */
-    } else if (dup2(out_w, STDOUT_FILENO) < 0 ||
-               dup2(merge ? out_w : devnull, STDERR_FILENO) < 0 ||
+    } else if (dup2(out_w, STDOUT_FILENO) < 0 || dup2(merge ? out_w : devnull, STDERR_FILENO) < 0 ||
                dup2(in_fd, STDIN_FILENO) < 0 || (cwd && chdir(cwd) < 0)) {
         e = errno;
     } else {
@@ -248,8 +247,7 @@ keeper_signal_children(int sig, pid_t skip_group)
             continue;
         chunk[n] = '\0';
         /* "pid (comm) state ppid ...": comm may hold anything, ')' too */
-        if (!(p = strrchr(chunk, ')')) || sscanf(p + 1, " %*c %ld", &ppid) != 1 ||
-            ppid != self)
+        if (!(p = strrchr(chunk, ')')) || sscanf(p + 1, " %*c %ld", &ppid) != 1 || ppid != self)
             continue;
         if (!skip_group || getpgid((pid_t)pid) != skip_group) {
             kill((pid_t)pid, sig);
@@ -385,7 +383,6 @@ keeper_watch(pid_t prog, pid_t parent, int rep_w, int sfd, double grace)
         keeper_report(rep_w, REP_EXITED, status);
     _exit(0);
 }
-
 
 /*
  * The keeper, in the child of spawn_keep's fork (the caller is
@@ -564,8 +561,8 @@ start(char *const *argv, char *const *envp, const char *cwd, bool merge,
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
         close(out[0]);
-        return err_set(err, -e, "cannot run %s%s%s: %s", argv[0], cwd ? " in " : "",
-                       cwd ? cwd : "", strerror(e));
+        return err_set(err, -e, "cannot run %s%s%s: %s", argv[0], cwd ? " in " : "", cwd ? cwd : "",
+                       strerror(e));
     }
     ret->pid = ret->proc = pid;
     ret->out_fd = out[0];
@@ -581,8 +578,8 @@ spawn_start(char *const *argv, char *const *envp, const char *cwd, struct spawne
 }
 
 int
-spawn_start_as(char *const *argv, char *const *envp, const char *cwd,
-               const struct spawn_cred *cred, struct spawned *ret, struct esd_err *err)
+spawn_start_as(char *const *argv, char *const *envp, const char *cwd, const struct spawn_cred *cred,
+               struct spawned *ret, struct esd_err *err)
 {
     if (cred->uid == 0)
         return err_set(err, -EPERM, "refusing to run %s as root", argv && argv[0] ? argv[0] : "");
@@ -830,8 +827,8 @@ spawn_describe(int status, char out[64], int *ret_code)
 }
 
 int
-spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
-              struct buf *out, int *ret_status, struct esd_err *err)
+spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max, struct buf *out,
+              int *ret_status, struct esd_err *err)
 {
     extern char **environ;
     struct spawned sp;

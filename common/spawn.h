@@ -42,12 +42,12 @@ int spawn_start(char *const *argv, char *const *envp, const char *cwd, struct sp
  * login environment says (HOME, USER, SHELL). */
 struct spawn_cred {
     uid_t uid;
-    gid_t gid;      /* the primary group, pw_gid */
-    gid_t *groups;  /* the supplementary groups (getgrouplist, gid among them) */
+    gid_t gid;     /* the primary group, pw_gid */
+    gid_t *groups; /* the supplementary groups (getgrouplist, gid among them) */
     size_t ngroups;
-    char *name;     /* pw_name */
-    char *home;     /* pw_dir */
-    char *shell;    /* pw_shell; "/bin/sh" when empty */
+    char *name;  /* pw_name */
+    char *home;  /* pw_dir */
+    char *shell; /* pw_shell; "/bin/sh" when empty */
 };
 
 /*
@@ -126,9 +126,8 @@ struct spawn_keep_opts {
     double grace;       /* seconds from SIGTERM to SIGKILL of the tree */
     const char *cgroup; /* the keeper's cgroup directory, or NULL */
 };
-int spawn_keep(char *const *argv, char *const *envp, const char *cwd,
-               const struct spawn_cred *cred, const struct spawn_keep_opts *o,
-               struct spawned *ret, struct esd_err *err);
+int spawn_keep(char *const *argv, char *const *envp, const char *cwd, const struct spawn_cred *cred,
+               const struct spawn_keep_opts *o, struct spawned *ret, struct esd_err *err);
 
 /*
  * Once the keeper of s (spawn_keep) has been reaped with wait status
@@ -158,11 +157,11 @@ int spawn_keeper_adopted(int argc, char **argv);
  * pipe's end of file). st starts zeroed.
  */
 struct spawn_keep_state {
-    pid_t proc;      /* the program, once started */
-    bool exited;     /* its wait status is in status */
+    pid_t proc;  /* the program, once started */
+    bool exited; /* its wait status is in status */
     int status;
-    int failed;      /* an errno: the keeper could not set up or start it */
-    bool eof;        /* the keeper is gone: nothing more will come */
+    int failed; /* an errno: the keeper could not set up or start it */
+    bool eof;   /* the keeper is gone: nothing more will come */
 };
 void spawn_keep_read(struct spawned *s, struct spawn_keep_state *st);
 
@@ -174,8 +173,8 @@ void spawn_keep_read(struct spawned *s, struct spawn_keep_state *st);
  * -ETIMEDOUT, or a negative errno when it could not run. Blocks: for
  * start-up and command-line paths only.
  */
-int spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max,
-                  struct buf *out, int *ret_status, struct esd_err *err);
+int spawn_capture(char *const *argv, const char *cwd, double timeout, size_t max, struct buf *out,
+                  int *ret_status, struct esd_err *err);
 
 /* Sends sig to the child's whole process group (ESRCH ignored). */
 void spawn_signal(const struct spawned *s, int sig);

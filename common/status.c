@@ -181,8 +181,8 @@ status_merge_json(const struct manifest *m, cJSON *o)
      * so while both exist the merge is decided, not running */
     if (json_load_object(result, 1 << 20, &rec, NULL) == 0) {
         x = cJSON_AddObjectToObject(o, "merge");
-        json_add_str(x, "status", json_get_str(rec, "status") ? json_get_str(rec, "status")
-                                                             : "unknown");
+        json_add_str(x, "status",
+                     json_get_str(rec, "status") ? json_get_str(rec, "status") : "unknown");
         if (json_get_str(rec, "node"))
             json_add_str(x, "node", json_get_str(rec, "node"));
         if (json_get_str(rec, "error"))
@@ -207,8 +207,8 @@ status_json(const struct manifest *m, const struct job_status *st)
 
     json_add_str(o, "job_id", m->job_id);
     json_add_str(o, "job_dir", m->job_dir);
-    cJSON_AddItemToObject(o, "execution", m->execution_json ? cJSON_Parse(m->execution_json)
-                                                            : cJSON_CreateObject());
+    cJSON_AddItemToObject(
+        o, "execution", m->execution_json ? cJSON_Parse(m->execution_json) : cJSON_CreateObject());
     json_add_int(o, "total", (long long)st->total);
     counts = cJSON_AddObjectToObject(o, "counts");
     for (int k = 0; k < ST__COUNT; k++)
@@ -518,8 +518,8 @@ view_lock(struct status_view *v, const struct manifest *m, size_t i, const char 
     j = load_fd(fd, LOCK_MAX_BYTES);
     close(fd);
     clock_gettime(CLOCK_REALTIME, &now);
-    age = (double)(now.tv_sec - sb.st_mtim.tv_sec) +
-          (double)(now.tv_nsec - sb.st_mtim.tv_nsec) / 1e9;
+    age =
+        (double)(now.tv_sec - sb.st_mtim.tv_sec) + (double)(now.tv_nsec - sb.st_mtim.tv_nsec) / 1e9;
     if (age < 0)
         age = 0;
     if (j && json_get_int(j, "lease_secs", &lease) == 0 && lease > 0)
@@ -722,8 +722,7 @@ status_view_step(struct status_view *v, const struct manifest *m, long long lock
                 failed_detail(v, m, (size_t)k);
                 spent += COST_RECORD;
             }
-        }
-        else if (v->phase == PH_LOCKS && s == ST_PENDING) {
+        } else if (v->phase == PH_LOCKS && s == ST_PENDING) {
             view_lock(v, m, (size_t)k, e->d_name);
             spent += COST_RECORD;
         }
@@ -841,8 +840,8 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
     wall = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
     json_add_str(o, "job_id", m->job_id);
     json_add_str(o, "job_dir", m->job_dir);
-    cJSON_AddItemToObject(o, "execution", m->execution_json ? cJSON_Parse(m->execution_json)
-                                                            : cJSON_CreateObject());
+    cJSON_AddItemToObject(
+        o, "execution", m->execution_json ? cJSON_Parse(m->execution_json) : cJSON_CreateObject());
     json_add_int(o, "total", (long long)v->nshards);
     counts = cJSON_AddObjectToObject(o, "counts");
     for (int k = 0; k < ST__COUNT; k++)
@@ -853,8 +852,8 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
     json_add_str(o, "source", "view");
     {
         struct timespec ts = { .tv_sec = (time_t)v->read_wall,
-                               .tv_nsec = (long)((v->read_wall - (double)(time_t)v->read_wall) *
-                                                 1e9) };
+                               .tv_nsec =
+                                   (long)((v->read_wall - (double)(time_t)v->read_wall) * 1e9) };
 
         time_iso_format(&ts, when);
         json_add_str(o, "read_at", when);
@@ -882,17 +881,18 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
             if (s == ST_DONE)
                 cJSON_AddItemToArray(shards, done_json(v, m, i));
             else
-                cJSON_AddItemToArray(shards,
-                                     detail_json(m, d < v->ndetails && v->details[d].index == i
-                                                        ? &v->details[d] : NULL, s, i));
+                cJSON_AddItemToArray(
+                    shards,
+                    detail_json(m,
+                                d < v->ndetails && v->details[d].index == i ? &v->details[d] : NULL,
+                                s, i));
             listed++;
         }
     } else {
         for (size_t d = 0; d < v->ndetails; d++)
-            cJSON_AddItemToArray(shards, detail_json(m, &v->details[d], v->details[d].state,
-                                                     v->details[d].index));
-        omitted = v->counts[ST_RUNNING] + v->counts[ST_STALE] + v->counts[ST_FAILED] -
-                  v->ndetails;
+            cJSON_AddItemToArray(
+                shards, detail_json(m, &v->details[d], v->details[d].state, v->details[d].index));
+        omitted = v->counts[ST_RUNNING] + v->counts[ST_STALE] + v->counts[ST_FAILED] - v->ndetails;
     }
     json_add_int(o, "shards_omitted", (long long)omitted);
     nodes = cJSON_AddObjectToObject(o, "nodes");
@@ -913,8 +913,7 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
     if (rate >= 0) {
         json_add_float(o, "shards_per_sec", rate);
         if (v->nshards)
-            json_add_float(o, "rows_per_sec",
-                           rate * (double)m->total_rows / (double)v->nshards);
+            json_add_float(o, "rows_per_sec", rate * (double)m->total_rows / (double)v->nshards);
     }
     if (eta >= 0)
         json_add_float(o, "eta_secs", eta);

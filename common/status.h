@@ -24,14 +24,14 @@ extern const char *const status_state_name[ST__COUNT];
 
 struct shard_status {
     enum shard_state state;
-    char *owner;      /* hostname of the done record or lock; NULL if unknown */
-    char *node;       /* esd's node name in it ("node"); NULL if none (the
+    char *owner;   /* hostname of the done record or lock; NULL if unknown */
+    char *node;    /* esd's node name in it ("node"); NULL if none (the
                          reference writes none; several nodes may share a host) */
-    long long pid;    /* from the lock */
+    long long pid; /* from the lock */
     bool has_pid;
-    double lock_age;  /* seconds, >= 0 */
+    double lock_age; /* seconds, >= 0 */
     bool has_age;
-    char *error;      /* last_error of the failed record */
+    char *error;         /* last_error of the failed record */
     bool metadata_error; /* a record or lock could not be parsed */
     /* With details, the record's "hostname" and the lock's "pid" exactly as
      * written (JSON null when missing), for status --json, which shows them
@@ -44,8 +44,8 @@ struct shard_status {
 struct job_status {
     size_t total;
     size_t counts[ST__COUNT];
-    bool complete; /* every shard done */
-    bool terminal; /* every shard done or failed */
+    bool complete;               /* every shard done */
+    bool terminal;               /* every shard done or failed */
     struct shard_status *shards; /* manifest order */
 };
 
@@ -103,18 +103,18 @@ struct status_detail {
  */
 struct status_view {
     size_t nshards;
-    ino_t ino;                /* the job directory's inode, checked at each
+    ino_t ino;           /* the job directory's inode, checked at each
                                  reading (0: not checked) */
-    unsigned char *bits;      /* per shard (status.c) */
-    bool valid;               /* a reading was completed */
-    double read_wall;         /* wall-clock time its listings started */
+    unsigned char *bits; /* per shard (status.c) */
+    bool valid;          /* a reading was completed */
+    double read_wall;    /* wall-clock time its listings started */
     size_t counts[ST__COUNT];
-    long long rows_done;      /* input rows of the done shards */
-    size_t summarised;        /* done records read (the last reading's or before) */
-    size_t unreadable;        /* of them, those that could not be parsed */
+    long long rows_done;          /* input rows of the done shards */
+    size_t summarised;            /* done records read (the last reading's or before) */
+    size_t unreadable;            /* of them, those that could not be parsed */
     double first_start, last_end; /* epoch seconds over the summarised records; 0: none */
-    double dur_sum;           /* sum of their duration_secs ... */
-    size_t dur_n;             /* ... over this many */
+    double dur_sum;               /* sum of their duration_secs ... */
+    size_t dur_n;                 /* ... over this many */
     struct status_node *nodes;
     size_t nnodes;
     /* the "hostname" and "node" of each summarised done record, as
@@ -125,9 +125,9 @@ struct status_view {
     struct status_detail *details; /* the last reading's, by shard index */
     size_t ndetails;
     /* the reading in progress */
-    int phase;                /* 0: none */
+    int phase; /* 0: none */
     int jobfd;
-    void *dir;                /* DIR * of the listing in progress */
+    void *dir; /* DIR * of the listing in progress */
     size_t cursor;
     double start_wall;
     long long lock_timeout;
@@ -162,8 +162,7 @@ void status_view_abort(struct status_view *v);
  * *ret_rate -1 when unknown; *ret_eta (seconds) -1 when unknown, 0 when
  * nothing remains.
  */
-void status_view_pace(const struct status_view *v, double *ret_shards_per_sec,
-                      double *ret_eta);
+void status_view_pace(const struct status_view *v, double *ret_shards_per_sec, double *ret_eta);
 
 /*
  * Shard i's state in v's last complete reading (ST_PENDING when there is

@@ -98,7 +98,7 @@ suggest_getopt_error(int opt, char *const *argv, const struct option *lo, struct
     for (; lo->name; lo++)
         suggest_add(&s, lo->name);
     if (suggest_result(&s))
-        return err_set(err, -EINVAL, "unknown option '%.*s'; did you mean '--%s'?",
-                       (int)len + 2, a, suggest_result(&s));
+        return err_set(err, -EINVAL, "unknown option '%.*s'; did you mean '--%s'?", (int)len + 2, a,
+                       suggest_result(&s));
     return err_set(err, -EINVAL, "unknown or ambiguous option '%.*s'", (int)len + 2, a);
 }

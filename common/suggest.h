@@ -45,7 +45,6 @@ const char *suggest_result(const struct suggest *s);
  * mean '--watch'?", "option '--config' needs a value", ... Returns -EINVAL
  * with the message in err.
  */
-int suggest_getopt_error(int opt, char *const *argv, const struct option *lo,
-                         struct esd_err *err);
+int suggest_getopt_error(int opt, char *const *argv, const struct option *lo, struct esd_err *err);
 
 #endif

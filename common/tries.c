@@ -144,14 +144,14 @@ count_record(const cJSON *j, const char *node, struct tries_counts *n, struct no
 
 int
 tries_count(const struct manifest *m, const char *shard_id, struct tries_counts *ret,
-              struct esd_err *err)
+            struct esd_err *err)
 {
     return tries_count_by(m, shard_id, NULL, ret, err);
 }
 
 int
 tries_count_by(const struct manifest *m, const char *shard_id, const char *node,
-                 struct tries_counts *ret, struct esd_err *err)
+               struct tries_counts *ret, struct esd_err *err)
 {
     struct tries_counts n = { 0 };
     struct node_seen seen = { .any = false };
@@ -258,8 +258,7 @@ peer_alive(const struct tries_rule *rule, double now)
         while (!alive && (e = readdir(d)))
             if (e->d_name[0] != '.' && strcmp(e->d_name, rule->node) &&
                 fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                S_ISREG(st.st_mode) &&
-                now - (double)st.st_mtim.tv_sec <= TRIES_PEER_ALIVE_SECS)
+                S_ISREG(st.st_mode) && now - (double)st.st_mtim.tv_sec <= TRIES_PEER_ALIVE_SECS)
                 alive = true;
         closedir(d);
     } else if (fd >= 0) {
@@ -400,4 +399,3 @@ tries_mark_stale(const struct manifest *m, const char *attempt_rel, struct esd_e
     free(path);
     return r;
 }
-

@@ -28,12 +28,12 @@ long long tries_name_number(const char *name);
 
 /* Failures recorded in the attempts of a shard. */
 struct tries_counts {
-    long long attempts;  /* the last attempt number in use: the next is attempts + 1 */
-    long long counted;   /* toward max_retries: processor and output */
-    long long infra;     /* toward the infrastructure limit */
-    long long here;      /* of counted: the failures of the node tries_count_by names */
-    int nodes;           /* nodes whose attempts make up counted: 0, 1, or 2 for two or more */
-    bool truncated;      /* the directory held more than was looked at */
+    long long attempts; /* the last attempt number in use: the next is attempts + 1 */
+    long long counted;  /* toward max_retries: processor and output */
+    long long infra;    /* toward the infrastructure limit */
+    long long here;     /* of counted: the failures of the node tries_count_by names */
+    int nodes;          /* nodes whose attempts make up counted: 0, 1, or 2 for two or more */
+    bool truncated;     /* the directory held more than was looked at */
 };
 
 /*

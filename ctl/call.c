@@ -146,8 +146,8 @@ static int
 run_daemon(struct call *c, enum cmd_id id, const cJSON *args, cJSON **ret, struct failure *f)
 {
     struct op_env env = { .event = event_cb, .ctx = c, .cancel = &interrupted };
-    bool long_op = (cmd_table[id].flags & CMDF_LONG) ||
-                   (id == CMD_LOGS && cmd_arg_flag(args, O_FOLLOW));
+    bool long_op =
+        (cmd_table[id].flags & CMDF_LONG) || (id == CMD_LOGS && cmd_arg_flag(args, O_FOLLOW));
     cJSON *reply = NULL, *e;
     const char *code, *msg;
     int r;
@@ -196,8 +196,8 @@ daemon_failed(const struct call *c, int r, const struct esd_err *err)
         snprintf(msg, sizeof(msg),
                  "permission denied on esd's control socket %s: only members of its group "
                  "(socket_group in esd.yaml) may connect%s",
-                 path, cmd->flags & CMDF_LOCAL ? "; --local works on the job directory directly"
-                                               : "");
+                 path,
+                 cmd->flags & CMDF_LOCAL ? "; --local works on the job directory directly" : "");
         return render_error(c, PROTO_E_DENIED, msg, EXIT_DENIED);
     }
     if (unreachable(r) && (cmd->flags & CMDF_LOCAL))

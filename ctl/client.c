@@ -205,8 +205,7 @@ client_call(const struct call *c, const char *cmd, const cJSON *args, double tim
             break;
         }
         if (in.len > (size_t)PROTO_MAX_REPLY) {
-            r = err_set(err, -EMSGSIZE, "esd's reply is longer than %d bytes",
-                        PROTO_MAX_REPLY);
+            r = err_set(err, -EMSGSIZE, "esd's reply is longer than %d bytes", PROTO_MAX_REPLY);
             break;
         }
         if (timeout > 0) {
@@ -225,8 +224,7 @@ client_call(const struct call *c, const char *cmd, const cJSON *args, double tim
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (n <= 0) {
-            r = err_set(err, -ECONNRESET, "esd at %s closed the connection without a reply",
-                        path);
+            r = err_set(err, -ECONNRESET, "esd at %s closed the connection without a reply", path);
             break;
         }
         buf_append(&in, chunk, (size_t)n);

@@ -205,8 +205,8 @@ parse_args(struct call *c, int argc, char **argv, int i)
     }
     for (int o = 0; o < O__COUNT; o++)
         if ((c->cmd->required & OPT(o)) && !c->set[o]) {
-            out_error("%s: --%s is required (see esctl %s --help)", c->cmd->name,
-                      cmd_opts[o].name, c->cmd->name);
+            out_error("%s: --%s is required (see esctl %s --help)", c->cmd->name, cmd_opts[o].name,
+                      c->cmd->name);
             return EXIT_ERROR;
         }
     return EXIT_OK;

@@ -185,7 +185,7 @@ void out_json_line(const cJSON *result);
 struct table {
     size_t ncols;
     size_t nrows;
-    char **cells; /* nrows * ncols, owned */
+    char **cells;        /* nrows * ncols, owned */
     const char **colors; /* per row, may be "" */
 };
 void table_init(struct table *t, size_t ncols);

@@ -88,8 +88,8 @@ out_progress(struct call *c, const char *what, uint64_t done, uint64_t total, ui
         snprintf(eta, sizeof(eta), " ETA %s", d);
     }
     fprintf(stderr, "\r\033[K%-7s [%.*s%.*s] %3.0f%% %s/%s %.1f MB/s %llu rows%s", what, fill,
-            "########################", width - fill, "........................", frac * 100,
-            sdone, stotal, rate, (unsigned long long)rows, eta);
+            "########################", width - fill, "........................", frac * 100, sdone,
+            stotal, rate, (unsigned long long)rows, eta);
     fflush(stderr);
     progress_shown = true;
 }

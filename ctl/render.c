@@ -129,7 +129,8 @@ render_prepare(struct call *c, const cJSON *args, const cJSON *res)
            str(res, "job_dir"));
     if (str(res, "operators_unchecked")[0])
         printf("Operator names were judged by their names alone: the processor's operator "
-               "registry could not be read (%s)\n", str(res, "operators_unchecked"));
+               "registry could not be read (%s)\n",
+               str(res, "operators_unchecked"));
     /* As the reference: the warnings of a fresh prepare only. */
     fflush(stdout);
     cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(res, "warnings"))
@@ -168,8 +169,7 @@ nodes_table(struct call *c, const cJSON *nodes)
 static void
 shards_table(struct call *c, const cJSON *args, const cJSON *res)
 {
-    bool all = cmd_arg_flag(args, O_ALL) || cmd_arg_has(args, O_STATE) ||
-               cmd_arg_has(args, O_SORT);
+    bool all = cmd_arg_flag(args, O_ALL) || cmd_arg_has(args, O_STATE) || cmd_arg_has(args, O_SORT);
     const cJSON *x;
     struct table t;
 
@@ -185,8 +185,8 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
         long long pid;
 
         /* Without --all only the shards that need attention. */
-        if (!all && strcmp(state, "running") && strcmp(state, "stale") &&
-            strcmp(state, "failed") && !bad_meta)
+        if (!all && strcmp(state, "running") && strcmp(state, "stale") && strcmp(state, "failed") &&
+            !bad_meta)
             continue;
         snprintf(rows, sizeof(rows), "%lld", num(x, "rows"));
         if (json_get_num(x, "lock_age_secs", &secs) == 0)
@@ -196,7 +196,10 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
         else if (owner)
             snprintf(who, sizeof(who), "%s", owner);
         table_add(&t, out_color(c, state), str(x, "shard_id"), state, rows, who, age,
-                  bad_meta ? "unreadable metadata" : error ? error : last ? last : "");
+                  bad_meta ? "unreadable metadata"
+                  : error  ? error
+                  : last   ? last
+                           : "");
     }
     if (t.nrows > 1) {
         putchar('\n');
@@ -215,8 +218,10 @@ fmt_clock(double t, char out[32])
     out[0] = '\0';
     if (t <= 0 || !localtime_r(&s, &tm) || !localtime_r(&now, &today))
         return;
-    strftime(out, 32, tm.tm_yday == today.tm_yday && tm.tm_year == today.tm_year
-                          ? "%H:%M:%S" : "%Y-%m-%d %H:%M:%S", &tm);
+    strftime(out, 32,
+             tm.tm_yday == today.tm_yday && tm.tm_year == today.tm_year ? "%H:%M:%S"
+                                                                        : "%Y-%m-%d %H:%M:%S",
+             &tm);
 }
 
 /* status --all: every listed shard's attempts, one line each (sacct's). */
@@ -227,8 +232,8 @@ attempts_table(struct call *c, const cJSON *res)
     struct table t;
 
     table_init(&t, 10);
-    table_add(&t, NULL, "SHARD", "ATTEMPT", "NODE", "START", "END", "ELAPSED", "OUTCOME",
-              "CLASS", "ROWS", "ERROR");
+    table_add(&t, NULL, "SHARD", "ATTEMPT", "NODE", "START", "END", "ELAPSED", "OUTCOME", "CLASS",
+              "ROWS", "ERROR");
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))
     {
         cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(x, "attempts"))
@@ -311,7 +316,7 @@ refusal_lines(const cJSON *res)
     const cJSON *x;
 
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "refused_by"))
-    printf("  node %s refuses the job: %s\n", str(x, "node"), str(x, "why"));
+        printf("  node %s refuses the job: %s\n", str(x, "node"), str(x, "why"));
 }
 
 static int
@@ -373,12 +378,11 @@ render_daemon_status(struct call *c, const cJSON *res)
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(d, sizeof(d), "-");
         else
-            snprintf(d, sizeof(d), "%lld/%lld%s", num(x, "done"), num(x, "shards"),
-                     age_note(x));
+            snprintf(d, sizeof(d), "%lld/%lld%s", num(x, "done"), num(x, "shards"), age_note(x));
         snprintf(h, sizeof(h), "%lld done, %lld running", num(x, "done_here"),
                  num(x, "running_here"));
-        table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"),
-                  d, h, err ? err : str(x, "job_dir"));
+        table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"), d, h,
+                  err ? err : str(x, "job_dir"));
     }
     if (t.nrows > 1) {
         putchar('\n');
@@ -417,11 +421,12 @@ render_merge(struct call *c, const cJSON *args, const cJSON *res)
     /* through esd, a job it works is merged by its finalize election */
     if (flag(res, "held_again")) {
         printf("The merge of %s is held again now on every node that works it (state %s); "
-               "follow it with esctl status\n", str(res, "job_dir"), str(res, "state"));
+               "follow it with esctl status\n",
+               str(res, "job_dir"), str(res, "state"));
         return EXIT_OK;
     }
-    printf("Merged %lld shards and %lld rows into %s\n", num(res, "num_shards"),
-           num(res, "rows"), str(res, "output_path"));
+    printf("Merged %lld shards and %lld rows into %s\n", num(res, "num_shards"), num(res, "rows"),
+           str(res, "output_path"));
     return EXIT_OK;
 }
 
@@ -459,8 +464,8 @@ render_submit(struct call *c, const cJSON *args, const cJSON *res)
 
     if (cJSON_IsObject(prepared))
         render_prepare(c, args, prepared);
-    printf("Submitted %s (key %s) \xe2\x86\x92 output %s\n", str(res, "job_dir"),
-           str(res, "key"), str(res, "output"));
+    printf("Submitted %s (key %s) \xe2\x86\x92 output %s\n", str(res, "job_dir"), str(res, "key"),
+           str(res, "output"));
     refusal_lines(res);
     return EXIT_OK;
 }
@@ -489,8 +494,8 @@ render_list(struct call *c, const cJSON *args, const cJSON *res)
             out_count(v, rate);
         if (json_get_num(x, "eta_secs", &v) == 0)
             fmt_duration(v, eta);
-        table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"),
-                  done, rate, eta, str(x, "job_dir"));
+        table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"), done,
+                  rate, eta, str(x, "job_dir"));
     }
     if (t.nrows > 1)
         table_print(c, &t);
@@ -574,13 +579,14 @@ node_details(const cJSON *x)
     fmt_duration(secs, age);
     if (!strcmp(str(x, "source"), "jobs")) {
         printf("%s: no status file; named by the jobs' locks and done records here "
-               "(%lld running, %lld stale lock(s))%s\n", node, num(l, "running"),
-               num(l, "stale"), !strcmp(state, "down") ? ": its locks went stale" : "");
+               "(%lld running, %lld stale lock(s))%s\n",
+               node, num(l, "running"), num(l, "stale"),
+               !strcmp(state, "down") ? ": its locks went stale" : "");
         return;
     }
     if (!strcmp(state, "down"))
-        printf("%s: down: its status file is %s old (written every %llds; down after %d)\n",
-               node, age, num(x, "interval_secs"), 3);
+        printf("%s: down: its status file is %s old (written every %llds; down after %d)\n", node,
+               age, num(x, "interval_secs"), 3);
     else if (why)
         printf("%s: %s: %s\n", node, state, why);
     cJSON_ArrayForEach(y, a)
@@ -645,8 +651,7 @@ render_nodes(struct call *c, const cJSON *args, const cJSON *res)
             cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "paused")))
             node_details(x);
     }
-    cJSON_ArrayForEach(x, bad)
-        printf("invalid: %s: %s\n", str(x, "file"), str(x, "error"));
+    cJSON_ArrayForEach(x, bad) printf("invalid: %s: %s\n", str(x, "file"), str(x, "error"));
     if (num(res, "files_omitted"))
         printf("(%lld more node files not read)\n", num(res, "files_omitted"));
     if (!json_get_str(res, "dir"))
@@ -710,18 +715,17 @@ render_nothing(struct call *c, const cJSON *args, const cJSON *res)
 /* One renderer per command; version, worker and completion print for
  * themselves (render_version, ctl/worker.c, ctl/completion.c). */
 static int (*const renderers[CMD__COUNT])(struct call *, const cJSON *, const cJSON *) = {
-    [CMD_PING] = render_ping,       [CMD_VERSION] = render_nothing,
-    [CMD_SUBMIT] = render_submit,   [CMD_LIST] = render_list,
-    [CMD_STATUS] = render_status,   [CMD_PREPARE] = render_prepare,
-    [CMD_RETRY] = render_retry,     [CMD_MERGE] = render_merge,
-    [CMD_VERIFY] = render_verify,   [CMD_CANCEL] = render_cancel,
-    [CMD_DRAIN] = render_drain,     [CMD_RESUME] = render_resume,
-    [CMD_NODES] = render_nodes,
-    [CMD_LOGS] = render_nothing,    [CMD_CONFIG] = render_config,
-    [CMD_WORKER] = render_nothing,  [CMD_COMPLETION] = render_nothing,
-    [CMD_FSCHECK] = render_nothing, [CMD_REPORT] = render_nothing,
-    [CMD_RELOAD] = render_reload, [CMD_FORGET] = render_forget,
-    [CMD_WAIT] = render_nothing,
+    [CMD_PING] = render_ping,          [CMD_VERSION] = render_nothing,
+    [CMD_SUBMIT] = render_submit,      [CMD_LIST] = render_list,
+    [CMD_STATUS] = render_status,      [CMD_PREPARE] = render_prepare,
+    [CMD_RETRY] = render_retry,        [CMD_MERGE] = render_merge,
+    [CMD_VERIFY] = render_verify,      [CMD_CANCEL] = render_cancel,
+    [CMD_DRAIN] = render_drain,        [CMD_RESUME] = render_resume,
+    [CMD_NODES] = render_nodes,        [CMD_LOGS] = render_nothing,
+    [CMD_CONFIG] = render_config,      [CMD_WORKER] = render_nothing,
+    [CMD_COMPLETION] = render_nothing, [CMD_FSCHECK] = render_nothing,
+    [CMD_REPORT] = render_nothing,     [CMD_RELOAD] = render_reload,
+    [CMD_FORGET] = render_forget,      [CMD_WAIT] = render_nothing,
 };
 
 int
@@ -847,9 +851,9 @@ render_status_line(const struct call *c, const cJSON *result)
         char now[40];
 
         time_iso_now(now, NULL);
-        printf("%s %s: %lld/%lld shards done, running=%lld stale=%lld failed=%lld, %s rows\n",
-               now, str(res, "job_id"), done, total, num(counts, "running"),
-               num(counts, "stale"), num(counts, "failed"), rows);
+        printf("%s %s: %lld/%lld shards done, running=%lld stale=%lld failed=%lld, %s rows\n", now,
+               str(res, "job_id"), done, total, num(counts, "running"), num(counts, "stale"),
+               num(counts, "failed"), rows);
     }
     cJSON_Delete(res);
 }
@@ -899,9 +903,7 @@ render_watch_nodes(struct call *c, const cJSON *result)
     else
         printf("no node has worked the job yet\n");
     table_free(&t);
-    cJSON_ArrayForEach(x, shards)
-    if (!strcmp(str(x, "status"), "failed"))
-        failed++;
+    cJSON_ArrayForEach(x, shards) if (!strcmp(str(x, "status"), "failed")) failed++;
     if (failed)
         printf("\n%lld shards failed (esctl status --state failed DIR lists them)\n", failed);
     pace_line(res);

@@ -41,17 +41,17 @@
 #define PACE_BUCKETS 60
 
 struct rep_attempt {
-    const char *shard;   /* the manifest's */
+    const char *shard; /* the manifest's */
     const struct history_attempt *a;
-    double start, end;   /* drawn (end: now for a running attempt) */
-    size_t node;         /* index into nodes */
+    double start, end; /* drawn (end: now for a running attempt) */
+    size_t node;       /* index into nodes */
     size_t lane;
 };
 
 struct rep_node {
     char *name;
     size_t lanes, first_row;
-    double *lane_end;    /* per lane, while laying out */
+    double *lane_end; /* per lane, while laying out */
 };
 
 struct report {
@@ -77,11 +77,21 @@ html_text(struct buf *b, const char *s, size_t max)
         unsigned char ch = (unsigned char)s[i];
 
         switch (ch) {
-        case '&': buf_puts(b, "&amp;"); break;
-        case '<': buf_puts(b, "&lt;"); break;
-        case '>': buf_puts(b, "&gt;"); break;
-        case '"': buf_puts(b, "&quot;"); break;
-        case '\'': buf_puts(b, "&#39;"); break;
+        case '&':
+            buf_puts(b, "&amp;");
+            break;
+        case '<':
+            buf_puts(b, "&lt;");
+            break;
+        case '>':
+            buf_puts(b, "&gt;");
+            break;
+        case '"':
+            buf_puts(b, "&quot;");
+            break;
+        case '\'':
+            buf_puts(b, "&#39;");
+            break;
         default:
             if ((ch < 0x20 && ch != '\n' && ch != '\t') || ch == 0x7f)
                 buf_puts(b, "\xef\xbf\xbd");
@@ -190,10 +200,10 @@ report_load(struct report *r, const char *dir, long long lock_timeout, struct es
             x->shard = r->m.shards[i].id;
             x->a = a;
             x->start = a->start;
-            x->end = a->end > 0                ? a->end
-                     : a->elapsed >= 0         ? a->start + a->elapsed
+            x->end = a->end > 0                                   ? a->end
+                     : a->elapsed >= 0                            ? a->start + a->elapsed
                      : a->status && !strcmp(a->status, "running") ? r->now
-                                               : a->start;
+                                                                  : a->start;
             /* an end far past the recorded duration (a forged or skewed
              * record) is not believed */
             if (a->elapsed >= 0 && x->end > x->start + a->elapsed + 60)
@@ -289,7 +299,11 @@ axis(struct buf *b, const struct report *r, double y)
 
         fmt_duration(span * k / 4.0, d);
         buf_printf(b, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">+%s</text>\n",
-                   x, y + 15, k == 0 ? "start" : k == 4 ? "end" : "middle", d);
+                   x, y + 15,
+                   k == 0   ? "start"
+                   : k == 4 ? "end"
+                            : "middle",
+                   d);
     }
 }
 
@@ -329,8 +343,10 @@ timeline(struct buf *b, const struct report *r)
 {
     double h = (double)r->rows * ROW_H + AXIS_H;
 
-    buf_printf(b, "<h2>Timeline</h2>\n<svg id=\"timeline\" width=\"%d\" height=\"%.0f\" "
-               "viewBox=\"0 0 %d %.0f\">\n", LABEL_W + CHART_W + 10, h, LABEL_W + CHART_W + 10, h);
+    buf_printf(b,
+               "<h2>Timeline</h2>\n<svg id=\"timeline\" width=\"%d\" height=\"%.0f\" "
+               "viewBox=\"0 0 %d %.0f\">\n",
+               LABEL_W + CHART_W + 10, h, LABEL_W + CHART_W + 10, h);
     for (size_t i = 0; i < r->nnodes; i++) {
         const struct rep_node *nd = &r->nodes[i];
 
@@ -363,16 +379,20 @@ timeline(struct buf *b, const struct report *r)
 
                 if (gap > 0 && x_of(r, r->v[k].start) - x_of(r, x->end) >= 1) {
                     fmt_duration(gap, d);
-                    buf_printf(b, "<rect class=\"idle\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" "
-                               "height=\"%d\"><title>idle %s on ", x_of(r, x->end), y + 4,
-                               x_of(r, r->v[k].start) - x_of(r, x->end), ROW_H - 8, d);
+                    buf_printf(b,
+                               "<rect class=\"idle\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" "
+                               "height=\"%d\"><title>idle %s on ",
+                               x_of(r, x->end), y + 4, x_of(r, r->v[k].start) - x_of(r, x->end),
+                               ROW_H - 8, d);
                     html_text(b, nd->name, REPORT_TEXT_MAX);
                     buf_printf(b, " slot %zu</title></rect>\n", x->lane + 1);
                 }
                 break;
             }
-        buf_printf(b, "<rect class=\"attempt %s\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" "
-                   "height=\"%d\">", oc, x_of(r, x->start), y + 2, w < 2 ? 2 : w, ROW_H - 4);
+        buf_printf(b,
+                   "<rect class=\"attempt %s\" x=\"%.1f\" y=\"%.0f\" width=\"%.1f\" "
+                   "height=\"%d\">",
+                   oc, x_of(r, x->start), y + 2, w < 2 ? 2 : w, ROW_H - 4);
         attempt_title(b, x, nd->name);
         buf_puts(b, "</rect>\n");
     }
@@ -413,9 +433,10 @@ pace_chart(struct buf *b, const struct report *r)
         if (bucket[k] > top)
             top = bucket[k];
     }
-    buf_printf(b, "<h2>Rows a second</h2>\n<svg id=\"pace\" width=\"%d\" height=\"%d\" "
-               "viewBox=\"0 0 %d %d\">\n", LABEL_W + CHART_W + 10, PACE_H + AXIS_H,
-               LABEL_W + CHART_W + 10, PACE_H + AXIS_H);
+    buf_printf(b,
+               "<h2>Rows a second</h2>\n<svg id=\"pace\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\">\n",
+               LABEL_W + CHART_W + 10, PACE_H + AXIS_H, LABEL_W + CHART_W + 10, PACE_H + AXIS_H);
     buf_printf(b, "<text class=\"tick\" x=\"%d\" y=\"12\" text-anchor=\"end\">%.0f rows/s</text>\n",
                LABEL_W - 6, top);
     buf_printf(b, "<text class=\"tick\" x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n",
@@ -465,7 +486,9 @@ summary(struct buf *b, const struct report *r)
     for (int k = 0; k < ST__COUNT; k++)
         buf_printf(b, " %s %zu", status_state_name[k], r->st.counts[k]);
     buf_printf(b, "%s</td></tr>\n<tr><th>rows</th><td>%lld of %lld done</td></tr>\n",
-               r->st.complete ? " (complete)" : r->st.terminal ? " (terminal, with failures)" : "",
+               r->st.complete   ? " (complete)"
+               : r->st.terminal ? " (terminal, with failures)"
+                                : "",
                rows_done, r->m.total_rows);
     buf_printf(b, "<tr><th>attempts</th><td>%zu on %zu nodes", r->n, r->nnodes);
     if (r->omitted)

@@ -55,8 +55,8 @@ round_key(const cJSON *res)
 
     cJSON_AddItemToObject(k, "counts",
                           cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(res, "counts"), true));
-    cJSON_AddItemToObject(k, "rows_done",
-                          cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(res, "rows_done"), true));
+    cJSON_AddItemToObject(
+        k, "rows_done", cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(res, "rows_done"), true));
     cJSON_AddItemToObject(k, "merge",
                           cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(res, "merge"), true));
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))

@@ -164,7 +164,8 @@ supervise(struct run *run, const struct claim *cl, double timeout, bool echo)
         if (!run->exited && reap(run, false))
             drain_until = now + OUT_DRAIN;
         if (run->exited && out_open && now >= drain_until) {
-            fprintf(stderr, "esctl worker: %s: the output is still open after the processor's "
+            fprintf(stderr,
+                    "esctl worker: %s: the output is still open after the processor's "
                     "process tree ended (a process outside it holds it): closing it\n",
                     cl->shard_id);
             break;
@@ -218,7 +219,7 @@ supervise(struct run *run, const struct claim *cl, double timeout, bool echo)
 
 struct worker_cfg {
     struct attempt_opts aopts;
-    char *dj_version; /* recorded in done records */
+    char *dj_version;            /* recorded in done records */
     char *dj_python, *dj_runner; /* esd-dj on Data-Juicer's interpreter, or NULL */
     struct jsonl_limits lim;
     double timeout;
@@ -246,8 +247,8 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
     if (attempt_prepare(c->m, cl, &w->aopts, &cmd, &serr) < 0) {
         /* cannot even build it: an infrastructure failure of this node */
         f.start_error = serr.msg;
-    } else if ((run.log_fd = open(cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                                  0644)) < 0) {
+    } else if ((run.log_fd = open(cmd.log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) <
+               0) {
         err_sys(&serr, -errno, "cannot create %s", cmd.log_path);
         f.start_error = serr.msg;
     } else if (spawn_keep(cmd.argv, cmd.envp, cmd.cwd, NULL, &keep, &run.child, &serr) < 0) {
@@ -286,8 +287,7 @@ run_claim(struct claimer *c, const struct claim *cl, const struct worker_cfg *w,
  * the recipe snapshot is the one the manifest hashed.
  */
 static int
-check_job(const struct call *c, const struct manifest *m, struct worker_cfg *w,
-          struct esd_err *err)
+check_job(const struct call *c, const struct manifest *m, struct worker_cfg *w, struct esd_err *err)
 {
     const char *snapshot = m->recipe_snapshot;
     const char *want = m->recipe_sha256;
@@ -394,8 +394,8 @@ worker_run(struct call *c)
     limits_from(c, &w.lim);
     w.timeout = c->set[O_ATTEMPT_TIMEOUT] ? (double)c->num[O_ATTEMPT_TIMEOUT] : 0;
     w.echo = c->set[O_VERBOSE];
-    poll_secs = c->set[O_POLL_INTERVAL] ? (double)c->num[O_POLL_INTERVAL]
-                                        : (double)m.poll_interval_secs;
+    poll_secs =
+        c->set[O_POLL_INTERVAL] ? (double)c->num[O_POLL_INTERVAL] : (double)m.poll_interval_secs;
     if ((r = check_job(c, &m, &w, &err)) < 0) {
         fprintf(stderr, "ERROR: %s\n", err.msg);
         rc = EXIT_ERROR;
@@ -452,7 +452,7 @@ worker_run(struct call *c)
         }
         if (idle.cancelled) {
             fprintf(stderr, "job cancelled on every node (esctl cancel --everywhere): no new "
-                    "claims\n");
+                            "claims\n");
             rc = EXIT_ERROR;
             break;
         }

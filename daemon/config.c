@@ -50,7 +50,7 @@ struct enum_name {
 };
 
 struct key {
-    const char *name;     /* dotted: "ray.mode" is mode: inside ray: */
+    const char *name; /* dotted: "ray.mode" is mode: inside ray: */
     enum ktype type;
     size_t off;           /* of the field in struct esd_conf */
     const char *def;      /* default as it would be written in the file; NULL: none/empty */
@@ -64,7 +64,10 @@ struct key {
 };
 
 static const struct enum_name socket_modes[] = {
-    { "0600", 0600 }, { "0660", 0660 }, { "0666", 0666 }, { NULL, 0 },
+    { "0600", 0600 },
+    { "0660", 0660 },
+    { "0666", 0666 },
+    { NULL, 0 },
 };
 
 static const struct enum_name ray_modes[] = {
@@ -138,111 +141,230 @@ env_pattern_rule(const char *s)
 #define DAY 86400L
 
 static const struct key keys[] = {
-    { .name = "node_name", .type = KT_STR, .off = F(node_name), .computed = "(host name)",
+    { .name = "node_name",
+      .type = KT_STR,
+      .off = F(node_name),
+      .computed = "(host name)",
       .check = node_name_rule,
       .help = "this node's name in claims, records and logs; default: the host name, made "
               "of A-Z a-z 0-9 . _ - only" },
-    { .name = "slots", .type = KT_INT, .off = F(slots), .def = "1", .min = 1, .max = 256,
+    { .name = "slots",
+      .type = KT_INT,
+      .off = F(slots),
+      .def = "1",
+      .min = 1,
+      .max = 256,
       .help = "shards this node works at once" },
-    { .name = "lease_secs", .type = KT_INT, .off = F(lease_secs), .def = "60", .min = 2,
-      .max = DAY, .help = "a claim's lease: heartbeat every lease_secs/4, taken over when older" },
-    { .name = "poll_interval_secs", .type = KT_INT, .off = F(poll_interval_secs), .def = "20",
-      .min = 1, .max = 3600,
+    { .name = "lease_secs",
+      .type = KT_INT,
+      .off = F(lease_secs),
+      .def = "60",
+      .min = 2,
+      .max = DAY,
+      .help = "a claim's lease: heartbeat every lease_secs/4, taken over when older" },
+    { .name = "poll_interval_secs",
+      .type = KT_INT,
+      .off = F(poll_interval_secs),
+      .def = "20",
+      .min = 1,
+      .max = 3600,
       .help = "how often an idle node looks for claimable shards and new jobs (jittered)" },
-    { .name = "claim_ahead", .type = KT_BOOL, .off = F(claim_ahead), .def = "true",
+    { .name = "claim_ahead",
+      .type = KT_BOOL,
+      .off = F(claim_ahead),
+      .def = "true",
       .help = "claim a busy slot's next shard shortly before its attempt ends and let it "
               "read its configuration and connect to Ray meanwhile (warm processor only)" },
-    { .name = "processor", .type = KT_WORDS, .off = F(processor),
+    { .name = "processor",
+      .type = KT_WORDS,
+      .off = F(processor),
       .help = "command that processes a shard (string split on blanks, or list); empty: "
               "dj-process, or data_juicer.python <root>/tools/process_data.py" },
-    { .name = "data_juicer.root", .type = KT_PATH, .off = F(dj_root),
+    { .name = "data_juicer.root",
+      .type = KT_PATH,
+      .off = F(dj_root),
       .help = "a Data-Juicer checkout whose tools/process_data.py processes shards" },
-    { .name = "data_juicer.python", .type = KT_STR, .off = F(dj_python), .def = "python3",
+    { .name = "data_juicer.python",
+      .type = KT_STR,
+      .off = F(dj_python),
+      .def = "python3",
       .help = "the interpreter that runs <root>/tools/process_data.py" },
-    { .name = "data_juicer.allow_version_mismatch", .type = KT_BOOL,
-      .off = F(allow_version_mismatch), .def = "false",
+    { .name = "data_juicer.allow_version_mismatch",
+      .type = KT_BOOL,
+      .off = F(allow_version_mismatch),
+      .def = "false",
       .help = "work jobs prepared with a different Data-Juicer version" },
-    { .name = "data_juicer.warm", .type = KT_BOOL, .off = F(dj_warm), .def = "true",
+    { .name = "data_juicer.warm",
+      .type = KT_BOOL,
+      .off = F(dj_warm),
+      .def = "true",
       .help = "fork attempts of Data-Juicer's own processor from a warm processor that has "
               "imported Data-Juicer and Ray (false: exec each)" },
-    { .name = "ray.mode", .type = KT_ENUM, .off = F(ray_mode), .def = "persistent",
+    { .name = "ray.mode",
+      .type = KT_ENUM,
+      .off = F(ray_mode),
+      .def = "persistent",
       .names = ray_modes,
       .help = "persistent: a node-local Ray head kept by esd; per-attempt: every attempt "
               "starts its own; off: no Ray" },
-    { .name = "ray.command", .type = KT_STR, .off = F(ray_command), .def = "ray",
+    { .name = "ray.command",
+      .type = KT_STR,
+      .off = F(ray_command),
+      .def = "ray",
       .help = "the ray program that starts the head" },
-    { .name = "ray.port", .type = KT_INT, .off = F(ray_port), .def = "6380", .min = 1,
-      .max = 65535, .help = "port of the node-local Ray head (persistent mode)" },
-    { .name = "ray.temp_dir", .type = KT_PATH, .off = F(ray_temp_dir),
-      .computed = "<state_dir>/ray", .help = "the Ray head's temporary directory" },
-    { .name = "ray.args", .type = KT_LIST, .off = F(ray_args),
+    { .name = "ray.port",
+      .type = KT_INT,
+      .off = F(ray_port),
+      .def = "6380",
+      .min = 1,
+      .max = 65535,
+      .help = "port of the node-local Ray head (persistent mode)" },
+    { .name = "ray.temp_dir",
+      .type = KT_PATH,
+      .off = F(ray_temp_dir),
+      .computed = "<state_dir>/ray",
+      .help = "the Ray head's temporary directory" },
+    { .name = "ray.args",
+      .type = KT_LIST,
+      .off = F(ray_args),
       .help = "extra arguments of ray start --head (list)" },
-    { .name = "ray.num_gpus", .type = KT_INT, .off = F(ray_num_gpus), .min = 0, .max = 4096,
+    { .name = "ray.num_gpus",
+      .type = KT_INT,
+      .off = F(ray_num_gpus),
+      .min = 0,
+      .max = 4096,
       .computed = "(auto: CUDA_VISIBLE_DEVICES, else /dev/nvidia<N>, else 0)",
       .help = "GPUs the head offers Ray (--num-gpus); empty: counted on the node" },
-    { .name = "ray.start_timeout_secs", .type = KT_INT, .off = F(ray_start_timeout_secs),
-      .def = "120", .min = 5, .max = 3600,
+    { .name = "ray.start_timeout_secs",
+      .type = KT_INT,
+      .off = F(ray_start_timeout_secs),
+      .def = "120",
+      .min = 5,
+      .max = 3600,
       .help = "a head whose raylet cannot take a task by then is killed and restarted" },
-    { .name = "state_dir", .type = KT_PATH, .off = F(state_dir), .def = "/var/lib/esd",
+    { .name = "state_dir",
+      .type = KT_PATH,
+      .off = F(state_dir),
+      .def = "/var/lib/esd",
       .help = "esd's own state: the job registry and the Ray head's files" },
-    { .name = "socket", .type = KT_PATH, .off = F(socket_path), .def = "/run/esd/esd.sock",
-      .check = socket_rule, .help = "the control socket esctl talks to" },
-    { .name = "socket_group", .type = KT_STR, .off = F(socket_group), .def = "esd",
+    { .name = "socket",
+      .type = KT_PATH,
+      .off = F(socket_path),
+      .def = "/run/esd/esd.sock",
+      .check = socket_rule,
+      .help = "the control socket esctl talks to" },
+    { .name = "socket_group",
+      .type = KT_STR,
+      .off = F(socket_group),
+      .def = "esd",
       .help = "group of the control socket; its members may change this node's work" },
-    { .name = "socket_mode", .type = KT_ENUM, .off = F(socket_mode), .def = "0660",
+    { .name = "socket_mode",
+      .type = KT_ENUM,
+      .off = F(socket_mode),
+      .def = "0660",
       .names = socket_modes,
       .help = "mode of the control socket: 0660 (root, esd and socket_group connect), 0666 "
               "(any local user may also read status, list, logs), or 0600" },
-    { .name = "spool_dir", .type = KT_PATH, .off = F(spool_dir),
+    { .name = "spool_dir",
+      .type = KT_PATH,
+      .off = F(spool_dir),
       .help = "a shared directory where a job submitted on any node is registered for every "
               "node" },
-    { .name = "node_status_interval_secs", .type = KT_INT, .off = F(node_status_interval_secs),
-      .def = "30", .min = 1, .max = 300,
+    { .name = "node_status_interval_secs",
+      .type = KT_INT,
+      .off = F(node_status_interval_secs),
+      .def = "30",
+      .min = 1,
+      .max = 300,
       .help = "how often this node rewrites its status file <spool_dir>/nodes/<node>.json "
               "(esctl nodes; a node silent for 3 of its intervals is down)" },
-    { .name = "retention_secs", .type = KT_INT, .off = F(retention_secs), .def = "604800",
-      .min = 0, .max = 3650 * DAY,
+    { .name = "retention_secs",
+      .type = KT_INT,
+      .off = F(retention_secs),
+      .def = "604800",
+      .min = 0,
+      .max = 3650 * DAY,
       .help = "a job over (complete, failed or cancelled) that long leaves the registry, and a "
               "merged or failed one the spool; a new node adopts no job of the spool merged "
               "that long ago; 0: kept until esctl forget" },
-    { .name = "shared_fs_check", .type = KT_BOOL, .off = F(shared_fs_check), .def = "true",
+    { .name = "shared_fs_check",
+      .type = KT_BOOL,
+      .off = F(shared_fs_check),
+      .def = "true",
       .help = "submit --everywhere refuses a job directory or spool_dir on a node-local file "
               "system (ext4, xfs, btrfs, tmpfs, ...); false only for tests and single-machine "
               "setups where every node shares one local disk" },
-    { .name = "attempt_timeout_secs", .type = KT_INT, .off = F(attempt_timeout_secs),
-      .def = "0", .min = 0, .max = 30 * DAY,
+    { .name = "attempt_timeout_secs",
+      .type = KT_INT,
+      .off = F(attempt_timeout_secs),
+      .def = "0",
+      .min = 0,
+      .max = 30 * DAY,
       .help = "an attempt running longer is killed and fails; 0: no limit" },
-    { .name = "attempt_kill_grace_secs", .type = KT_INT, .off = F(attempt_kill_grace_secs),
-      .def = "10", .min = 1, .max = 3600,
+    { .name = "attempt_kill_grace_secs",
+      .type = KT_INT,
+      .off = F(attempt_kill_grace_secs),
+      .def = "10",
+      .min = 1,
+      .max = 3600,
       .help = "seconds from SIGTERM to SIGKILL of every process of an attempt that is stopped "
               "(timeout, lost lease, drain, shutdown)" },
-    { .name = "helper_timeout_secs", .type = KT_INT, .off = F(helper_timeout_secs),
-      .def = "21600", .min = 60, .max = 30 * DAY,
+    { .name = "helper_timeout_secs",
+      .type = KT_INT,
+      .off = F(helper_timeout_secs),
+      .def = "21600",
+      .min = 60,
+      .max = 30 * DAY,
       .help = "a helper process of esd's (a shard's validation and publication, a merge, a "
               "job's loading, a control operation) running longer is killed" },
-    { .name = "attempt_env", .type = KT_WORDS, .off = F(attempt_env),
+    { .name = "attempt_env",
+      .type = KT_WORDS,
+      .off = F(attempt_env),
       .def = "LANG LANGUAGE LC_* TZ CUDA_VISIBLE_DEVICES NVIDIA_VISIBLE_DEVICES HF_ENDPOINT "
              "HF_HUB_OFFLINE HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy",
       .check = env_pattern_rule,
       .help = "the only variables of esd's environment that attempts get (NAME, or PREFIX*); "
               "besides, their user's HOME, USER, LOGNAME, SHELL, esd's PATH and spec 8.4's" },
-    { .name = "drain_timeout_secs", .type = KT_INT, .off = F(drain_timeout_secs), .def = "60",
-      .min = 0, .max = DAY,
+    { .name = "drain_timeout_secs",
+      .type = KT_INT,
+      .off = F(drain_timeout_secs),
+      .def = "60",
+      .min = 0,
+      .max = DAY,
       .help = "on SIGTERM, how long running attempts may finish before they are stopped" },
-    { .name = "max_infra_failures", .type = KT_INT, .off = F(max_infra_failures), .def = "10",
-      .min = 1, .max = 1000,
+    { .name = "max_infra_failures",
+      .type = KT_INT,
+      .off = F(max_infra_failures),
+      .def = "10",
+      .min = 1,
+      .max = 1000,
       .help = "infrastructure failures of one shard (lease lost, node down) before it fails" },
-    { .name = "metrics.path", .type = KT_STR, .off = F(metrics_path), .def = "auto",
+    { .name = "metrics.path",
+      .type = KT_STR,
+      .off = F(metrics_path),
+      .def = "auto",
       .check = metrics_path_rule,
-      .help = "a Prometheus textfile-collector file esd rewrites atomically; auto: "
-              METRICS_AUTO_DIR "/esd.prom when that directory (node_exporter's textfile "
-              "collector's on Debian) exists, else none; off: no metrics" },
-    { .name = "metrics.interval_secs", .type = KT_INT, .off = F(metrics_interval_secs),
-      .def = "15", .min = 1, .max = 3600, .help = "how often the metrics file is rewritten" },
-    { .name = "log.target", .type = KT_ENUM, .off = F(log_target), .def = "auto",
+      .help =
+          "a Prometheus textfile-collector file esd rewrites atomically; auto: " METRICS_AUTO_DIR
+          "/esd.prom when that directory (node_exporter's textfile "
+          "collector's on Debian) exists, else none; off: no metrics" },
+    { .name = "metrics.interval_secs",
+      .type = KT_INT,
+      .off = F(metrics_interval_secs),
+      .def = "15",
+      .min = 1,
+      .max = 3600,
+      .help = "how often the metrics file is rewritten" },
+    { .name = "log.target",
+      .type = KT_ENUM,
+      .off = F(log_target),
+      .def = "auto",
       .names = log_targets,
       .help = "auto: journald under systemd, stderr otherwise; journal; stderr" },
-    { .name = "log.level", .type = KT_ENUM, .off = F(log_level), .def = "info",
+    { .name = "log.level",
+      .type = KT_ENUM,
+      .off = F(log_level),
+      .def = "info",
       .names = log_levels,
       .help = "least important messages logged: err, warning, notice, info or debug" },
 };
@@ -297,8 +419,8 @@ static int
 parse_bool(const char *s, size_t n)
 {
     static const char *const words[][3] = {
-        { "true", "True", "TRUE" }, { "yes", "Yes", "YES" }, { "on", "On", "ON" },
-        { "false", "False", "FALSE" }, { "no", "No", "NO" }, { "off", "Off", "OFF" },
+        { "true", "True", "TRUE" },    { "yes", "Yes", "YES" }, { "on", "On", "ON" },
+        { "false", "False", "FALSE" }, { "no", "No", "NO" },    { "off", "Off", "OFF" },
     };
 
     for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
@@ -599,8 +721,7 @@ bad_value(struct parse *ps, const char *name, const char *rule, const yaml_event
 
     buf_init(&b);
     got(ev, &b);
-    r = err_set(ps->err, -EINVAL, "%s:%lu: %s %s, got %s", ps->file, ev_line(ev), name, rule,
-                b.p);
+    r = err_set(ps->err, -EINVAL, "%s:%lu: %s %s, got %s", ps->file, ev_line(ev), name, rule, b.p);
     buf_free(&b);
     return r;
 }
@@ -621,8 +742,8 @@ yaml_error(struct parse *ps)
             line += ps->data[i] == '\n';
     }
     if (p->context)
-        return err_set(ps->err, -EINVAL, "%s:%lu: invalid YAML: %s (%s)", ps->file, line,
-                       problem, p->context);
+        return err_set(ps->err, -EINVAL, "%s:%lu: invalid YAML: %s (%s)", ps->file, line, problem,
+                       p->context);
     return err_set(ps->err, -EINVAL, "%s:%lu: invalid YAML: %s", ps->file, line, problem);
 }
 
@@ -872,8 +993,8 @@ parse_map(struct parse *ps, const char *section)
         }
         line = ev_line(&ev);
         if (ev.type != YAML_SCALAR_EVENT) {
-            r = err_set(ps->err, -EINVAL, "%s:%lu: keys must be strings, got %s", ps->file,
-                        line, ev.type == YAML_SEQUENCE_START_EVENT ? "a list" : "a mapping");
+            r = err_set(ps->err, -EINVAL, "%s:%lu: keys must be strings, got %s", ps->file, line,
+                        ev.type == YAML_SEQUENCE_START_EVENT ? "a list" : "a mapping");
             yaml_event_delete(&ev);
             break;
         }
@@ -931,8 +1052,8 @@ parse_stream(struct parse *ps)
         case YAML_DOCUMENT_START_EVENT:
             if (docs++)
                 r = err_set(ps->err, -EINVAL,
-                            "%s:%lu: only one YAML document is allowed, found another",
-                            ps->file, ev_line(&ev));
+                            "%s:%lu: only one YAML document is allowed, found another", ps->file,
+                            ev_line(&ev));
             break;
         case YAML_MAPPING_START_EVENT:
             r = parse_map(ps, NULL);

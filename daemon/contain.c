@@ -170,8 +170,7 @@ contain_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
         if (r == 0 || ++q->tries >= RMDIR_TRIES) {
             if (r < 0)
-                log_warning(NULL, "cannot remove cgroup %s: %s; leaving it", q->dir,
-                            strerror(-r));
+                log_warning(NULL, "cannot remove cgroup %s: %s; leaving it", q->dir, strerror(-r));
             *p = q->next;
             free(q->dir);
             free(q);
@@ -195,8 +194,10 @@ contain_init(struct ev_loop *loop)
     C.loop = loop;
     ev_timer_init(&C.retry_w, contain_retry_cb, RMDIR_EVERY, RMDIR_EVERY);
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
-        log_warning(NULL, "cannot become the child subreaper of the attempts: %s; what leaves "
-                    "an attempt whose keeper is killed goes to init", strerror(errno));
+        log_warning(NULL,
+                    "cannot become the child subreaper of the attempts: %s; what leaves "
+                    "an attempt whose keeper is killed goes to init",
+                    strerror(errno));
     if (test && *test) {
         /* tests: a cgroup they made, as if systemd had delegated it */
         C.base = xstrdup(test);
@@ -208,13 +209,17 @@ contain_init(struct ev_loop *loop)
         free(own);
         free(mnt);
         if (C.base && access(C.base, W_OK) < 0 && errno == EROFS) {
-            log_info(NULL, "cgroup %s is read-only here (ProtectControlGroups=yes?): each "
-                     "attempt's keeper alone ends what it started (see esd(8))", C.base);
+            log_info(NULL,
+                     "cgroup %s is read-only here (ProtectControlGroups=yes?): each "
+                     "attempt's keeper alone ends what it started (see esd(8))",
+                     C.base);
             free(C.base);
             C.base = NULL;
         } else if (C.base && !delegated(C.base)) {
-            log_info(NULL, "cgroup %s is not delegated to esd: each attempt's keeper alone "
-                     "ends what it started (Delegate=yes, see esd(8))", C.base);
+            log_info(NULL,
+                     "cgroup %s is not delegated to esd: each attempt's keeper alone "
+                     "ends what it started (Delegate=yes, see esd(8))",
+                     C.base);
             free(C.base);
             C.base = NULL;
         }
@@ -226,8 +231,10 @@ contain_init(struct ev_loop *loop)
     leaf = xasprintf("%s/esd", C.base);
     r = mkdir(leaf, 0755) < 0 && errno != EEXIST ? -errno : cg_write(leaf, "cgroup.procs", "0");
     if (r < 0) {
-        log_warning(NULL, "cannot move esd into cgroup %s: %s; attempts get no cgroups, each "
-                    "attempt's keeper alone ends what it started", leaf, strerror(-r));
+        log_warning(NULL,
+                    "cannot move esd into cgroup %s: %s; attempts get no cgroups, each "
+                    "attempt's keeper alone ends what it started",
+                    leaf, strerror(-r));
         free(leaf);
         free(C.base);
         C.base = NULL;

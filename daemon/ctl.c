@@ -41,27 +41,29 @@
 #include "proto.h"
 #include "spawn.h"
 
-#define READ_CHUNK 65536       /* bytes read at once from a connection */
-#define ACCEPT_BURST 64        /* connections accepted in one callback */
-#define ACCEPT_PAUSE_SECS 1.0  /* after running out of descriptors */
-#define KEEP_BUF (256 * 1024)  /* larger buffers are freed once empty */
-#define HOLD_BYTES (1024 * 1024) /* an operation waits while its client has
+#define READ_CHUNK 65536      /* bytes read at once from a connection */
+#define ACCEPT_BURST 64       /* connections accepted in one callback */
+#define ACCEPT_PAUSE_SECS 1.0 /* after running out of descriptors */
+#define KEEP_BUF (256 * 1024) /* larger buffers are freed once empty */
+#define HOLD_BYTES \
+    (1024 * 1024) /* an operation waits while its client has
                                     this much unread */
-#define HANGUP_CHECK_SECS 1.0  /* while an operation runs for a half-closed
+#define HANGUP_CHECK_SECS \
+    1.0 /* while an operation runs for a half-closed
                                   connection: is the peer still there? */
 #define MAX_GROUPS 65536
 #define PW_BUF_MAX (1024 * 1024) /* for getpwuid_r: larger entries count as none */
 
 /* The server: the listening socket and its connections. */
 static struct {
-    struct ev_loop *loop;  /* NULL: not initialised */
+    struct ev_loop *loop; /* NULL: not initialised */
     int fd;
-    bool activated;        /* fd came from systemd */
-    char *path;            /* the socket file we created (NULL if activated) */
-    struct stat st;        /* and its identity (device, inode, change time),
+    bool activated;    /* fd came from systemd */
+    char *path;        /* the socket file we created (NULL if activated) */
+    struct stat st;    /* and its identity (device, inode, change time),
                               so that fini removes only that file */
-    ev_io accept_w;        /* server_accept_cb */
-    ev_timer resume_w;     /* server_resume_cb: accepting again after EMFILE */
+    ev_io accept_w;    /* server_accept_cb */
+    ev_timer resume_w; /* server_resume_cb: accepting again after EMFILE */
     struct conn *conns;
     unsigned nconns;
 } server = { .fd = -1 };
@@ -175,7 +177,7 @@ static const struct opchild_ops op_callbacks = { op_event, op_done };
 
 static void
 op_start(struct conn *c, enum cmd_id id, const cJSON *args, const struct jobref *jr,
-             long long req_id, const char **code, struct esd_err *err)
+         long long req_id, const char **code, struct esd_err *err)
 {
     struct ident who;
     struct spawn_cred cred;
@@ -222,16 +224,17 @@ conn_answer(struct conn *c, const char *line, size_t len)
     err_clear(&err);
     r = proto_parse_request(line, len, &req, &err);
     if (r < 0) {
-        log_debug(NULL, "control request from uid %u pid %d refused: %s",
-                  (unsigned)c->cred.uid, (int)c->cred.pid, err.msg);
+        log_debug(NULL, "control request from uid %u pid %d refused: %s", (unsigned)c->cred.uid,
+                  (int)c->cred.pid, err.msg);
         return proto_reply_error(req.id, proto_error_code(r), err.msg);
     }
     cmd = cmd_find(req.cmd);
     /* (check_ctl: a handler exactly for the commands marked CMDF_DAEMON) */
     fn = cmd ? ctlcmd_handler(cmd->id) : NULL;
     if (!fn) {
-        err_set(&err, -EINVAL, cmd ? "%.100s runs in esctl only, not in esd"
-                                   : "unknown command \"%.100s\"", req.cmd);
+        err_set(&err, -EINVAL,
+                cmd ? "%.100s runs in esctl only, not in esd" : "unknown command \"%.100s\"",
+                req.cmd);
         reply = proto_reply_error(req.id, PROTO_E_UNKNOWN_COMMAND, err.msg);
         goto out;
     }
@@ -293,8 +296,8 @@ static bool
 conn_flush(struct conn *c)
 {
     while (c->sent < c->out.len) {
-        ssize_t n = send(c->fd, c->out.p + c->sent, c->out.len - c->sent,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n =
+            send(c->fd, c->out.p + c->sent, c->out.len - c->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
 
         if (n < 0) {
             if (errno == EINTR)
@@ -542,8 +545,10 @@ server_admit(int fd)
     struct conn *c;
 
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || len != sizeof(cred)) {
-        log_warning(NULL, "control socket: cannot read the peer's credentials: %s; "
-                    "closing the connection", strerror(errno));
+        log_warning(NULL,
+                    "control socket: cannot read the peer's credentials: %s; "
+                    "closing the connection",
+                    strerror(errno));
         close(fd);
         return;
     }
@@ -600,8 +605,8 @@ server_accept_cb(struct ev_loop *loop, ev_io *w, int revents)
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             /* The pending connection stays readable; without a pause the
              * watcher would fire again at once. */
-            log_warning(NULL, "control socket: accept: %s; not accepting for %g s",
-                        strerror(errno), ACCEPT_PAUSE_SECS);
+            log_warning(NULL, "control socket: accept: %s; not accepting for %g s", strerror(errno),
+                        ACCEPT_PAUSE_SECS);
             ev_io_stop(loop, &server.accept_w);
             ev_timer_start(loop, &server.resume_w);
             return;
@@ -635,8 +640,10 @@ remove_stale(const struct sockaddr_un *sa, struct esd_err *err)
         return err_sys(err, -errno, "cannot check the control socket path %s", path);
     }
     if (!S_ISSOCK(st.st_mode))
-        return err_set(err, -EEXIST, "control socket path %s exists and is not a socket; "
-                       "not removing it", path);
+        return err_set(err, -EEXIST,
+                       "control socket path %s exists and is not a socket; "
+                       "not removing it",
+                       path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return err_sys(err, -errno, "cannot create a socket");
@@ -645,8 +652,10 @@ remove_stale(const struct sockaddr_un *sa, struct esd_err *err)
     close(fd);
     /* EAGAIN: a listener whose backlog is full is still a listener. */
     if (r == 0 || e == EAGAIN || e == EINPROGRESS)
-        return err_set(err, -EADDRINUSE, "another process listens on the control socket %s "
-                       "(is esd already running?)", path);
+        return err_set(err, -EADDRINUSE,
+                       "another process listens on the control socket %s "
+                       "(is esd already running?)",
+                       path);
     if (e == ENOENT)
         return 0;
     if (e != ECONNREFUSED)
@@ -671,8 +680,10 @@ socket_create(const char *path, const char *group, int mode, int *ret_fd, struct
     if (!path || !*path)
         return err_set(err, -EINVAL, "the control socket path is empty");
     if (strlen(path) >= sizeof(sa.sun_path))
-        return err_set(err, -ENAMETOOLONG, "control socket path %s is too long (at most %zu "
-                       "bytes)", path, sizeof(sa.sun_path) - 1);
+        return err_set(err, -ENAMETOOLONG,
+                       "control socket path %s is too long (at most %zu "
+                       "bytes)",
+                       path, sizeof(sa.sun_path) - 1);
     memcpy(sa.sun_path, path, strlen(path) + 1);
     dir = fs_dirname(path);
     r = fs_mkdir_p(dir, 0755, &why);
@@ -703,11 +714,12 @@ socket_create(const char *path, const char *group, int mode, int *ret_fd, struct
         struct group *gr = getgrnam(group);
 
         if (!gr)
-            log_notice(NULL, "control socket %s: group %s does not exist, so only root can "
-                       "connect; continuing", path, group);
+            log_notice(NULL,
+                       "control socket %s: group %s does not exist, so only root can "
+                       "connect; continuing",
+                       path, group);
         else if (chown(path, 0, gr->gr_gid) < 0) {
-            r = err_sys(err, -errno, "cannot give the control socket %s to group %s", path,
-                        group);
+            r = err_sys(err, -errno, "cannot give the control socket %s to group %s", path, group);
             goto fail;
         }
     }
@@ -730,8 +742,7 @@ fail:
 }
 
 int
-ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
-         struct esd_err *err)
+ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd, struct esd_err *err)
 {
     int fd, r;
 
@@ -742,12 +753,15 @@ ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
 
         if (fl < 0 || fcntl(activated_fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
             fcntl(activated_fd, F_SETFD, FD_CLOEXEC) < 0)
-            return err_sys(err, -errno, "cannot set up the control socket from systemd "
-                           "(fd %d)", activated_fd);
+            return err_sys(err, -errno,
+                           "cannot set up the control socket from systemd "
+                           "(fd %d)",
+                           activated_fd);
         fd = activated_fd;
         server.activated = true;
     } else {
-        r = socket_create(c->socket_path, c->socket_group, c->socket_mode ? c->socket_mode : 0660, &fd, err);
+        r = socket_create(c->socket_path, c->socket_group, c->socket_mode ? c->socket_mode : 0660,
+                          &fd, err);
         if (r < 0)
             return r;
         server.path = xstrdup(c->socket_path);

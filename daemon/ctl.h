@@ -26,8 +26,7 @@
  * (its directory created, mode 0660, any stale socket replaced) before
  * READY=1. Returns 0 or a negative errno with err set.
  */
-int ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
-             struct esd_err *err);
+int ctl_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd, struct esd_err *err);
 
 /* The daemon's status for the "status" command (the caller owns it). */
 void ctl_set_status(cJSON *(*fn)(void));

@@ -92,8 +92,7 @@ ctlcmd_privileged(const struct conn *c)
 {
     if (c->cred.uid == 0)
         return true;
-    return !ctlcmd_is_esd_uid(&c->cred) &&
-           ctlcmd_in_control_group(&c->cred, c->groups, c->ngroups);
+    return !ctlcmd_is_esd_uid(&c->cred) && ctlcmd_in_control_group(&c->cred, c->groups, c->ngroups);
 }
 
 const char *
@@ -109,8 +108,8 @@ void
 ctlcmd_log_refusal(const struct conn *c, const char *cmd, const char *code, const char *why)
 {
     if (code && !strcmp(code, PROTO_E_DENIED))
-        log_notice(NULL, "control: %s from uid %u pid %d refused: %s", cmd,
-                   (unsigned)c->cred.uid, (int)c->cred.pid, why);
+        log_notice(NULL, "control: %s from uid %u pid %d refused: %s", cmd, (unsigned)c->cred.uid,
+                   (int)c->cred.pid, why);
 }
 
 void
@@ -218,24 +217,30 @@ authorise(const struct conn *c, const struct cmd_def *cmd, const cJSON *args, st
     memset(jr, 0, sizeof(*jr));
     if (cmd->auth == AUTH_NODE && !ctlcmd_privileged(c)) {
         if (ctlcmd_is_esd_uid(&c->cred))
-            snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
+            snprintf(msg, sizeof(msg),
+                     "%s changes this node's work: only root or members of "
                      "group %s may run it, not uid %u, which esd and its attempts run as",
                      cmd->name, ctlcmd_group_name(), (unsigned)c->cred.uid);
         else
-            snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
-                     "group %s may run it", cmd->name, ctlcmd_group_name());
+            snprintf(msg, sizeof(msg),
+                     "%s changes this node's work: only root or members of "
+                     "group %s may run it",
+                     cmd->name, ctlcmd_group_name());
         return deny(c, cmd, code, err, msg);
     }
     /* esd's own uid works its own jobs: the service-user deployment's
      * `sudo -u esd esctl submit` (the ownership check below). */
     if (cmd->auth == AUTH_JOB && !ctlcmd_privileged(c) && !ctlcmd_is_esd_uid(&c->cred)) {
         if (geteuid() != 0)
-            snprintf(msg, sizeof(msg), "%s changes this node's work: only root, members of "
-                     "group %s or uid %u (esd), on jobs they own, may run it", cmd->name,
-                     ctlcmd_group_name(), (unsigned)geteuid());
+            snprintf(msg, sizeof(msg),
+                     "%s changes this node's work: only root, members of "
+                     "group %s or uid %u (esd), on jobs they own, may run it",
+                     cmd->name, ctlcmd_group_name(), (unsigned)geteuid());
         else
-            snprintf(msg, sizeof(msg), "%s changes this node's work: only root or members of "
-                     "group %s may run it", cmd->name, ctlcmd_group_name());
+            snprintf(msg, sizeof(msg),
+                     "%s changes this node's work: only root or members of "
+                     "group %s may run it",
+                     cmd->name, ctlcmd_group_name());
         return deny(c, cmd, code, err, msg);
     }
     if (!dir)
@@ -260,7 +265,8 @@ authorise(const struct conn *c, const struct cmd_def *cmd, const cJSON *args, st
     /* A non-root esd cannot read the caller's recipe and dataset as the
      * caller, and must not read them as itself on the caller's behalf. */
     if (creates && geteuid() != 0 && c->cred.uid != 0 && c->cred.uid != geteuid()) {
-        snprintf(msg, sizeof(msg), "esd runs as uid %u and cannot read your files as you; run "
+        snprintf(msg, sizeof(msg),
+                 "esd runs as uid %u and cannot read your files as you; run "
                  "`esctl prepare --local` yourself, then `esctl submit %.300s`",
                  (unsigned)geteuid(), jr->dir);
         r = deny(c, cmd, code, err, msg);
@@ -296,27 +302,32 @@ seen_check(const struct conn *c, const cJSON *root, const char **code, struct es
     jobs_fs_restore(prev);
     if (r == 0 && (long long)st.st_dev == dev && (long long)st.st_ino == ino)
         return 0;
-    tmp_differs = json_get_int(s, "tmp_dev", &tdev) == 0 && json_get_int(s, "tmp_ino", &tino) == 0 &&
-                  (stat("/tmp", &tmp) < 0 || (long long)tmp.st_dev != tdev ||
-                   (long long)tmp.st_ino != tino);
+    tmp_differs =
+        json_get_int(s, "tmp_dev", &tdev) == 0 && json_get_int(s, "tmp_ino", &tino) == 0 &&
+        (stat("/tmp", &tmp) < 0 || (long long)tmp.st_dev != tdev || (long long)tmp.st_ino != tino);
     in_tmp = !strcmp(path, "/tmp") || !strncmp(path, "/tmp/", 5) || !strcmp(path, "/var/tmp") ||
              !strncmp(path, "/var/tmp/", 9);
     *code = PROTO_E_FAILED;
     if (tmp_differs && in_tmp)
-        return err_set(err, -ENOENT, "esd runs with PrivateTmp: %s is not the same directory "
+        return err_set(err, -ENOENT,
+                       "esd runs with PrivateTmp: %s is not the same directory "
                        "for it (esd has a /tmp and /var/tmp of its own); put the job under a "
                        "directory esd shares, such as the shared job mount listed in "
-                       "ReadWritePaths= (systemctl edit esd), not under /tmp", path);
+                       "ReadWritePaths= (systemctl edit esd), not under /tmp",
+                       path);
     if (r < 0)
-        return err_set(err, -ENOENT, "esd does not see %s, which you see (device %lld, inode "
+        return err_set(err, -ENOENT,
+                       "esd does not see %s, which you see (device %lld, inode "
                        "%lld): esd runs in a mount namespace of its own (systemd's PrivateTmp=, "
                        "PrivateMounts=, ProtectHome=, or a container); put the job on a file "
-                       "system esd sees at the same path", path, dev, ino);
-    return err_set(err, -ENOENT, "esd sees another directory at %s (device %llu, inode %llu) "
+                       "system esd sees at the same path",
+                       path, dev, ino);
+    return err_set(err, -ENOENT,
+                   "esd sees another directory at %s (device %llu, inode %llu) "
                    "than you do (device %lld, inode %lld): esd runs in a mount namespace of its "
                    "own (systemd's PrivateTmp=, PrivateMounts=, ProtectHome=, or a container); "
-                   "put the job on a file system esd sees at the same path", path,
-                   (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, dev, ino);
+                   "put the job on a file system esd sees at the same path",
+                   path, (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, dev, ino);
 }
 
 int
@@ -426,8 +437,9 @@ state_matches(const char *want, const char *state)
 {
     static const char *const running[] = { "active", "draining", "finalizing" };
     static const char *const finished[] = { "complete", "failed", "cancelled" };
-    const char *const *set = !strcmp(want, "running") ? running
-                             : !strcmp(want, "finished") ? finished : NULL;
+    const char *const *set = !strcmp(want, "running")    ? running
+                             : !strcmp(want, "finished") ? finished
+                                                         : NULL;
 
     if (!state)
         return false;
@@ -443,8 +455,8 @@ static cJSON *
 handle_list(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct jobref *jr,
             long long req_id, const char **code, struct esd_err *err)
 {
-    static const char *const known[] = { "active",  "draining", "finalizing", "complete",
-                                         "merged",  "failed",   "cancelled",  "running",
+    static const char *const known[] = { "active",   "draining",  "finalizing", "complete",
+                                         "merged",   "failed",    "cancelled",  "running",
                                          "finished", "forgotten", "spooled" };
     const char *want = cmd_arg_str(args, O_STATE);
     cJSON *r, *jobs, *x, *next;
@@ -454,9 +466,11 @@ handle_list(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct
         ok = ok || !strcmp(want, known[i]);
     if (!ok) {
         *code = PROTO_E_BAD_ARGS;
-        err_set(err, -EINVAL, "list: unknown state \"%.100s\" (active, draining, finalizing, "
+        err_set(err, -EINVAL,
+                "list: unknown state \"%.100s\" (active, draining, finalizing, "
                 "complete or merged, failed, cancelled; running, finished; with --all also "
-                "forgotten, spooled)", want);
+                "forgotten, spooled)",
+                want);
         return NULL;
     }
     r = must(cJSON_CreateObject());
@@ -562,15 +576,19 @@ handle_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
         (!j || !j->loaded || j->uid != c->cred.uid)) {
         char msg[512];
 
-        snprintf(msg, sizeof(msg), "%.300s does not exist, so its owner cannot be checked; "
-                 "only root or the job's owner may cancel it", jr->dir);
+        snprintf(msg, sizeof(msg),
+                 "%.300s does not exist, so its owner cannot be checked; "
+                 "only root or the job's owner may cancel it",
+                 jr->dir);
         deny(c, cmd, code, err, msg);
         return NULL;
     }
     if (!j && !everywhere) {
         *code = PROTO_E_NOT_FOUND;
-        err_set(err, -ENOENT, "%s is not a job of this node (--everywhere cancels it on every "
-                "node through the job directory)", jr->dir);
+        err_set(err, -ENOENT,
+                "%s is not a job of this node (--everywhere cancels it on every "
+                "node through the job directory)",
+                jr->dir);
         return NULL;
     }
     if (j && (j->state == JOB_FINALIZING || j->state == JOB_COMPLETE)) {
@@ -587,8 +605,7 @@ handle_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
         bool is_job = sr == 0 && S_ISREG(st.st_mode);
 
         if (!is_job && !manifest_dir_explain(jr->dir, sr ? sr : -ENOENT, err))
-            err_set(err, -ENOENT, "%s: not a job directory (manifest.json is not a file)",
-                    jr->dir);
+            err_set(err, -ENOENT, "%s: not a job directory (manifest.json is not a file)", jr->dir);
         jobs_fs_restore(prev);
         free(manifest);
         if (!is_job) {
@@ -596,7 +613,8 @@ handle_cancel(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
             return NULL;
         }
         if (geteuid() == 0 && jr->st.st_uid == 0) {
-            deny(c, cmd, code, err, "a job directory owned by root is not a job esd works; "
+            deny(c, cmd, code, err,
+                 "a job directory owned by root is not a job esd works; "
                  "not writing into it");
             return NULL;
         }
@@ -643,8 +661,10 @@ handle_forget(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
         (!j || j->uid != c->cred.uid)) {
         char msg[512];
 
-        snprintf(msg, sizeof(msg), "%.300s does not exist, so its owner cannot be checked; "
-                 "only root or the job's owner may forget it", jr->dir);
+        snprintf(msg, sizeof(msg),
+                 "%.300s does not exist, so its owner cannot be checked; "
+                 "only root or the job's owner may forget it",
+                 jr->dir);
         deny(c, cmd, code, err, msg);
         return NULL;
     }
@@ -666,13 +686,16 @@ handle_forget(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
     if (!jobs_forgettable(j)) {
         *code = PROTO_E_CONFLICT;
         if (j->running || j->finalize)
-            err_set(err, -EBUSY, "job %s is %s and still has %zu attempt(s)%s running on this "
-                    "node; try again once they ended", jr->dir, job_state_name[j->state],
-                    j->running, j->finalize ? " or its merge" : "");
+            err_set(err, -EBUSY,
+                    "job %s is %s and still has %zu attempt(s)%s running on this "
+                    "node; try again once they ended",
+                    jr->dir, job_state_name[j->state], j->running,
+                    j->finalize ? " or its merge" : "");
         else
-            err_set(err, -EBUSY, "job %s is %s on this node; forget drops only a job that is "
-                    "over: cancel it first (esctl cancel %s%s)", jr->dir,
-                    job_state_name[j->state], jr->dir, everywhere ? " --everywhere" : "");
+            err_set(err, -EBUSY,
+                    "job %s is %s on this node; forget drops only a job that is "
+                    "over: cancel it first (esctl cancel %s%s)",
+                    jr->dir, job_state_name[j->state], jr->dir, everywhere ? " --everywhere" : "");
         return NULL;
     }
     log_notice(NULL, "control: forget %s%s by uid %u pid %d", jr->dir,
@@ -692,8 +715,7 @@ handle_forget(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
  * with *code and err naming the cause and the fix.
  */
 static int
-submit_precheck(const cJSON *args, const struct jobref *jr, const char **code,
-                struct esd_err *err)
+submit_precheck(const cJSON *args, const struct jobref *jr, const char **code, struct esd_err *err)
 {
     const char *spool = jobs_spool_dir(), *type = NULL, *stype = NULL;
     bool local = false, rdonly = false, slocal = false;
@@ -707,11 +729,13 @@ submit_precheck(const cJSON *args, const struct jobref *jr, const char **code,
     if (fs_kind(jr->dir, &type, &local, &rdonly, &at, err) < 0)
         err_clear(err);
     if (rdonly) {
-        r = err_set(err, -EROFS, "%s is read-only for esd (%s is on a file system mounted "
+        r = err_set(err, -EROFS,
+                    "%s is read-only for esd (%s is on a file system mounted "
                     "read-only in esd's view: systemd's ProtectSystem=strict, unless the "
                     "directory is listed in ReadWritePaths=); add a drop-in with "
                     "`systemctl edit esd`: [Service] ReadWritePaths=%s, then `systemctl "
-                    "restart esd`", jr->dir, at, at);
+                    "restart esd`",
+                    jr->dir, at, at);
         free(at);
         return r;
     }
@@ -719,29 +743,35 @@ submit_precheck(const cJSON *args, const struct jobref *jr, const char **code,
     if (!cmd_arg_flag(args, O_EVERYWHERE))
         return 0;
     if (!spool)
-        return err_set(err, -EINVAL, "no spool_dir is configured on this node, so --everywhere "
+        return err_set(err, -EINVAL,
+                       "no spool_dir is configured on this node, so --everywhere "
                        "cannot register the job for every node (set spool_dir in esd.yaml to a "
                        "directory on the shared storage, or submit without --everywhere)");
     if (stat(spool, &st) < 0 || !S_ISDIR(st.st_mode))
-        return err_set(err, -ENOENT, "spool_dir %s does not exist on this node, so --everywhere "
+        return err_set(err, -ENOENT,
+                       "spool_dir %s does not exist on this node, so --everywhere "
                        "cannot register the job for every node; create it on the shared "
                        "storage (mkdir -p %s, writable by esd's user) or fix spool_dir in "
-                       "esd.yaml", spool, spool);
+                       "esd.yaml",
+                       spool, spool);
     if (!ctlcmd_server.conf->shared_fs_check)
         return 0;
     if (local)
-        return err_set(err, -EXDEV, "%s is on a node-local file system (%s): other nodes cannot "
+        return err_set(err, -EXDEV,
+                       "%s is on a node-local file system (%s): other nodes cannot "
                        "see it, so --everywhere cannot work; put the job on the shared storage "
                        "(NFS, Lustre, GPFS, CephFS, ...), or submit without --everywhere "
-                       "(shared_fs_check: false in esd.yaml for a single machine)", jr->dir,
-                       type);
+                       "(shared_fs_check: false in esd.yaml for a single machine)",
+                       jr->dir, type);
     if (fs_kind(spool, &stype, &slocal, &rdonly, NULL, err) < 0)
         err_clear(err);
     if (slocal)
-        return err_set(err, -EXDEV, "spool_dir %s is on a node-local file system (%s): other "
+        return err_set(err, -EXDEV,
+                       "spool_dir %s is on a node-local file system (%s): other "
                        "nodes never see what is registered there; point spool_dir at the "
                        "shared storage (shared_fs_check: false in esd.yaml for a single "
-                       "machine)", spool, stype);
+                       "machine)",
+                       spool, stype);
     return 0;
 }
 
@@ -761,8 +791,10 @@ submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, c
     if (geteuid() == 0 && jr->st.st_uid == 0) {
         char msg[512];
 
-        snprintf(msg, sizeof(msg), "%.300s is owned by root, and esd never runs attempts as "
-                 "root; give it to the user the attempts should run as", jr->dir);
+        snprintf(msg, sizeof(msg),
+                 "%.300s is owned by root, and esd never runs attempts as "
+                 "root; give it to the user the attempts should run as",
+                 jr->dir);
         return deny(c, &cmd_table[CMD_SUBMIT], code, err, msg);
     }
     if (!(jr->st.st_mode & S_IWUSR))
@@ -781,11 +813,15 @@ submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, c
         if (out[0] != '/')
             r = err_set(err, -EINVAL, "output must be an absolute path, got %.200s", out);
         else if ((r = pypath_realpath(out, ret_out, err)) == 0 && !fs_is_inside(jr->dir, *ret_out))
-            r = err_set(err, -EACCES, "output %s is outside the job directory %s; esd merges "
-                        "only inside it", *ret_out, jr->dir);
+            r = err_set(err, -EACCES,
+                        "output %s is outside the job directory %s; esd merges "
+                        "only inside it",
+                        *ret_out, jr->dir);
         else if (r == 0 && merge_output_clobbers(jr->dir, *ret_out))
-            r = err_set(err, -EINVAL, "output %s would overwrite part of the job directory; "
-                        "choose another path", *ret_out);
+            r = err_set(err, -EINVAL,
+                        "output %s would overwrite part of the job directory; "
+                        "choose another path",
+                        *ret_out);
     }
     jobs_fs_restore(prev);
     free(manifest);
@@ -801,8 +837,8 @@ submit_check(const struct conn *c, const cJSON *args, const struct jobref *jr, c
 }
 
 static cJSON *
-submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr,
-                const char **code, struct esd_err *err)
+submit_register(const struct conn *c, const cJSON *args, const struct jobref *jr, const char **code,
+                struct esd_err *err)
 {
     char *out = NULL;
     struct job *j;
@@ -844,13 +880,15 @@ merge_again(const struct conn *c, const struct jobref *jr)
         return NULL;
     /* (being merged here: nothing to hold again; a job with shards to do
      * is the operation's to refuse) */
-    if (!j->finalize && !(j->state == JOB_FAILED ||
-                          (j->loaded && j->claimer.ndone == j->m.nshards)))
+    if (!j->finalize &&
+        !(j->state == JOB_FAILED || (j->loaded && j->claimer.ndone == j->m.nshards)))
         return NULL;
     if (!j->finalize && !finalize_retry(j))
         return NULL;
-    log_notice(&(struct log_ctx){ .job = &j->log }, "control: merge of %s held again for uid %u "
-               "pid %d", j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid);
+    log_notice(&(struct log_ctx){ .job = &j->log },
+               "control: merge of %s held again for uid %u "
+               "pid %d",
+               j->job_dir, (unsigned)c->cred.uid, (int)c->cred.pid);
     sched_kick();
     r = job_result(j);
     json_add_bool(r, "held_again", true);
@@ -906,7 +944,8 @@ handle_logs(struct conn *c, const struct cmd_def *cmd, const cJSON *args, struct
 {
     if (!cmd_arg_has(args, O_SHARD)) {
         *code = PROTO_E_BAD_ARGS;
-        err_set(err, -EINVAL, "logs through esd needs --shard (esctl reads the journal "
+        err_set(err, -EINVAL,
+                "logs through esd needs --shard (esctl reads the journal "
                 "itself for a whole job)");
         return NULL;
     }
@@ -939,23 +978,12 @@ handle_submit(struct conn *c, const struct cmd_def *cmd, const cJSON *args, stru
 
 /* Indexed by enum cmd_id; NULL: esd does not serve it (esctl runs it). */
 static ctlcmd_fn *const handlers[CMD__COUNT] = {
-    [CMD_PING] = handle_ping,
-    [CMD_VERSION] = handle_version,
-    [CMD_SUBMIT] = handle_submit,
-    [CMD_LIST] = handle_list,
-    [CMD_STATUS] = handle_status,
-    [CMD_PREPARE] = handle_op,
-    [CMD_RETRY] = handle_op,
-    [CMD_MERGE] = handle_merge,
-    [CMD_VERIFY] = handle_op,
-    [CMD_CANCEL] = handle_cancel,
-    [CMD_FORGET] = handle_forget,
-    [CMD_DRAIN] = handle_drain,
-    [CMD_RESUME] = handle_drain,
-    [CMD_NODES] = handle_nodes,
-    [CMD_LOGS] = handle_logs,
-    [CMD_CONFIG] = handle_config,
-    [CMD_RELOAD] = handle_reload,
+    [CMD_PING] = handle_ping,     [CMD_VERSION] = handle_version, [CMD_SUBMIT] = handle_submit,
+    [CMD_LIST] = handle_list,     [CMD_STATUS] = handle_status,   [CMD_PREPARE] = handle_op,
+    [CMD_RETRY] = handle_op,      [CMD_MERGE] = handle_merge,     [CMD_VERIFY] = handle_op,
+    [CMD_CANCEL] = handle_cancel, [CMD_FORGET] = handle_forget,   [CMD_DRAIN] = handle_drain,
+    [CMD_RESUME] = handle_drain,  [CMD_NODES] = handle_nodes,     [CMD_LOGS] = handle_logs,
+    [CMD_CONFIG] = handle_config, [CMD_RELOAD] = handle_reload,
 };
 
 ctlcmd_fn *
@@ -980,7 +1008,8 @@ ctlcmd_op_reply(struct conn *c, cJSON *result, const char *code, const char *mes
 
         err_clear(&err);
         if (jobref_get(c, cmd_arg_str(c->then, O_JOB_DIR), &jr, &code2, &err) == 0 && !jr.exists)
-            err_set(&err, -ENOENT, "prepare left no job directory %s", jr.dir), code2 = PROTO_E_FAILED;
+            err_set(&err, -ENOENT, "prepare left no job directory %s", jr.dir),
+                code2 = PROTO_E_FAILED;
         if (jr.dir && jr.exists && (res = submit_register(c, c->then, &jr, &code2, &err))) {
             cJSON_AddItemToObject(res, "prepared", result);
             reply = proto_reply_ok(c->op_id, res);

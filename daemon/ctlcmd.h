@@ -28,25 +28,25 @@
 /* One client connection. */
 struct conn {
     int fd;
-    struct ucred cred;  /* the peer, from SO_PEERCRED at accept */
-    gid_t *groups;      /* its supplementary groups (SO_PEERGROUPS) */
+    struct ucred cred; /* the peer, from SO_PEERCRED at accept */
+    gid_t *groups;     /* its supplementary groups (SO_PEERGROUPS) */
     size_t ngroups;
     struct proto_share share; /* what it counts against, set at accept */
-    ev_io read_w;       /* readable: conn_read_cb */
-    ev_io write_w;      /* writable while a reply is pending: conn_write_cb */
-    ev_timer idle_w;    /* idle_secs without a complete request or a reply
+    ev_io read_w;             /* readable: conn_read_cb */
+    ev_io write_w;            /* writable while a reply is pending: conn_write_cb */
+    ev_timer idle_w;          /* idle_secs without a complete request or a reply
                            making progress: conn_idle_cb */
-    struct buf in;      /* bytes received; in.p[pos..] not yet answered */
-    size_t pos;         /* start of the current (incomplete) line */
-    size_t scan;        /* in.p[pos..scan) holds no "\n" */
-    struct buf out;     /* reply bytes; out.p[sent..] not yet sent */
+    struct buf in;            /* bytes received; in.p[pos..] not yet answered */
+    size_t pos;               /* start of the current (incomplete) line */
+    size_t scan;              /* in.p[pos..scan) holds no "\n" */
+    struct buf out;           /* reply bytes; out.p[sent..] not yet sent */
     size_t sent;
     bool eof;           /* the peer will send nothing more */
     bool closing;       /* close once out has gone */
     struct opchild *op; /* the operation running for the current request */
     long long op_id;    /* its request id */
     enum cmd_id op_cmd;
-    cJSON *then;        /* submit --config: the registration after prepare */
+    cJSON *then; /* submit --config: the registration after prepare */
     struct conn *prev, *next;
 };
 
@@ -108,10 +108,10 @@ cJSON *ctlcmd_op_reply(struct conn *c, cJSON *result, const char *code, const ch
  * other way round (scripts/modcheck).
  */
 struct ctlcmd_server {
-    const struct esd_conf *conf;        /* NULL until ctl_reconfigure() */
-    char *node;                         /* node_name, for ping and status */
-    double idle_secs;                   /* PROTO_IDLE_SECS, or the test's */
-    bool have_group;                    /* the control group (socket_group) exists */
+    const struct esd_conf *conf; /* NULL until ctl_reconfigure() */
+    char *node;                  /* node_name, for ping and status */
+    double idle_secs;            /* PROTO_IDLE_SECS, or the test's */
+    bool have_group;             /* the control group (socket_group) exists */
     gid_t group;
     cJSON *(*status)(void);             /* ctl_set_status(), or NULL */
     int (*reload)(struct esd_err *err); /* ctl_set_reload(), or NULL */

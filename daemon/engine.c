@@ -31,8 +31,7 @@ engine_status(void)
 }
 
 int
-engine_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd,
-            struct esd_err *err)
+engine_init(struct ev_loop *loop, const struct esd_conf *c, int activated_fd, struct esd_err *err)
 {
     loop_ = loop;
     conf_ = c;

@@ -41,15 +41,15 @@
 
 struct fin {
     struct job *job;
-    char *dir;    /* <job>/state/esd */
-    char *lock;   /* finalize.lock */
-    char *result; /* finalize.json */
+    char *dir;      /* <job>/state/esd */
+    char *lock;     /* finalize.lock */
+    char *result;   /* finalize.json */
     char token[33]; /* of the election this node won */
     bool winner;
-    bool lost;      /* the election lock was taken over while it merged */
+    bool lost; /* the election lock was taken over while it merged */
     pid_t pid;
     ev_child child_w;
-    ev_io out_w;      /* winner: the merging child's record */
+    ev_io out_w; /* winner: the merging child's record */
     struct helper_guard guard;
     struct buf out;
     bool exited, eof;
@@ -221,8 +221,10 @@ fin_fence(void *ctx, struct esd_err *err)
         return 0;
     fd = claim_fence(f->lock, f->token, false, &why);
     if (fd == -ESTALE)
-        return err_set(err, -ESTALE, "this node no longer holds the finalize election (%s); "
-                       "not publishing", why.msg);
+        return err_set(err, -ESTALE,
+                       "this node no longer holds the finalize election (%s); "
+                       "not publishing",
+                       why.msg);
     if (fd < 0)
         return err_set(err, fd, "%s", why.msg);
     fence_fd = fd;
@@ -234,8 +236,7 @@ fin_fence(void *ctx, struct esd_err *err)
  * lock under the fence; a failure of the storage or the node only gives
  * the lock up, for the election to be held again. It reports one line:
  * the record with "status" complete, failed, retry or lost. */
-static void __attribute__((noreturn))
-fin_merge_child(struct fin *f, int fd)
+static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
 {
     struct job *j = f->job;
     struct merge_opts o = { 0 };
@@ -297,8 +298,7 @@ fin_merge_child(struct fin *f, int fd)
      * first), and a merge to be tried again leaves no record, only a
      * released lock, so the election is simply held again. */
     if (fence_fd >= 0) {
-        if (strcmp(status, "retry") &&
-            json_write_atomic(f->result, rec, JSON_PRETTY, &ferr) < 0) {
+        if (strcmp(status, "retry") && json_write_atomic(f->result, rec, JSON_PRETTY, &ferr) < 0) {
             /* the record could not be written: the election again */
             cJSON_ReplaceItemInObjectCaseSensitive(rec, "status", cJSON_CreateString("retry"));
             json_set(rec, "error", cJSON_CreateString(ferr.msg));
@@ -348,8 +348,10 @@ fin_merged_as_owner(struct fin *f)
     }
     if ((status && !strcmp(status, "lost")) || f->lost) {
         if (status && !strcmp(status, "lost"))
-            log_warning(&f->ctx, "this node lost the finalize election while it merged, and "
-                        "its merge did not publish: %s", error ? error : "");
+            log_warning(&f->ctx,
+                        "this node lost the finalize election while it merged, and "
+                        "its merge did not publish: %s",
+                        error ? error : "");
         f->lost = false;
         cJSON_Delete(rec);
         f->winner = false;
@@ -372,8 +374,8 @@ fin_merged_as_owner(struct fin *f)
     j->merge_failures++;
     {
         char *why = xasprintf("the merge failed on node %s: %s; it is held again in %.0f s "
-                              "(or at once on esctl merge or submit)", F.conf->node_name,
-                              error ? error : how, wait);
+                              "(or at once on esctl merge or submit)",
+                              F.conf->node_name, error ? error : how, wait);
 
         log_event(LOG_LVL_ERR, &f->ctx, MSGID_MERGE_FAILED, "%s", why);
         fin_free(f);
@@ -680,8 +682,7 @@ finalize_retry(struct job *j)
     j->next_claim = 0;
     if (moved)
         log_notice(&(struct log_ctx){ .job = &j->log },
-                   "job %s: the record of its failed merge moved aside; merging again",
-                   j->job_dir);
+                   "job %s: the record of its failed merge moved aside; merging again", j->job_dir);
     return true;
 }
 
@@ -692,8 +693,10 @@ finalize_stop_all(void)
         struct fin *f = j->finalize;
 
         if (f && f->pid > 0) {
-            log_notice(&f->ctx, "stopping the merge (pid %d); another node or a restart "
-                       "merges again", (int)f->pid);
+            log_notice(&f->ctx,
+                       "stopping the merge (pid %d); another node or a restart "
+                       "merges again",
+                       (int)f->pid);
             kill(f->pid, SIGTERM);
         }
     }

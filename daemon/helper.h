@@ -59,8 +59,7 @@ struct helper_id {
  * exits at once with HELPER_EXIT_SETUP, having reported nothing.
  */
 #define HELPER_EXIT_SETUP 126
-pid_t helper_fork(const char *what, const struct helper_id *who, int *ret_fd,
-                  struct esd_err *err);
+pid_t helper_fork(const char *what, const struct helper_id *who, int *ret_fd, struct esd_err *err);
 
 /* In a helper: writes the report bytes whole, with the tick held off so
  * that its newline cannot land inside them. 0 or a negative errno. */
@@ -75,15 +74,15 @@ struct helper_guard {
     pid_t pid;
     const char *what;
     struct log_ctx ctx;
-    double limit;        /* seconds; 0: none */
+    double limit; /* seconds; 0: none */
     ev_timer silence_w;
     ev_timer limit_w;
-    bool fired;          /* the guard killed it */
+    bool fired; /* the guard killed it */
 };
 
 /* Starts watching pid (limit seconds in all, 0 for no limit). */
-void helper_guard_start(struct helper_guard *g, struct ev_loop *loop, pid_t pid,
-                        const char *what, const struct log_ctx *ctx, double limit);
+void helper_guard_start(struct helper_guard *g, struct ev_loop *loop, pid_t pid, const char *what,
+                        const struct log_ctx *ctx, double limit);
 /* The helper sent something: it is alive. */
 void helper_guard_fed(struct helper_guard *g, struct ev_loop *loop);
 /* While paused (its reader is held back, so it cannot be heard) a helper

@@ -31,25 +31,25 @@
 #include "sha256.h"
 
 const char *const job_state_name[] = {
-    [JOB_ACTIVE] = "active",       [JOB_DRAINING] = "draining", [JOB_FINALIZING] = "finalizing",
-    [JOB_COMPLETE] = "complete",   [JOB_FAILED] = "failed",     [JOB_CANCELLED] = "cancelled",
+    [JOB_ACTIVE] = "active",     [JOB_DRAINING] = "draining", [JOB_FINALIZING] = "finalizing",
+    [JOB_COMPLETE] = "complete", [JOB_FAILED] = "failed",     [JOB_CANCELLED] = "cancelled",
 };
 
 static struct {
     const struct esd_conf *conf;
     struct job *head;
     size_t n;
-    char *jobs_dir;     /* <state_dir>/jobs */
-    char *claims_dir;   /* <state_dir>/claims: <key>.<token>.json per claim held */
-    char *forgotten_dir; /* <state_dir>/forgotten: spool entries forgotten here */
-    int lock_fd;        /* <state_dir>/esd.lock, flocked while esd runs */
+    char *jobs_dir;       /* <state_dir>/jobs */
+    char *claims_dir;     /* <state_dir>/claims: <key>.<token>.json per claim held */
+    char *forgotten_dir;  /* <state_dir>/forgotten: spool entries forgotten here */
+    int lock_fd;          /* <state_dir>/esd.lock, flocked while esd runs */
     struct djversion djv; /* what this node's processor runs, and how it was read */
     struct ev_loop *loop;
     /* the registry and the spool directories, watched with inotify for
      * files written or renamed into them (this node's writes only: the
      * rescan timer covers other nodes' on NFS) */
     ev_io notify_w;
-    char *spool_dir;    /* as the watch was set */
+    char *spool_dir; /* as the watch was set */
     void (*changed)(void);
     /* the modules above, told (set by them at their init: the registry
      * never calls up) */
@@ -298,8 +298,10 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
     r = strcmp(real, dir);
     free(real);
     if (r)
-        return err_set(err, -ELOOP, "%s is not the directory it names: a symbolic link is on "
-                       "its path; not following it", dir);
+        return err_set(err, -ELOOP,
+                       "%s is not the directory it names: a symbolic link is on "
+                       "its path; not following it",
+                       dir);
     /* ownership and inode from the opened directory, not from a second
      * lookup of the name that could meanwhile name another */
     fd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -310,18 +312,24 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
     if (r < 0)
         return r;
     if (have_uid && st.st_uid != uid)
-        return err_set(err, -EPERM, "%s now belongs to uid %u, not to uid %u who submitted it",
-                       dir, (unsigned)st.st_uid, (unsigned)uid);
+        return err_set(err, -EPERM, "%s now belongs to uid %u, not to uid %u who submitted it", dir,
+                       (unsigned)st.st_uid, (unsigned)uid);
     if ((ino && st.st_ino != ino) || (dev && st.st_dev != dev))
-        return err_set(err, -ESTALE, "%s is another directory than the one submitted (it was "
-                       "replaced, or re-prepared: submit it again)", dir);
+        return err_set(err, -ESTALE,
+                       "%s is another directory than the one submitted (it was "
+                       "replaced, or re-prepared: submit it again)",
+                       dir);
     /* (esd run as root works root's own job: nobody else's recipe runs) */
     if (geteuid() == 0 && st.st_uid == 0 && !(J.conf && J.conf->run_mode))
-        return err_set(err, -EPERM, "%s is owned by root, and esd never runs attempts as root; "
-                       "give the job directory to the user its attempts should run as", dir);
+        return err_set(err, -EPERM,
+                       "%s is owned by root, and esd never runs attempts as root; "
+                       "give the job directory to the user its attempts should run as",
+                       dir);
     if (geteuid() != 0 && st.st_uid != geteuid())
-        return err_set(err, -EPERM, "%s belongs to uid %u; an esd running as uid %u works only "
-                       "its own user's jobs", dir, (unsigned)st.st_uid, (unsigned)geteuid());
+        return err_set(err, -EPERM,
+                       "%s belongs to uid %u; an esd running as uid %u works only "
+                       "its own user's jobs",
+                       dir, (unsigned)st.st_uid, (unsigned)geteuid());
     if (output) {
         if (output[0] != '/')
             return err_set(err, -EINVAL, "output must be an absolute path, got %.200s", output);
@@ -333,7 +341,8 @@ validate(const char *dir, bool have_uid, uid_t uid, ino_t ino, dev_t dev, const 
         if (r < 0)
             return r;
         if (strcmp(out, output) || !fs_is_inside(dir, out) || !strcmp(out, dir))
-            r = err_set(err, -EACCES, "output %s is not a path inside the job directory %s "
+            r = err_set(err, -EACCES,
+                        "output %s is not a path inside the job directory %s "
                         "(esd merges only inside it, and follows no symbolic link there)",
                         output, dir);
         else if (merge_output_clobbers(dir, out))
@@ -375,8 +384,10 @@ jobs_check_bound(struct job *j, struct esd_err *err)
          * directory of the same owner on the same device, with no link on
          * its path, is what was submitted; esd acts there as that owner
          * only. A job once loaded is bound for good. */
-        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: the directory was made again "
-                   "before it was loaded; bound to the new one", j->job_dir);
+        log_notice(&(struct log_ctx){ .job = &j->log },
+                   "job %s: the directory was made again "
+                   "before it was loaded; bound to the new one",
+                   j->job_dir);
         j->ino = st.st_ino;
         persist(j);
         r = 0;
@@ -391,8 +402,10 @@ jobs_check_bound(struct job *j, struct esd_err *err)
     }
     if (j->refused) {
         /* (the very directory is back: a link swapped in and out again) */
-        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: its directory matches its "
-                   "registration again", j->job_dir);
+        log_notice(&(struct log_ctx){ .job = &j->log },
+                   "job %s: its directory matches its "
+                   "registration again",
+                   j->job_dir);
         free(j->refused);
         j->refused = NULL;
     }
@@ -405,8 +418,7 @@ jobs_check_bound(struct job *j, struct esd_err *err)
 }
 
 /* Logs why the registration of dir (no job yet) is refused, about that job. */
-static void __attribute__((format(printf, 2, 3)))
-refuse(const char *dir, const char *fmt, ...)
+static void __attribute__((format(printf, 2, 3))) refuse(const char *dir, const char *fmt, ...)
 {
     struct log_job lj;
     char msg[2048];
@@ -479,8 +491,8 @@ add(const cJSON *o, const char *from, bool *ret_new, struct esd_err *ret_why)
     j->ino = st.st_ino;
     j->dev = st.st_dev;
     j->reg_path = xasprintf("%s/%s.json", J.jobs_dir, key);
-    j->state = st_name && state_parse(st_name) >= 0 ? (enum job_state)state_parse(st_name)
-                                                    : JOB_ACTIVE;
+    j->state =
+        st_name && state_parse(st_name) >= 0 ? (enum job_state)state_parse(st_name) : JOB_ACTIVE;
     if (json_get_str(o, "error"))
         j->error = xstrdup(json_get_str(o, "error"));
     json_get_bool(o, "cancelled_everywhere", &j->cancelled_everywhere);
@@ -520,9 +532,10 @@ spool_file_ok(const char *path, struct stat *ret_st)
     if (st.st_uid == 0 || st.st_uid == geteuid())
         return true;
     if (complain(path))
-        log_warning(NULL, "%s belongs to uid %u, not to esd (uid %u) or root: refusing it "
-                    "(only esd writes the spool; see esd.yaml(5) spool_dir)", path,
-                    (unsigned)st.st_uid, (unsigned)geteuid());
+        log_warning(NULL,
+                    "%s belongs to uid %u, not to esd (uid %u) or root: refusing it "
+                    "(only esd writes the spool; see esd.yaml(5) spool_dir)",
+                    path, (unsigned)st.st_uid, (unsigned)geteuid());
     return false;
 }
 
@@ -581,8 +594,10 @@ forget_entry_here(const struct job *j)
         json_add_int(o, "spool_mtime_ns",
                      (long long)st.st_mtim.tv_sec * 1000000000ll + st.st_mtim.tv_nsec);
         if (json_write_atomic(path, o, JSON_PRETTY, &err) < 0)
-            log_warning(&(struct log_ctx){ .job = &j->log }, "%s; the spool may give the job "
-                        "back to this node", err.msg);
+            log_warning(&(struct log_ctx){ .job = &j->log },
+                        "%s; the spool may give the job "
+                        "back to this node",
+                        err.msg);
         cJSON_Delete(o);
     }
     free(spool);
@@ -638,8 +653,7 @@ jobs_forget(struct job *j, enum jobs_forget_how how, const char *why)
             if (spool_tombstone(j->job_dir, j->key, &err) < 0)
                 log_warning(&(struct log_ctx){ .job = &j->log }, "%s; other nodes keep the job",
                             err.msg);
-        } else if (how == FORGET_ENDED &&
-                   (j->state == JOB_COMPLETE || j->state == JOB_FAILED)) {
+        } else if (how == FORGET_ENDED && (j->state == JOB_COMPLETE || j->state == JOB_FAILED)) {
             if (unlink(path) < 0 && errno != ENOENT)
                 log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
             refusals_remove(j->key);
@@ -649,8 +663,8 @@ jobs_forget(struct job *j, enum jobs_forget_how how, const char *why)
         free(path);
     }
     jobs_fs_restore(prev);
-    log_notice(&(struct log_ctx){ .job = &j->log },
-               "job %s (%s) forgotten: %s", j->job_dir, job_state_name[j->state], why);
+    log_notice(&(struct log_ctx){ .job = &j->log }, "job %s (%s) forgotten: %s", j->job_dir,
+               job_state_name[j->state], why);
     for (pp = &J.head; *pp && *pp != j; pp = &(*pp)->next)
         ;
     if (*pp) {
@@ -766,9 +780,10 @@ spool_skip(const char *path, const struct stat *st, const cJSON *o)
     if (forgotten_here(key, st))
         return true;
     if (spool_entry_ended(o)) {
-        log_info(NULL, "%s: job %s ended more than retention_secs (%ld) ago; not adopting it, "
-                 "and removing it from the spool", path, json_get_str(o, "job_dir"),
-                 J.conf->retention_secs);
+        log_info(NULL,
+                 "%s: job %s ended more than retention_secs (%ld) ago; not adopting it, "
+                 "and removing it from the spool",
+                 path, json_get_str(o, "job_dir"), J.conf->retention_secs);
         struct fsid prev = jobs_fs_self();
         if (unlink(path) < 0 && errno != ENOENT)
             log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
@@ -805,8 +820,8 @@ jobs_spool_unheld_json(void)
                 x = cJSON_CreateObject();
                 json_add_str(x, "key", key);
                 json_add_str(x, "job_dir", dir);
-                json_add_str(x, "state", tomb || forgotten_here(key, &st) ? "forgotten"
-                                                                          : "spooled");
+                json_add_str(x, "state",
+                             tomb || forgotten_here(key, &st) ? "forgotten" : "spooled");
                 json_add_bool(x, "loaded", false);
                 json_add_str(x, "spool_entry", path);
                 cJSON_AddItemToArray(a, x);
@@ -893,15 +908,17 @@ spool_refusal(const char *key, const cJSON *o, const char *why)
     if (!why) {
         if (unlink(path) < 0 && errno != ENOENT)
             log_warning(NULL, "cannot remove %s: %s, ignoring", path, strerror(errno));
-    } else if (json_load_object(path, 1 << 16, &old, &err) < 0 ||
-               !json_get_str(old, "why") || strcmp(json_get_str(old, "why"), why)) {
+    } else if (json_load_object(path, 1 << 16, &old, &err) < 0 || !json_get_str(old, "why") ||
+               strcmp(json_get_str(old, "why"), why)) {
         r = cJSON_CreateObject();
         json_add_str(r, "node", J.conf->node_name);
         json_add_str(r, "job_dir", json_get_str(o, "job_dir"));
         json_add_str(r, "why", why);
         if (json_write_atomic(path, r, JSON_PRETTY, &err) < 0)
-            log_warning(NULL, "%s; the submitter does not see why this node refuses the job, "
-                        "ignoring", err.msg);
+            log_warning(NULL,
+                        "%s; the submitter does not see why this node refuses the job, "
+                        "ignoring",
+                        err.msg);
     }
     jobs_fs_restore(prev);
     cJSON_Delete(old);
@@ -923,11 +940,12 @@ spool_refusal_why(const cJSON *o, const struct esd_err *err, char *msg, size_t n
 
     if (!dir || !have_uid || stat(dir, &st) < 0 || st.st_uid == uid)
         return err->msg;
-    snprintf(msg, n, "%.300s is owned by uid %u on node %.100s, but by uid %u on node %.100s, "
+    snprintf(msg, n,
+             "%.300s is owned by uid %u on node %.100s, but by uid %u on node %.100s, "
              "where it was submitted (the uids differ between nodes: give the user the same "
              "uid on every node, from one LDAP/NIS directory or identical /etc/passwd "
-             "entries)", dir, (unsigned)st.st_uid, J.conf->node_name, (unsigned)uid,
-             node ? node : "?");
+             "entries)",
+             dir, (unsigned)st.st_uid, J.conf->node_name, (unsigned)uid, node ? node : "?");
     return msg;
 }
 
@@ -986,8 +1004,10 @@ scan(const char *dir, bool spool)
                     !jobs_cancelled_everywhere(j)) {
                     jobs_reset(j);
                     jobs_set_state(j, JOB_ACTIVE, NULL);
-                    log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: submitted again on "
-                               "every node", j->job_dir);
+                    log_notice(&(struct log_ctx){ .job = &j->log },
+                               "job %s: submitted again on "
+                               "every node",
+                               j->job_dir);
                 }
                 /* adopted from the spool: this node's own record from now on */
                 if (spool && added) {
@@ -1134,7 +1154,8 @@ recover_claims(struct job *j)
         } else if ((r = claim_recover(&j->claimer, shard, token, &err)) < 0) {
             log_warning(&(struct log_ctx){ .job = &j->log, .shard = shard },
                         "cannot recover this node's claim from its previous run: %s; it ends "
-                        "with its lease", err.msg);
+                        "with its lease",
+                        err.msg);
         } else {
             log_notice(&(struct log_ctx){ .job = &j->log, .shard = shard },
                        r ? "this node's claim from its previous run was taken back at once "
@@ -1234,9 +1255,11 @@ log_version(void)
         log_info(NULL, "Data-Juicer version here: %s (%s%s%s)", J.djv.version, J.djv.source,
                  J.djv.why ? ", since " : "", J.djv.why ? J.djv.why : "");
     else
-        log_warning(NULL, "the Data-Juicer version here cannot be read: %s; jobs prepared with "
+        log_warning(NULL,
+                    "the Data-Juicer version here cannot be read: %s; jobs prepared with "
                     "a known version are refused unless data_juicer.allow_version_mismatch is "
-                    "set", J.djv.why ? J.djv.why : "no way to read it");
+                    "set",
+                    J.djv.why ? J.djv.why : "no way to read it");
 }
 
 const char *
@@ -1344,11 +1367,11 @@ struct jobload {
     ev_io out_w;
     ev_child child_w;
     struct helper_guard guard;
-    char kind;       /* the report's first byte: 'M' (a manifest) or 'E' (why not) */
-    struct buf why;  /* an 'E' report */
+    char kind;                 /* the report's first byte: 'M' (a manifest) or 'E' (why not) */
+    struct buf why;            /* an 'E' report */
     struct manifest_reader rd; /* an 'M' report, read as it comes */
-    char *bad;       /* the 'M' report is malformed: why */
-    size_t got;      /* bytes of the report */
+    char *bad;                 /* the 'M' report is malformed: why */
+    size_t got;                /* bytes of the report */
     bool eof, exited, too_big;
     int status;
 };
@@ -1373,7 +1396,8 @@ refusal(const struct manifest *m, int dfd)
      * recipe snapshot against the manifest's hash. */
     if (djversion_judge(m->dj_commit, &J.djv, &err) < 0 && !J.conf->allow_version_mismatch)
         return xasprintf("%s (set data_juicer.allow_version_mismatch only if this is "
-                         "intentional)", err.msg);
+                         "intentional)",
+                         err.msg);
     if (pypath_join_inside(m->job_dir, snap, &path, &err) < 0)
         return xstrdup(err.msg);
     if (strlen(path) <= strlen(m->job_dir)) {
@@ -1399,8 +1423,7 @@ refusal(const struct manifest *m, int dfd)
  * "E<why>". A helper as the owner, because the job directory is the
  * owner's to fill with FIFOs, links and huge files: reading it must use
  * only the owner's rights and must not block esd's loop. */
-static void __attribute__((noreturn))
-load_child(struct job *j, int fd)
+static void __attribute__((noreturn)) load_child(struct job *j, int fd)
 {
     struct manifest m;
     struct esd_err err;
@@ -1420,8 +1443,8 @@ load_child(struct job *j, int fd)
 
         if (fstat(dfd, &st) < 0 || st.st_ino != j->ino || st.st_uid != j->uid)
             why = xasprintf("%s is not the directory submitted any more", j->job_dir);
-        else if ((r = fs_read_job_at(dfd, "manifest.json", mpath, MANIFEST_MAX_BYTES, &text,
-                                     &len, &err)) < 0)
+        else if ((r = fs_read_job_at(dfd, "manifest.json", mpath, MANIFEST_MAX_BYTES, &text, &len,
+                                     &err)) < 0)
             why = manifest_dir_explain(j->job_dir, r, &err)
                       ? xstrdup(err.msg)
                       : xasprintf("Unable to read JSON file %s: %s", mpath, err.msg);
@@ -1498,8 +1521,8 @@ load_done(struct job *j)
     else if (l->kind == 'E')
         why = xstrndup(l->why.p ? l->why.p : "", strcspn(l->why.p ? l->why.p : "", "\n"));
     else if (l->kind != 'M' || !WIFEXITED(l->status) || WEXITSTATUS(l->status))
-        why = xasprintf("the loading process %s%s without a result", l->guard.fired ?
-                        "was killed: " : "ended: ", how);
+        why = xasprintf("the loading process %s%s without a result",
+                        l->guard.fired ? "was killed: " : "ended: ", how);
     else if (l->bad)
         why = xstrdup(l->bad);
     else if (manifest_reader_finish(&l->rd, j->job_dir, &j->m, &err) < 0)
@@ -1531,8 +1554,8 @@ load_done(struct job *j)
         j->loaded = true;
         j->next_claim = 0;
         tell_view_changed();
-        log_info(&(struct log_ctx){ .job = &j->log }, "working job %s: %zu shards",
-                 j->job_dir, j->m.nshards);
+        log_info(&(struct log_ctx){ .job = &j->log }, "working job %s: %zu shards", j->job_dir,
+                 j->m.nshards);
         prev = jobs_fs_owner(j);
         recover_claims(j);
         jobs_fs_restore(prev);
@@ -1684,8 +1707,7 @@ badnode_check(struct job *j)
     j->badnode_checked = now;
     prev = jobs_fs_owner(j);
     for (size_t k = 0; k < j->nfailed_idx;) {
-        char *done = manifest_state_path(&j->m, "done", j->m.shards[j->failed_idx[k]].id,
-                                         ".json");
+        char *done = manifest_state_path(&j->m, "done", j->m.shards[j->failed_idx[k]].id, ".json");
         struct stat st;
 
         if (lstat(done, &st) == 0) {
@@ -1749,13 +1771,13 @@ jobs_set_state(struct job *j, enum job_state state, const char *error)
                   state == JOB_FAILED ? MSGID_JOB_FAILED : NULL, "job %s: %s: %s", j->job_dir,
                   job_state_name[state], error);
     else
-        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: %s",
-                   j->job_dir, job_state_name[state]);
+        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: %s", j->job_dir,
+                   job_state_name[state]);
 }
 
 struct job *
-jobs_register(const char *job_dir, const struct stat *st, const char *output, bool spool,
-              uid_t by, struct esd_err *err)
+jobs_register(const char *job_dir, const struct stat *st, const char *output, bool spool, uid_t by,
+              struct esd_err *err)
 {
     char *want = output ? xstrdup(output) : fs_join(job_dir, "merged.jsonl");
     cJSON *o;
@@ -1789,7 +1811,8 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
         if (!J.spool_dir) {
             cJSON_Delete(o);
             free(want);
-            err_set(err, -EINVAL, "no spool_dir is configured on this node, so --everywhere "
+            err_set(err, -EINVAL,
+                    "no spool_dir is configured on this node, so --everywhere "
                     "cannot register the job for every node");
             return NULL;
         }
@@ -1812,8 +1835,10 @@ jobs_register(const char *job_dir, const struct stat *st, const char *output, bo
         /* attempts and a merge in flight run as the old owner: a new owner
          * only once they are over */
         if (j->uid != now.st_uid && (j->running || j->finalize)) {
-            err_set(err, -EBUSY, "job %s of uid %u still runs here; try again once it has "
-                    "stopped", job_dir, (unsigned)j->uid);
+            err_set(err, -EBUSY,
+                    "job %s of uid %u still runs here; try again once it has "
+                    "stopped",
+                    job_dir, (unsigned)j->uid);
             free(want);
             cJSON_Delete(o);
             return NULL;
@@ -2019,8 +2044,10 @@ jobs_uncancel(struct job *j)
     struct fsid prev = jobs_fs_owner(j);
 
     if (unlink(path) == 0)
-        log_notice(&(struct log_ctx){ .job = &j->log }, "job %s: submitted again, so no longer "
-                   "cancelled on every node", j->job_dir);
+        log_notice(&(struct log_ctx){ .job = &j->log },
+                   "job %s: submitted again, so no longer "
+                   "cancelled on every node",
+                   j->job_dir);
     jobs_fs_restore(prev);
     free(path);
 }

@@ -55,7 +55,14 @@ struct djversion;
 /* This many of them done elsewhere: the node stops claiming the job. */
 #define JOBS_BADNODE_SHARDS 3
 
-enum job_state { JOB_ACTIVE, JOB_DRAINING, JOB_FINALIZING, JOB_COMPLETE, JOB_FAILED, JOB_CANCELLED };
+enum job_state {
+    JOB_ACTIVE,
+    JOB_DRAINING,
+    JOB_FINALIZING,
+    JOB_COMPLETE,
+    JOB_FAILED,
+    JOB_CANCELLED
+};
 
 /* "active", "draining", "finalizing", "complete", "failed", "cancelled". */
 extern const char *const job_state_name[];
@@ -63,34 +70,34 @@ extern const char *const job_state_name[];
 struct job {
     struct job *next;
     char key[17];
-    char *job_dir;   /* resolved */
-    char *output;    /* merged output; default <job_dir>/merged.jsonl */
-    char *reg_path;  /* <state_dir>/jobs/<key>.json */
+    char *job_dir;      /* resolved */
+    char *output;       /* merged output; default <job_dir>/merged.jsonl */
+    char *reg_path;     /* <state_dir>/jobs/<key>.json */
     struct log_job log; /* how the log names it (log_job_init of job_dir) */
     enum job_state state;
-    char *error;     /* why it failed */
-    bool loaded;     /* manifest and claimer ready */
+    char *error;      /* why it failed */
+    bool loaded;      /* manifest and claimer ready */
     char *load_error; /* the last reason it could not be loaded (retried) */
     struct manifest m;
     struct claimer claimer;
-    uid_t uid;       /* owner of the job directory, bound at submit */
-    gid_t gid;       /* the owner's primary group (user database) */
-    ino_t ino;       /* the directory bound at submit ... */
-    dev_t dev;       /* ... as this node sees it (0: not yet seen here) */
+    uid_t uid;               /* owner of the job directory, bound at submit */
+    gid_t gid;               /* the owner's primary group (user database) */
+    ino_t ino;               /* the directory bound at submit ... */
+    dev_t dev;               /* ... as this node sees it (0: not yet seen here) */
     struct spawn_cred owner; /* the owner in the user database (uid 0: not looked up) */
-    char *refused;   /* why the registration no longer matches its directory */
-    struct jobload *load;  /* the loading helper while it runs */
-    double load_after;     /* monotonic: no new loading before */
-    double next_claim;     /* monotonic time of the next claim pass */
-    struct claim_idle idle; /* what the last empty pass saw */
+    char *refused;           /* why the registration no longer matches its directory */
+    struct jobload *load;    /* the loading helper while it runs */
+    double load_after;       /* monotonic: no new loading before */
+    double next_claim;       /* monotonic time of the next claim pass */
+    struct claim_idle idle;  /* what the last empty pass saw */
     bool idle_valid;
     size_t running;  /* attempts of this job running here */
     double proc_avg; /* this node's mean time of its processor (runner.c), 0: none yet */
     unsigned long done_here, failed_here; /* outcomes on this node */
-    unsigned long failed_by_class[3]; /* metrics.c: failed attempts here by class */
+    unsigned long failed_by_class[3];     /* metrics.c: failed attempts here by class */
     unsigned merge_failures; /* merges here that failed for a transient cause in a row */
-    unsigned fail_streak;  /* its attempts failed in a row here ... */
-    double paused_until;   /* ... and the monotonic time before which it
+    unsigned fail_streak;    /* its attempts failed in a row here ... */
+    double paused_until;     /* ... and the monotonic time before which it
                               is not claimed from (sched.c) */
     unsigned long long rows_here;
     /* a bad node (jobs_attempt_ended): the shards whose attempts failed
@@ -101,12 +108,12 @@ struct job {
     unsigned done_elsewhere;
     double badnode_checked; /* monotonic time of the last look */
     char *stopped;
-    void *finalize;  /* finalize.c's state while finalizing */
-    bool seen;       /* rescan bookkeeping */
+    void *finalize;            /* finalize.c's state while finalizing */
+    bool seen;                 /* rescan bookkeeping */
     bool cancelled_everywhere; /* by the job dir's marker (persisted) */
-    bool from_spool; /* adopted from the spool (persisted) */
-    double ended_at; /* wall time it became complete, failed or cancelled; 0: not over */
-    double rate_t0, rate_t1; /* jobs_rate's snapshots (monotonic) */
+    bool from_spool;           /* adopted from the spool (persisted) */
+    double ended_at;           /* wall time it became complete, failed or cancelled; 0: not over */
+    double rate_t0, rate_t1;   /* jobs_rate's snapshots (monotonic) */
     size_t rate_d0, rate_d1;
 };
 

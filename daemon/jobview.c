@@ -12,21 +12,21 @@
 #include "log.h"
 #include "util.h"
 
-#define STEP_BUDGET 4096     /* units of status_view_step a loop turn */
-#define SYNC_SECS 0.05       /* spent on a status request's reading */
+#define STEP_BUDGET 4096      /* units of status_view_step a loop turn */
+#define SYNC_SECS 0.05        /* spent on a status request's reading */
 #define SYNC_BEHIND_SECS 0.08 /* ... when this node knows more than the reading */
 #define TICK_SECS 1.0
 
 struct view {
     struct view *next;
     char key[17];
-    const struct job *job;   /* identity check: the registry may replace it */
+    const struct job *job; /* identity check: the registry may replace it */
     struct status_view v;
-    double read_mono;        /* monotonic start of the last complete reading */
-    double start_mono;       /* of the one in progress */
-    bool busy;               /* a reading is in progress */
-    bool want;               /* read again at once */
-    bool failed_said;        /* its last failure was logged */
+    double read_mono;          /* monotonic start of the last complete reading */
+    double start_mono;         /* of the one in progress */
+    bool busy;                 /* a reading is in progress */
+    bool want;                 /* read again at once */
+    bool failed_said;          /* its last failure was logged */
     enum job_state read_state; /* the job's state when its last reading started */
 };
 
@@ -100,8 +100,8 @@ step(struct view *w, struct job *j, size_t budget)
 static bool
 due(const struct view *w, const struct job *j, double now)
 {
-    double every = V.conf && V.conf->poll_interval_secs > 0 ? (double)V.conf->poll_interval_secs
-                                                              : 20.0;
+    double every =
+        V.conf && V.conf->poll_interval_secs > 0 ? (double)V.conf->poll_interval_secs : 20.0;
 
     if (w->busy || w->want)
         return true;

@@ -25,8 +25,8 @@ static int max_level = LOG_LVL_INFO;
 static char node[256] = "";
 
 static const char *const level_names[] = {
-    [LOG_LVL_ERR] = "err",       [LOG_LVL_WARNING] = "warning", [LOG_LVL_NOTICE] = "notice",
-    [LOG_LVL_INFO] = "info",     [LOG_LVL_DEBUG] = "debug",
+    [LOG_LVL_ERR] = "err",   [LOG_LVL_WARNING] = "warning", [LOG_LVL_NOTICE] = "notice",
+    [LOG_LVL_INFO] = "info", [LOG_LVL_DEBUG] = "debug",
 };
 
 int
@@ -157,8 +157,8 @@ send_journal(int level, const struct log_ctx *ctx, const char *ident, const char
 }
 
 static void
-emit(int level, const struct log_ctx *ctx, const char *ident, const char *msgid,
-     const char *text, size_t len)
+emit(int level, const struct log_ctx *ctx, const char *ident, const char *msgid, const char *text,
+     size_t len)
 {
     struct buf m;
 

@@ -23,8 +23,8 @@ struct log_job {
 /* What a line is about; every field may be NULL/0. */
 struct log_ctx {
     const struct log_job *job;
-    const char *shard;   /* shard id */
-    long long attempt;   /* attempt number, 0: none */
+    const char *shard; /* shard id */
+    long long attempt; /* attempt number, 0: none */
 };
 
 /* Fills *lj for the resolved directory dir; log_job_free() frees it. */

@@ -46,19 +46,20 @@ static struct {
 static void
 usage(FILE *f)
 {
-    fprintf(f, "usage: esd [-f] [-c FILE] [--check-config [--unit UNIT] [--user USER]] "
-               "[--help-config] [--version]\n"
-               "       esd run --job-dir DIR [OPTION...]   (one job on every node: esd run --help)\n"
-               "  -f, --foreground     log to stderr instead of the journal\n"
-               "  -c, --config FILE    configuration (default %s)\n"
-               "  --check-config       validate the configuration and exit: as the unit's\n"
-               "                       User= and under its sandbox (esd.service without -c)\n"
-               "  --unit UNIT          --check-config: the unit to check for\n"
-               "  --user USER          --check-config: the user to check as (root only)\n"
-               "  --help-config        list every configuration key and its default\n"
-               "  --version            print the version\n"
-               "See esd(8) and esd.yaml(5).\n",
-               ESD_CONFIG_DEFAULT);
+    fprintf(f,
+            "usage: esd [-f] [-c FILE] [--check-config [--unit UNIT] [--user USER]] "
+            "[--help-config] [--version]\n"
+            "       esd run --job-dir DIR [OPTION...]   (one job on every node: esd run --help)\n"
+            "  -f, --foreground     log to stderr instead of the journal\n"
+            "  -c, --config FILE    configuration (default %s)\n"
+            "  --check-config       validate the configuration and exit: as the unit's\n"
+            "                       User= and under its sandbox (esd.service without -c)\n"
+            "  --unit UNIT          --check-config: the unit to check for\n"
+            "  --user USER          --check-config: the user to check as (root only)\n"
+            "  --help-config        list every configuration key and its default\n"
+            "  --version            print the version\n"
+            "See esd(8) and esd.yaml(5).\n",
+            ESD_CONFIG_DEFAULT);
 }
 
 /* The configuration at path (the defaults if the default file is
@@ -78,7 +79,8 @@ load_config(struct esd_conf *c, struct esd_err *err)
          * run the job owners' recipes as root, and no other user may use
          * its token and session files. */
         config_free(c);
-        return err_set(err, -EPERM, "%s: ray.mode persistent needs esd to run as the user "
+        return err_set(err, -EPERM,
+                       "%s: ray.mode persistent needs esd to run as the user "
                        "that owns the jobs (systemd User=), not as root, whose Ray head would "
                        "run every recipe as root; as root, use ray.mode per-attempt or off",
                        M.path_given || stat(M.path, &st) == 0 ? M.path : "the defaults");
@@ -111,8 +113,10 @@ check_config(const char *unit, const char *user)
     if (!as && have_sb) {
         as = sb.user ? sb.user : "root";
         if (geteuid() != 0 && (!getpwnam(as) || getpwnam(as)->pw_uid != geteuid())) {
-            fprintf(stderr, "esd: checking as uid %u, not as %s's user %s (run it as root to "
-                            "check as %s)\n", (unsigned)geteuid(), sb.unit, as, as);
+            fprintf(stderr,
+                    "esd: checking as uid %u, not as %s's user %s (run it as root to "
+                    "check as %s)\n",
+                    (unsigned)geteuid(), sb.unit, as, as);
             as = NULL;
         }
     }
@@ -156,8 +160,7 @@ main_stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
     (void)loop;
     (void)revents;
     if (M.stopping) {
-        log_notice(NULL, "signal %d while draining: stopping attempts and merges now",
-                   w->signum);
+        log_notice(NULL, "signal %d while draining: stopping attempts and merges now", w->signum);
         engine_stop_now();
         return;
     }
@@ -239,11 +242,15 @@ int
 main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        { "foreground", no_argument, NULL, 'f' },   { "config", required_argument, NULL, 'c' },
-        { "check-config", no_argument, NULL, 'C' }, { "help-config", no_argument, NULL, 'K' },
-        { "version", no_argument, NULL, 'V' },      { "help", no_argument, NULL, 'h' },
+        { "foreground", no_argument, NULL, 'f' },
+        { "config", required_argument, NULL, 'c' },
+        { "check-config", no_argument, NULL, 'C' },
+        { "help-config", no_argument, NULL, 'K' },
+        { "version", no_argument, NULL, 'V' },
+        { "help", no_argument, NULL, 'h' },
         { "test-hang-watchdog", no_argument, NULL, 'W' },
-        { "unit", required_argument, NULL, 'U' },   { "user", required_argument, NULL, 'u' },
+        { "unit", required_argument, NULL, 'U' },
+        { "user", required_argument, NULL, 'u' },
         { NULL, 0, NULL, 0 },
     };
     bool foreground = false, check = false, hang_watchdog = false;

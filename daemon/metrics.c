@@ -28,16 +28,16 @@ static struct {
     struct ev_loop *loop;
     const struct esd_conf *conf;
     ev_timer write_w;
-    double started;          /* wall clock, for esd_start_time_seconds */
+    double started; /* wall clock, for esd_start_time_seconds */
     unsigned long long attempts_done, attempts_failed, attempts_released, attempts_other;
     unsigned long long failures[NCLASSES];
     unsigned long long takeovers;
-    size_t running;          /* attempts running, as the runner last told */
+    size_t running; /* attempts running, as the runner last told */
     unsigned long long rows, bytes;
     unsigned long long hist[NBUCKETS + 1]; /* the last: +Inf */
     double hist_sum;
     unsigned long long hist_count;
-    char *failed_path;       /* the path the last write failed for (said once) */
+    char *failed_path; /* the path the last write failed for (said once) */
 } M;
 
 void
@@ -213,7 +213,8 @@ metrics_render(void)
         job_label(&b, "esd_job_shards_done_here_total", j);
         buf_printf(&b, "} %lu\n", j->done_here);
     }
-    help(&b, "esd_job_rows_done_here_total", "counter", "output rows of each job done by this node");
+    help(&b, "esd_job_rows_done_here_total", "counter",
+         "output rows of each job done by this node");
     for (struct job *j = jobs_first(); j; j = j->next) {
         job_label(&b, "esd_job_rows_done_here_total", j);
         buf_printf(&b, "} %llu\n", j->rows_here);

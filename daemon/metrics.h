@@ -27,8 +27,8 @@ struct job;
 
 /* An attempt of job j (NULL: none known) ended here: status "done",
  * "failed", "released", …; cls the failure class or NULL. */
-void metrics_attempt(struct job *j, const char *status, const char *cls, double secs,
-                     uint64_t rows, uint64_t bytes);
+void metrics_attempt(struct job *j, const char *status, const char *cls, double secs, uint64_t rows,
+                     uint64_t bytes);
 /* The number of attempts running on this node now (the runner tells it
  * whenever it changes: metrics reads no other module's state). */
 void metrics_set_running(size_t n);

@@ -40,7 +40,7 @@ static struct {
     char *dir, *path;   /* <spool_dir>/nodes and our file in it; NULL: no spool */
     char *failed;       /* the last write error, said once */
     char *drain_why;
-    bool swept;         /* our leftover temporary files were removed */
+    bool swept; /* our leftover temporary files were removed */
     char started_at[40];
     char host[256];
     cJSON *(*status)(void); /* the daemon's status (nodes_set_status) */
@@ -109,8 +109,7 @@ state_reason(const char *state)
     if (!strcmp(state, "draining"))
         return "esd is stopping: running attempts finish or are released";
     if (!strcmp(state, "drained"))
-        return N.drain_why ? N.drain_why
-                           : "drained before esd last started (esctl resume ends it)";
+        return N.drain_why ? N.drain_why : "drained before esd last started (esctl resume ends it)";
     return NULL;
 }
 
@@ -162,8 +161,7 @@ self_json(bool stopping)
         y = cJSON_CreateObject();
         add_capped(y, "job_id", json_get_str(x, "job_id") ? json_get_str(x, "job_id") : "");
         add_capped(y, "job_dir", json_get_str(x, "job_dir") ? json_get_str(x, "job_dir") : "");
-        add_capped(y, "shard_id",
-                   json_get_str(x, "shard_id") ? json_get_str(x, "shard_id") : "");
+        add_capped(y, "shard_id", json_get_str(x, "shard_id") ? json_get_str(x, "shard_id") : "");
         if (json_get_int(x, "attempt", &k) == 0)
             json_add_int(y, "attempt", k);
         add_capped(y, "phase", json_get_str(x, "phase") ? json_get_str(x, "phase") : "");
@@ -183,8 +181,10 @@ self_json(bool stopping)
         if (j->stopped) {
             why = j->stopped;
         } else if (j->paused_until > time_mono()) {
-            snprintf(text, sizeof(text), "claims paused for %.0f s after %u failed attempts "
-                     "in a row here", j->paused_until - time_mono(), j->fail_streak);
+            snprintf(text, sizeof(text),
+                     "claims paused for %.0f s after %u failed attempts "
+                     "in a row here",
+                     j->paused_until - time_mono(), j->fail_streak);
             why = text;
         } else {
             continue;
@@ -278,9 +278,10 @@ publish(bool stopping)
     }
     if (r < 0) {
         if (!N.failed || strcmp(N.failed, err.msg)) {
-            log_warning(NULL, "nodes: cannot publish this node's status: %s; other nodes "
-                        "will see it as down (trying again every %ld s)", err.msg,
-                        N.conf->node_status_interval_secs);
+            log_warning(NULL,
+                        "nodes: cannot publish this node's status: %s; other nodes "
+                        "will see it as down (trying again every %ld s)",
+                        err.msg, N.conf->node_status_interval_secs);
             free(N.failed);
             N.failed = xstrdup(err.msg);
         }
@@ -462,8 +463,7 @@ take_str(cJSON *to, const cJSON *from, const char *key, bool need, struct esd_er
     if (!x && !need)
         return 0;
     if (!cJSON_IsString(x) || strlen(x->valuestring) > MAX_STR)
-        return err_set(err, -EINVAL, "\"%s\" must be a string of at most %d bytes", key,
-                       MAX_STR);
+        return err_set(err, -EINVAL, "\"%s\" must be a string of at most %d bytes", key, MAX_STR);
     json_add_str(to, key, x->valuestring);
     return 0;
 }
@@ -477,8 +477,7 @@ take_int(cJSON *to, const cJSON *from, const char *key, long long min, long long
     if (!cJSON_GetObjectItemCaseSensitive(from, key) && !need)
         return 0;
     if (json_get_int(from, key, &v) < 0 || v < min || v > max)
-        return err_set(err, -EINVAL, "\"%s\" must be an integer from %lld to %lld", key, min,
-                       max);
+        return err_set(err, -EINVAL, "\"%s\" must be an integer from %lld to %lld", key, min, max);
     json_add_int(to, key, v);
     return 0;
 }
@@ -575,8 +574,8 @@ peer_parse(const char *text, size_t len, const char *node, struct esd_err *err)
     static const char *const states[] = { "running", "draining", "drained", "stopped", NULL };
     static const char *const ray_strs[] = { "state", "address", NULL };
     static const char *const dj_strs[] = { "version", "source", "why", NULL };
-    static const char *const strs[] = { "hostname",     "esd_version", "reason",
-                                        "started_at",   "published_at", "processor", NULL };
+    static const char *const strs[] = { "hostname",     "esd_version", "reason", "started_at",
+                                        "published_at", "processor",   NULL };
     cJSON *o = NULL, *e;
     const char *s;
     long long slots = 0, busy = 0;

@@ -102,10 +102,10 @@ static struct {
     ev_signal term_w, int_w, hup_w;
     struct elect fin;
     enum phase phase;
-    double phase_at;  /* monotonic: the phase began, or (work) a shard was last done */
+    double phase_at;            /* monotonic: the phase began, or (work) a shard was last done */
     struct timespec done_mtime; /* (work) of state/done then */
     struct timespec done_seen, failed_seen; /* of state/done, state/failed, last looked at */
-    size_t nfailed;   /* failed records at the last count */
+    size_t nfailed;                         /* failed records at the last count */
     bool said_cap, said_deadline;
     bool stopping;
     int code;
@@ -409,8 +409,10 @@ elect_judge(struct elect *e)
     if (!(r = claim_lock_move_stale(e->path, now, lease, &age)))
         return 0;
     if (r == 1) {
-        log_warning(&R.ctx, "%s: %s stopped renewing it %.0f s ago (lease %.0f s): taking the %s "
-                    "over", e->path, who, age, lease, e->phase);
+        log_warning(&R.ctx,
+                    "%s: %s stopped renewing it %.0f s ago (lease %.0f s): taking the %s "
+                    "over",
+                    e->path, who, age, lease, e->phase);
         say("the %s coordinator, %s, stopped renewing %s: taking over", e->phase, who, e->path);
     }
     return 1;
@@ -465,18 +467,20 @@ resolve_run_id(struct esd_err *err)
             return 0;
         }
     if ((v = env_nonempty("SLURM_JOB_ID"))) {
-        const char *a = env_nonempty("SLURM_ARRAY_JOB_ID"), *t = env_nonempty("SLURM_ARRAY_TASK_ID");
+        const char *a = env_nonempty("SLURM_ARRAY_JOB_ID"),
+                   *t = env_nonempty("SLURM_ARRAY_TASK_ID");
 
         /* an array task: its array's id and its task id (as Slurm shows it) */
         R.run_id = t ? xasprintf("%s_%s", a ? a : v, t) : strip_dup(v);
-        R.run_id_from = t ? (a ? "SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID"
-                               : "SLURM_JOB_ID_SLURM_ARRAY_TASK_ID")
-                          : "SLURM_JOB_ID";
+        R.run_id_from =
+            t ? (a ? "SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID" : "SLURM_JOB_ID_SLURM_ARRAY_TASK_ID")
+              : "SLURM_JOB_ID";
         return 0;
     }
     if ((v = env_nonempty("TORCHELASTIC_RUN_ID"))) {
         if (!strcmp(v, "none"))
-            return err_set(err, -EINVAL, "TORCHELASTIC_RUN_ID is \"none\" (torchrun's default, "
+            return err_set(err, -EINVAL,
+                           "TORCHELASTIC_RUN_ID is \"none\" (torchrun's default, "
                            "the same for every submission): give torchrun --rdzv-id, or esd "
                            "run --run-id");
         R.run_id = strip_dup(v);
@@ -492,11 +496,14 @@ resolve_run_id(struct esd_err *err)
             R.run_id_from = "the Kubernetes job name in the pod's host name";
             return 0;
         }
-        return err_set(err, -EINVAL, "no run id: JOB_COMPLETION_INDEX is %s, but the host "
+        return err_set(err, -EINVAL,
+                       "no run id: JOB_COMPLETION_INDEX is %s, but the host "
                        "name \"%s\" is not <job name>-%s as an Indexed Job's pod's is: pass "
-                       "--run-id", idx, R.host, idx);
+                       "--run-id",
+                       idx, R.host, idx);
     }
-    return err_set(err, -EINVAL, "no run id: pass --run-id, or run under a scheduler that sets "
+    return err_set(err, -EINVAL,
+                   "no run id: pass --run-id, or run under a scheduler that sets "
                    "one of PAI_JOB_ID, DLC_JOB_ID, JOB_ID, SLURM_JOB_ID, TORCHELASTIC_RUN_ID or "
                    "a Kubernetes Indexed Job's JOB_COMPLETION_INDEX; every node of one "
                    "submission must have the same, and each submission its own");
@@ -685,8 +692,7 @@ prepare_event(void *ctx, cJSON *ev)
     cJSON_Delete(m);
 }
 
-static void __attribute__((noreturn))
-prepare_child(int fd)
+static void __attribute__((noreturn)) prepare_child(int fd)
 {
     cJSON *args = cJSON_CreateObject(), *res = NULL, *rep = cJSON_CreateObject();
     struct op_env env = { 0 };
@@ -848,21 +854,21 @@ prepare_run_here(struct elect *e, char **why)
             json_get_bool(res, "unchanged", &unchanged);
             if (unchanged)
                 say("prepare: %s was already prepared with this request (%lld shards): "
-                    "nothing to do", R.job_dir, n);
+                    "nothing to do",
+                    R.job_dir, n);
             else
                 say("prepare: %lld records into %lld shards in %s", rows, n, R.job_dir);
             cJSON *w = cJSON_GetObjectItemCaseSensitive(res, "warnings");
             cJSON *it;
 
-            cJSON_ArrayForEach(it, w)
-                if (cJSON_IsString(it))
-                    say("prepare: warning: %s", it->valuestring);
+            cJSON_ArrayForEach(it, w) if (cJSON_IsString(it))
+                say("prepare: warning: %s", it->valuestring);
         }
         cJSON_Delete(o);
     } else if (!*why) {
-        *why = WIFSIGNALED(status) ? xasprintf("the prepare was killed by signal %d",
-                                               WTERMSIG(status))
-                                   : xstrdup("the prepare ended without a result");
+        *why = WIFSIGNALED(status)
+                   ? xasprintf("the prepare was killed by signal %d", WTERMSIG(status))
+                   : xstrdup("the prepare ended without a result");
     }
     buf_free(&out);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && !*why)
@@ -915,7 +921,8 @@ prepare_phase(void)
             }
             if (!said)
                 say("%s is not prepared and this node has no --config: waiting for the node "
-                    "that prepares it (at most %.0f s)", R.job_dir, R.wait_timeout);
+                    "that prepares it (at most %.0f s)",
+                    R.job_dir, R.wait_timeout);
             said = true;
         } else if ((r = elect_try(&e)) == 1) {
             char *why = NULL;
@@ -1089,8 +1096,8 @@ wait_for_result(void)
     bool prepared = false;
 
     host_worker_dead(); /* (notes this host's worker as alive: before the line below) */
-    say("rank %lld (local rank %lld) of %s waits: the lowest local rank of this host works",
-        R.rank, R.local_rank, R.launcher);
+    say("rank %lld (local rank %lld) of %s waits: the lowest local rank of this host works", R.rank,
+        R.local_rank, R.launcher);
     while (!stop_sig) {
         if (!prepared) {
             cJSON *o = NULL;
@@ -1135,7 +1142,8 @@ wait_for_result(void)
             free(gone);
             if (r == 0) {
                 say("this host's worker (pid %lld) died before the end of the run: rank %lld "
-                    "works in its place", dead, R.rank);
+                    "works in its place",
+                    dead, R.rank);
                 return WAIT_TAKEOVER;
             }
         }
@@ -1275,8 +1283,10 @@ strict_ok(struct job *j)
         return true;
     }
     buf_init(&b);
-    buf_printf(&b, "strict mode (--require-all-nodes): the shards were completed by %zu node(s) "
-               "(", n);
+    buf_printf(&b,
+               "strict mode (--require-all-nodes): the shards were completed by %zu node(s) "
+               "(",
+               n);
     for (size_t i = 0; i < names.n; i++)
         buf_printf(&b, "%s%s", i ? ", " : "", names.v[i]);
     buf_printf(&b, "), not the %lld --nodes requires: %lld node(s) missing", R.nodes,
@@ -1357,7 +1367,8 @@ may_claim(struct job *j)
     if (R.cap && (long long)(j->done_here + j->running) >= R.cap) {
         if (!R.said_cap)
             say("strict: this node has its share of %lld shard(s) done or running; it claims "
-                "no more", R.cap);
+                "no more",
+                R.cap);
         R.said_cap = true;
         return false;
     }
@@ -1369,8 +1380,9 @@ may_claim(struct job *j)
             if (!R.said_deadline)
                 say("walltime: %.0f s are left before the end of the allocation (%s); a shard "
                     "takes about %.0f s here, %.0f s with the margin (x%.2f + %.0f s): this node "
-                    "claims no more", R.deadline - now, R.deadline_from, est,
-                    est * DEADLINE_FACTOR + DEADLINE_SLACK, DEADLINE_FACTOR, DEADLINE_SLACK);
+                    "claims no more",
+                    R.deadline - now, R.deadline_from, est, est * DEADLINE_FACTOR + DEADLINE_SLACK,
+                    DEADLINE_FACTOR, DEADLINE_SLACK);
             R.said_deadline = true;
             return false;
         }
@@ -1419,8 +1431,8 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         return;
     case JOB_FAILED:
         if (R.phase == P_MERGING) {
-            code = result_publish("finalize-result.json", "finalize", EXIT_FAILED, j->error,
-                                  "error");
+            code =
+                result_publish("finalize-result.json", "finalize", EXIT_FAILED, j->error, "error");
             finish((int)code, j->error);
         } else {
             abort_run(EXIT_FAILED, j->error ? j->error : "a shard failed");
@@ -1500,8 +1512,8 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
                        R.nodes);
             for (size_t i = 0; i < names.n; i++)
                 buf_printf(&b, "%s%s", i ? ", " : "", names.v[i]);
-            buf_printf(&b, "), each at most %lld; %zu shard(s) left for the missing node(s)",
-                       R.cap, j->m.nshards - done - failed);
+            buf_printf(&b, "), each at most %lld; %zu shard(s) left for the missing node(s)", R.cap,
+                       j->m.nshards - done - failed);
             strv_free(&names);
         }
         char *ranks = ranks_summary();
@@ -1540,8 +1552,10 @@ stop_cb(struct ev_loop *loop, ev_signal *w, int revents)
         engine_stop_now();
         return;
     }
-    log_notice(&R.ctx, "signal %d: stopping; running attempts are stopped and their claims "
-               "released without counting a failure", w->signum);
+    log_notice(&R.ctx,
+               "signal %d: stopping; running attempts are stopped and their claims "
+               "released without counting a failure",
+               w->signum);
     finish(EXIT_SIGTERM, "stopped by a signal before the job ended");
 }
 
@@ -1693,10 +1707,34 @@ usage(FILE *f)
 }
 
 enum {
-    OPT_JOB_DIR = 256, OPT_CONFIG, OPT_DATASET, OPT_NUM_SHARDS, OPT_OUTPUT, OPT_RUN_ID,
-    OPT_NODES, OPT_STRICT, OPT_WAIT, OPT_POLL, OPT_DEADLINE, OPT_NODE, OPT_SLOTS, OPT_LEASE,
-    OPT_RETRIES, OPT_LOCK_TIMEOUT, OPT_ATTEMPT_TIMEOUT, OPT_PROCESSOR, OPT_DJ_ROOT, OPT_RAY_MODE,
-    OPT_RAY_ADDRESS, OPT_RAY_COMMAND, OPT_STATE_DIR, OPT_ESD_CONFIG, OPT_ALLOW, OPT_DENY, OPT_EXPLAIN, OPT_HELP,
+    OPT_JOB_DIR = 256,
+    OPT_CONFIG,
+    OPT_DATASET,
+    OPT_NUM_SHARDS,
+    OPT_OUTPUT,
+    OPT_RUN_ID,
+    OPT_NODES,
+    OPT_STRICT,
+    OPT_WAIT,
+    OPT_POLL,
+    OPT_DEADLINE,
+    OPT_NODE,
+    OPT_SLOTS,
+    OPT_LEASE,
+    OPT_RETRIES,
+    OPT_LOCK_TIMEOUT,
+    OPT_ATTEMPT_TIMEOUT,
+    OPT_PROCESSOR,
+    OPT_DJ_ROOT,
+    OPT_RAY_MODE,
+    OPT_RAY_ADDRESS,
+    OPT_RAY_COMMAND,
+    OPT_STATE_DIR,
+    OPT_ESD_CONFIG,
+    OPT_ALLOW,
+    OPT_DENY,
+    OPT_EXPLAIN,
+    OPT_HELP,
 };
 
 static bool explain;
@@ -1721,8 +1759,7 @@ secs_opt(const char *name, const char *v, double *ret)
     errno = 0;
     d = strtod(v, &end);
     if (errno || end == v || *end || !(d > 0) || !isfinite(d)) {
-        fprintf(stderr, "esd run: %s needs a positive number of seconds, got '%.64s'\n", name,
-                v);
+        fprintf(stderr, "esd run: %s needs a positive number of seconds, got '%.64s'\n", name, v);
         return -1;
     }
     *ret = d;
@@ -1826,13 +1863,19 @@ parse_args(int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     char **str[] = {
-        [OPT_JOB_DIR - OPT_JOB_DIR] = &R.job_dir, [OPT_CONFIG - OPT_JOB_DIR] = &R.recipe,
-        [OPT_DATASET - OPT_JOB_DIR] = &R.dataset, [OPT_OUTPUT - OPT_JOB_DIR] = &R.output,
-        [OPT_RUN_ID - OPT_JOB_DIR] = &R.run_id,   [OPT_NODE - OPT_JOB_DIR] = &R.node,
-        [OPT_PROCESSOR - OPT_JOB_DIR] = &R.processor, [OPT_DJ_ROOT - OPT_JOB_DIR] = &R.dj_root,
-        [OPT_RAY_MODE - OPT_JOB_DIR] = &R.ray_mode, [OPT_RAY_ADDRESS - OPT_JOB_DIR] = &R.ray_address,
+        [OPT_JOB_DIR - OPT_JOB_DIR] = &R.job_dir,
+        [OPT_CONFIG - OPT_JOB_DIR] = &R.recipe,
+        [OPT_DATASET - OPT_JOB_DIR] = &R.dataset,
+        [OPT_OUTPUT - OPT_JOB_DIR] = &R.output,
+        [OPT_RUN_ID - OPT_JOB_DIR] = &R.run_id,
+        [OPT_NODE - OPT_JOB_DIR] = &R.node,
+        [OPT_PROCESSOR - OPT_JOB_DIR] = &R.processor,
+        [OPT_DJ_ROOT - OPT_JOB_DIR] = &R.dj_root,
+        [OPT_RAY_MODE - OPT_JOB_DIR] = &R.ray_mode,
+        [OPT_RAY_ADDRESS - OPT_JOB_DIR] = &R.ray_address,
         [OPT_RAY_COMMAND - OPT_JOB_DIR] = &R.ray_command,
-        [OPT_STATE_DIR - OPT_JOB_DIR] = &R.state_dir, [OPT_ESD_CONFIG - OPT_JOB_DIR] = &R.esd_config,
+        [OPT_STATE_DIR - OPT_JOB_DIR] = &R.state_dir,
+        [OPT_ESD_CONFIG - OPT_JOB_DIR] = &R.esd_config,
         [OPT_HELP - OPT_JOB_DIR] = NULL,
     };
     int opt;
@@ -1889,8 +1932,10 @@ parse_args(int argc, char **argv)
             break;
         case OPT_DEADLINE:
             if (parse_deadline(optarg, &R.deadline) < 0) {
-                fprintf(stderr, "esd run: --deadline needs epoch seconds or "
-                                "YYYY-MM-DDTHH:MM:SS[Z], got '%.64s'\n", optarg);
+                fprintf(stderr,
+                        "esd run: --deadline needs epoch seconds or "
+                        "YYYY-MM-DDTHH:MM:SS[Z], got '%.64s'\n",
+                        optarg);
                 return -1;
             }
             R.deadline_from = "--deadline";
@@ -1941,8 +1986,10 @@ parse_args(int argc, char **argv)
         return -1;
     }
     if (R.node && !node_name_ok(R.node)) {
-        fprintf(stderr, "esd run: --node '%.64s' must be 1-64 of [A-Za-z0-9._-], not starting "
-                        "with a dot\n", R.node);
+        fprintf(stderr,
+                "esd run: --node '%.64s' must be 1-64 of [A-Za-z0-9._-], not starting "
+                "with a dot\n",
+                R.node);
         return -1;
     }
     if (R.ray_address && strcmp(R.ray_address, "local")) {
@@ -1985,8 +2032,10 @@ private_dir(const char *path, struct esd_err *err)
     if (lstat(path, &st) < 0)
         return err_sys(err, -errno, "cannot stat %s", path);
     if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077))
-        return err_set(err, -EPERM, "%s is not a private directory of uid %u (mode 0700): "
-                       "not using it; pass --state-dir", path, (unsigned)geteuid());
+        return err_set(err, -EPERM,
+                       "%s is not a private directory of uid %u (mode 0700): "
+                       "not using it; pass --state-dir",
+                       path, (unsigned)geteuid());
     return 0;
 }
 
@@ -2062,7 +2111,7 @@ build_conf(struct esd_err *err)
         free(dir);
     }
     if (R.ray_mode)
-        c->ray_mode = !strcmp(R.ray_mode, "persistent")  ? RAY_PERSISTENT
+        c->ray_mode = !strcmp(R.ray_mode, "persistent")    ? RAY_PERSISTENT
                       : !strcmp(R.ray_mode, "per-attempt") ? RAY_PER_ATTEMPT
                                                            : RAY_OFF;
     free(c->state_dir);
@@ -2078,7 +2127,7 @@ build_conf(struct esd_err *err)
         if (rt && (stat(rt, &rst) < 0 || rst.st_uid != geteuid()))
             rt = NULL;
         base = rt && *rt == '/' ? xasprintf("%s/esd-run", rt)
-                                      : xasprintf("/tmp/esd-run-%u", (unsigned)geteuid());
+                                : xasprintf("/tmp/esd-run-%u", (unsigned)geteuid());
 
         c->state_dir = xasprintf("%s/%s.%.12s", base, c->node_name, R.runkey);
         R.state_base = base;
@@ -2106,9 +2155,11 @@ build_conf(struct esd_err *err)
     c->drain_timeout_secs = 0; /* a scheduler's SIGTERM: stop now, release the claims */
     c->run_mode = true;
     if (c->ray_mode == RAY_PERSISTENT && !explain && !command_found(c->ray_command)) {
-        err_set(err, -ENOENT, "the Ray head's command '%s' %s: pass --ray-command PATH (or "
+        err_set(err, -ENOENT,
+                "the Ray head's command '%s' %s: pass --ray-command PATH (or "
                 "ray.command in --esd-config), or --ray-address local to let every attempt "
-                "start its own Ray", c->ray_command,
+                "start its own Ray",
+                c->ray_command,
                 strchr(c->ray_command, '/') ? "is not an executable" : "is not on PATH");
         goto fail;
     }
@@ -2147,13 +2198,16 @@ strict_setup(long long shards, struct esd_err *err)
     if (!R.strict)
         return 0;
     if (R.nodes <= 0)
-        return err_set(err, -EINVAL, "--require-all-nodes needs --nodes (or a launcher that "
+        return err_set(err, -EINVAL,
+                       "--require-all-nodes needs --nodes (or a launcher that "
                        "tells the number of nodes)");
     R.cap = (shards + R.nodes - 1) / R.nodes;
     if (shards < R.nodes || (R.nodes - 1) * R.cap >= shards)
-        return err_set(err, -EINVAL, "--require-all-nodes with --nodes %lld needs a shard count "
+        return err_set(err, -EINVAL,
+                       "--require-all-nodes with --nodes %lld needs a shard count "
                        "that gives every node at least one shard (%lld shards, at most %lld a "
-                       "node); use a multiple of the node count", R.nodes, shards, R.cap);
+                       "node); use a multiple of the node count",
+                       R.nodes, shards, R.cap);
     return 0;
 }
 
@@ -2246,8 +2300,9 @@ oneshot_main(int argc, char **argv)
     if (explain) {
         printf("run_id: %s\nrun_id_from: %s\ncoordination: %s\nnode: %s\nhostname: %s\n"
                "launcher: %s\nrank: %lld\nlocal_rank: %lld\nworld_size: %lld\nnodes: %lld\n"
-               "role: %s\nmode: %s\n", R.run_id, R.run_id_from, R.coord, R.conf->node_name,
-               R.host, R.launcher ? R.launcher : "none", R.rank, R.local_rank, R.world, R.nodes,
+               "role: %s\nmode: %s\n",
+               R.run_id, R.run_id_from, R.coord, R.conf->node_name, R.host,
+               R.launcher ? R.launcher : "none", R.rank, R.local_rank, R.world, R.nodes,
                worker ? "worker" : "waiter", R.strict ? "strict" : "elastic");
         if (R.deadline > 0)
             printf("deadline: %.0f (%s)\n", R.deadline, R.deadline_from);
@@ -2290,8 +2345,10 @@ oneshot_main(int argc, char **argv)
     manifest_free(&m);
     say("working: %s mode%s, %ld slot(s), ray %s, state in %s, socket %s",
         R.strict ? "strict" : "elastic", R.cap ? " (a node completes at most its share)" : "",
-        R.conf->slots, R.conf->ray_mode == RAY_PERSISTENT ? "persistent head"
-                       : R.conf->ray_mode == RAY_PER_ATTEMPT ? "per attempt" : "off",
+        R.conf->slots,
+        R.conf->ray_mode == RAY_PERSISTENT    ? "persistent head"
+        : R.conf->ray_mode == RAY_PER_ATTEMPT ? "per attempt"
+                                              : "off",
         R.conf->state_dir, R.conf->socket_path);
     /* the engine: the daemon's modules on this one job */
     R.loop = ev_default_loop(EVFLAG_AUTO);

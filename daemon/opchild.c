@@ -32,13 +32,13 @@ struct opchild {
     ev_io out_w;
     ev_child child_w;
     struct buf in;
-    bool got_end;    /* a result or error line was read */
+    bool got_end; /* a result or error line was read */
     bool eof;
     bool exited;
-    int status;      /* wait status */
+    int status; /* wait status */
     bool cancelled;
     bool held;
-    cJSON *result;   /* kept until the child has exited */
+    cJSON *result; /* kept until the child has exited */
     char *code, *message;
     const struct opchild_ops *ops;
     void *ctx;
@@ -111,8 +111,7 @@ child_event(void *ctx, cJSON *ev)
 
 /* The operation, in a helper (helper_fork: nothing of esd's, the
  * caller's identity, a death signal, the tick). */
-static void __attribute__((noreturn))
-child_main(enum cmd_id id, const cJSON *args, int fd)
+static void __attribute__((noreturn)) child_main(enum cmd_id id, const cJSON *args, int fd)
 {
     struct sigaction sa = { .sa_handler = child_on_term };
     struct op_env env = { 0 };
@@ -139,10 +138,11 @@ child_main(enum cmd_id id, const cJSON *args, int fd)
     } else {
         cJSON *e = cJSON_CreateObject();
 
-        json_add_str(e, "code", r == -EACCES || r == -EPERM ? PROTO_E_DENIED
-                                : r == -EINVAL && id != CMD_PREPARE ? PROTO_E_BAD_ARGS
-                                : r == -ENOENT ? PROTO_E_NOT_FOUND
-                                               : PROTO_E_FAILED);
+        json_add_str(e, "code",
+                     r == -EACCES || r == -EPERM         ? PROTO_E_DENIED
+                     : r == -EINVAL && id != CMD_PREPARE ? PROTO_E_BAD_ARGS
+                     : r == -ENOENT                      ? PROTO_E_NOT_FOUND
+                                                         : PROTO_E_FAILED);
         json_add_str(e, "message", err.msg);
         child_write("error", e);
     }
@@ -194,8 +194,10 @@ maybe_finish(struct opchild *o)
                 snprintf(why, sizeof(why), "the %s process was killed by signal %d; see esd's log",
                          cmd_table[o->id].name, WTERMSIG(o->status));
             else
-                snprintf(why, sizeof(why), "the %s process exited with status %d without a "
-                         "result; see esd's log", cmd_table[o->id].name, WEXITSTATUS(o->status));
+                snprintf(why, sizeof(why),
+                         "the %s process exited with status %d without a "
+                         "result; see esd's log",
+                         cmd_table[o->id].name, WEXITSTATUS(o->status));
             o->ops->done(o->ctx, NULL, PROTO_E_INTERNAL, why);
         }
     }
@@ -267,8 +269,8 @@ out_cb(struct ev_loop *loop, ev_io *w, int revents)
         o->in.len -= pos;
     }
     if (o->in.len > MAX_LINE) {
-        log_warning(NULL, "%s process %d: report line too long; stopping it",
-                    cmd_table[o->id].name, (int)o->pid);
+        log_warning(NULL, "%s process %d: report line too long; stopping it", cmd_table[o->id].name,
+                    (int)o->pid);
         kill(o->pid, SIGKILL);
         o->in.len = 0;
     }
@@ -306,8 +308,11 @@ opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
               const char **ret_code, struct esd_err *err)
 {
     enum proto_full full = slot_check(share);
-    struct helper_id hid = { .change = who->change, .uid = who->uid, .gid = who->gid,
-                             .groups = who->groups, .ngroups = who->ngroups };
+    struct helper_id hid = { .change = who->change,
+                             .uid = who->uid,
+                             .gid = who->gid,
+                             .groups = who->groups,
+                             .ngroups = who->ngroups };
     struct opchild *o;
     int fd;
     pid_t pid;
@@ -315,8 +320,7 @@ opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
     if (full != PROTO_FULL_NONE) {
         char why[256];
 
-        proto_share_explain(full, &proto_op_limits, share, "running operations", why,
-                            sizeof(why));
+        proto_share_explain(full, &proto_op_limits, share, "running operations", why, sizeof(why));
         *ret_code = PROTO_E_BUSY;
         err_set(err, -EBUSY, "%s", why);
         return NULL;
@@ -341,9 +345,9 @@ opchild_start(enum cmd_id id, const cJSON *args, const struct ident *who,
     ev_io_start(O.loop, &o->out_w);
     ev_child_start(O.loop, &o->child_w);
     /* (a follower waits for new log lines as long as its client wants) */
-    helper_guard_start(&o->guard, O.loop, pid, cmd_table[id].name, NULL,
-                       id == CMD_LOGS && cmd_arg_flag(args, O_FOLLOW)
-                           ? 0 : (double)O.conf->helper_timeout_secs);
+    helper_guard_start(
+        &o->guard, O.loop, pid, cmd_table[id].name, NULL,
+        id == CMD_LOGS && cmd_arg_flag(args, O_FOLLOW) ? 0 : (double)O.conf->helper_timeout_secs);
     o->next = O.head;
     if (o->next)
         o->next->prev = o;

@@ -29,7 +29,7 @@ struct ident {
     gid_t gid;
     gid_t *groups; /* owned by the caller of opchild_start; copied */
     size_t ngroups;
-    gid_t group1;  /* room for a single group */
+    gid_t group1; /* room for a single group */
 };
 
 struct opchild_ops {

@@ -37,16 +37,16 @@
 /* The Ray workers an attempt claimed ahead prewarms, at most (esd-dj's
  * PREWARM_WORKERS_MAX). */
 #define PREWARM_WORKERS 4
-#define START_POLL_SECS 0.5     /* health probes while starting */
-#define READY_RETRY_SECS 2.     /* a failed readiness check runs again after */
-#define UP_POLL_SECS 30.        /* health probes while up */
+#define START_POLL_SECS 0.5 /* health probes while starting */
+#define READY_RETRY_SECS 2. /* a failed readiness check runs again after */
+#define UP_POLL_SECS 30.    /* health probes while up */
 #define PROBE_TIMEOUT_SECS 2.
-#define PROBE_MAX_FAILURES 3    /* consecutive failed probes while up: dead */
+#define PROBE_MAX_FAILURES 3 /* consecutive failed probes while up: dead */
 #define BACKOFF_MIN_SECS 1.
 #define BACKOFF_MAX_SECS 60.
-#define BACKOFF_RESET_SECS 300. /* up this long: the next loss starts at 1 s */
-#define KILL_AFTER_SECS 10.     /* SIGTERM, then SIGKILL */
-#define GONE_POLL_SECS 0.1      /* leftovers of a group that has lost its head */
+#define BACKOFF_RESET_SECS 300.    /* up this long: the next loss starts at 1 s */
+#define KILL_AFTER_SECS 10.        /* SIGTERM, then SIGKILL */
+#define GONE_POLL_SECS 0.1         /* leftovers of a group that has lost its head */
 #define GIVE_UP_AFTER_KILL_SECS 5. /* members unkillable (D state): stop waiting */
 #define OUTPUT_LINE_MAX 4096
 #define READY_TAG "esd-ray-probe: "
@@ -98,8 +98,8 @@ static const char READY_SCRIPT[] =
 enum ray_state { ST_OFF, ST_LOCAL, ST_STARTING, ST_UP, ST_DOWN, ST_STOPPING };
 
 static const char *const state_names[] = {
-    [ST_OFF] = "off",  [ST_LOCAL] = "local", [ST_STARTING] = "starting",
-    [ST_UP] = "up",    [ST_DOWN] = "down",   [ST_STOPPING] = "stopping",
+    [ST_OFF] = "off", [ST_LOCAL] = "local", [ST_STARTING] = "starting",
+    [ST_UP] = "up",   [ST_DOWN] = "down",   [ST_STOPPING] = "stopping",
 };
 
 /* The ray.* keys of the configuration (owned copies). */
@@ -134,22 +134,22 @@ struct ray_head {
     double killed_at;  /* when SIGKILL was sent (0: not yet) */
     double started_at;
     double up_since;
-    long num_gpus;        /* what it was started with (--num-gpus) */
+    long num_gpus;         /* what it was started with (--num-gpus) */
     const char *gpus_from; /* where that came from (status) */
     ev_child exit_w;
-    struct ray_pipe out;  /* the head's output (sp.out_fd moved here) */
+    struct ray_pipe out; /* the head's output (sp.out_fd moved here) */
     ev_timer kill_w;
     ev_timer gone_w;
 };
 
 /* The readiness check of a starting head: one child at a time. */
 struct ray_ready {
-    struct spawned sp;    /* sp.pid 0: none (reaped) */
+    struct spawned sp;        /* sp.pid 0: none (reaped) */
     unsigned long generation; /* of the head it checks */
-    char *python;         /* the interpreter next to ray.command; NULL: none found */
-    double next_at;       /* a failed check runs again from then on */
-    bool said_fail;       /* it said why it failed */
-    char why[256];        /* why the head is still starting (status) */
+    char *python;             /* the interpreter next to ray.command; NULL: none found */
+    double next_at;           /* a failed check runs again from then on */
+    bool said_fail;           /* it said why it failed */
+    char why[256];            /* why the head is still starting (status) */
     ev_child exit_w;
     struct ray_pipe out;
 };
@@ -233,8 +233,8 @@ settings_equal(const struct ray_settings *s, const struct esd_conf *c)
         !str_eq(s->command, c->ray_command && *c->ray_command ? c->ray_command : "ray") ||
         !str_eq(s->temp_dir, c->ray_temp_dir) || s->args.n != c->ray_args.n ||
         s->num_gpus != c->ray_num_gpus ||
-        s->start_timeout != (c->ray_start_timeout_secs > 0 ? (double)c->ray_start_timeout_secs
-                                                           : 120.))
+        s->start_timeout !=
+            (c->ray_start_timeout_secs > 0 ? (double)c->ray_start_timeout_secs : 120.))
         return false;
     for (size_t i = 0; i < s->args.n; i++)
         if (strcmp(s->args.v[i], c->ray_args.v[i]))
@@ -498,8 +498,7 @@ static void head_environment(struct ray *r, struct strv *env);
 
 /* --- readiness --- */
 
-static void
-ready_why(struct ray *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ready_why(struct ray *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Says why the head is still starting (esctl status). */
 static void
@@ -780,7 +779,8 @@ probe_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void
 probe_start(struct ray *r)
 {
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)r->set.port),
+    struct sockaddr_in a = { .sin_family = AF_INET,
+                             .sin_port = htons((uint16_t)r->set.port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 
@@ -891,8 +891,10 @@ head_kill_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct ray *r = w->data;
 
-    log_warning(NULL, "ray head (process group %d) still running %.0f s after SIGTERM, "
-                "sending SIGKILL", (int)r->head.sp.pid, KILL_AFTER_SECS);
+    log_warning(NULL,
+                "ray head (process group %d) still running %.0f s after SIGTERM, "
+                "sending SIGKILL",
+                (int)r->head.sp.pid, KILL_AFTER_SECS);
     head_signal(&r->head, SIGKILL);
     r->head.killed_at = ev_now(loop);
     /* looks again until the group is gone, or gives up on it */
@@ -973,8 +975,10 @@ head_check_gone(struct ray *r)
                 ev_timer_start(r->loop, &h->gone_w);
             return;
         }
-        log_warning(NULL, "ray head's process group %d still has members %.0f s after SIGKILL, "
-                    "ignoring them", (int)h->sp.pid, GIVE_UP_AFTER_KILL_SECS);
+        log_warning(NULL,
+                    "ray head's process group %d still has members %.0f s after SIGKILL, "
+                    "ignoring them",
+                    (int)h->sp.pid, GIVE_UP_AFTER_KILL_SECS);
     }
     head_finish(r);
 }
@@ -1090,9 +1094,18 @@ head_spawn(struct ray *r)
      * so esd supervises it as its own child (without it the command
      * returns at once and the head runs detached, unwatched). The loopback
      * address: the head serves this node's attempts only. */
-    const char *fixed[] = { r->set.command, "start", "--head", "--block", "--port", port,
-                            "--temp-dir", r->set.temp_dir, "--node-ip-address", RAY_HOST,
-                            "--include-dashboard=false", "--disable-usage-stats" };
+    const char *fixed[] = { r->set.command,
+                            "start",
+                            "--head",
+                            "--block",
+                            "--port",
+                            port,
+                            "--temp-dir",
+                            r->set.temp_dir,
+                            "--node-ip-address",
+                            RAY_HOST,
+                            "--include-dashboard=false",
+                            "--disable-usage-stats" };
 
     snprintf(port, sizeof(port), "%ld", r->set.port);
     strv_init(&argv);
@@ -1116,8 +1129,8 @@ head_spawn(struct ray *r)
         }
     }
     if (own_gpus) {
-        h->num_gpus = ray_gpus_count(r->set.num_gpus, getenv("CUDA_VISIBLE_DEVICES"), "/dev",
-                                     &h->gpus_from);
+        h->num_gpus =
+            ray_gpus_count(r->set.num_gpus, getenv("CUDA_VISIBLE_DEVICES"), "/dev", &h->gpus_from);
         snprintf(gpus, sizeof(gpus), "%ld", h->num_gpus);
         strv_push(&argv, "--num-gpus");
         strv_push(&argv, gpus);
@@ -1283,8 +1296,9 @@ ray_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err)
     r->probe.tick_w.data = r->probe.conn_w.data = r->probe.timeout_w.data = r;
     r->restart_w.data = r;
     /* the first state is no change for the listener */
-    r->state = r->set.mode == RAY_PER_ATTEMPT ? ST_LOCAL : r->set.mode == RAY_OFF ? ST_OFF
-                                                                                 : ST_DOWN;
+    r->state = r->set.mode == RAY_PER_ATTEMPT ? ST_LOCAL
+               : r->set.mode == RAY_OFF       ? ST_OFF
+                                              : ST_DOWN;
     if (r->set.mode == RAY_PERSISTENT && (rc = prepare_temp_dir(r, err)) < 0)
         return rc;
     ray_start_mode(r);

@@ -64,7 +64,7 @@ struct run {
     ev_timer grace_w;
     ev_timer drain_w;
     struct buf line;
-    size_t logged;   /* bytes of its output logged so far */
+    size_t logged; /* bytes of its output logged so far */
     double started;
     double grace; /* attempt_kill_grace_secs when it started */
     unsigned long ray_gen;
@@ -75,8 +75,8 @@ struct run {
     /* forked by the warm processor: its keeper is not esd's child, its
      * reports (and their end) say all */
     bool warm, warm_pending;
-    int go_w; /* while pending: the fork waits for a byte on it */
-    bool gated;  /* claimed ahead: waits for a slot (gate_w) */
+    int go_w;   /* while pending: the fork waits for a byte on it */
+    bool gated; /* claimed ahead: waits for a slot (gate_w) */
     int gate_w;
     bool exec_gated; /* claimed ahead, the warm fork failed: exec'd once a slot is free */
     double ran_at;   /* when its processor was let run (monotonic) */
@@ -192,8 +192,7 @@ run_open_gates(void)
         struct run *oldest = NULL;
 
         for (struct run *r = R.head; r; r = r->next)
-            if (r->gated && !r->exited && !r->stopped &&
-                (!oldest || r->started < oldest->started))
+            if (r->gated && !r->exited && !r->stopped && (!oldest || r->started < oldest->started))
                 oldest = r;
         if (!oldest)
             return;
@@ -296,8 +295,10 @@ run_grace_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
     (void)loop;
     (void)revents;
-    log_warning(&r->ctx, "processor's keeper still running %.0f s after SIGTERM: SIGKILL to its "
-                "process group", r->grace + KEEPER_SLACK);
+    log_warning(&r->ctx,
+                "processor's keeper still running %.0f s after SIGTERM: SIGKILL to its "
+                "process group",
+                r->grace + KEEPER_SLACK);
     spawn_signal(&r->child, SIGKILL);
 }
 
@@ -310,8 +311,10 @@ run_log_line(struct run *r, const char *p, size_t n)
         return;
     r->logged += n + 1; /* (its newline) */
     if (r->logged >= LOG_ATTEMPT_MAX) {
-        log_notice(&r->ctx, "the processor printed more than %zu bytes: the rest of its output "
-                   "is only in %s", LOG_ATTEMPT_MAX, r->cmd.log_path);
+        log_notice(&r->ctx,
+                   "the processor printed more than %zu bytes: the rest of its output "
+                   "is only in %s",
+                   LOG_ATTEMPT_MAX, r->cmd.log_path);
         return;
     }
     log_processor(&r->ctx, p, n);
@@ -391,7 +394,7 @@ run_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
     if (r->out_eof)
         return;
     log_warning(&r->ctx, "the processor's output is still open after its process tree ended "
-                "(a process outside it holds it): closing it");
+                         "(a process outside it holds it): closing it");
     /* what is there still goes to the log, then end of file */
     run_out_cb(loop, &r->out_w, EV_READ);
     if (!r->out_eof) {
@@ -484,8 +487,10 @@ run_rep_cb(struct ev_loop *loop, ev_io *w, int revents)
     } else if (!r->ks.proc && r->ks.failed) {
         /* the fork could not start its keeper: nothing ran */
         r->start_failed = true;
-        snprintf(r->error, sizeof(r->error), "the warm processor's fork could not start the "
-                 "attempt's keeper: %s", strerror(r->ks.failed));
+        snprintf(r->error, sizeof(r->error),
+                 "the warm processor's fork could not start the "
+                 "attempt's keeper: %s",
+                 strerror(r->ks.failed));
         r->running = false;
     }
     run_keeper_gone(r, r->ks.exited || r->start_failed, "its report pipe closed");
@@ -623,8 +628,8 @@ run_exec(struct run *r)
      * processor's tree on its own (run_kill); without the cgroup only what
      * escapes the keeper's reach may outlive the attempt, which is not
      * worth failing the attempt for. */
-    if (r->cgroup && spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, cred, &keep, &r->child,
-                                &err) < 0) {
+    if (r->cgroup &&
+        spawn_keep(r->cmd.argv, r->cmd.envp, r->cmd.cwd, cred, &keep, &r->child, &err) < 0) {
         /* (a cgroup the keeper could not enter, say: try once without) */
         log_warning(&r->ctx, "%s; starting it again without a cgroup of its own", err.msg);
         contain_end(r->cgroup);
@@ -671,8 +676,10 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
         if (r->gated) {
             /* claimed ahead: exec'd, it would run at once; it waits for
              * its slot like the others */
-            log_notice(&r->ctx, "%s: the attempt claimed ahead starts on its own once a slot "
-                       "is free", why);
+            log_notice(&r->ctx,
+                       "%s: the attempt claimed ahead starts on its own once a slot "
+                       "is free",
+                       why);
             r->exec_gated = true;
             run_open_gates();
             return;
@@ -690,20 +697,24 @@ run_warm_cb(void *arg, pid_t pid, const char *why)
         r->ran_at = time_mono();
     /* in its cgroup before it starts anything */
     if (r->cgroup && contain_move(r->cgroup, pid) < 0) {
-        log_warning(&r->ctx, "cannot move the warm processor's fork %ld into the attempt's "
-                    "cgroup: %s; its keeper alone contains it", (long)pid, strerror(errno));
+        log_warning(&r->ctx,
+                    "cannot move the warm processor's fork %ld into the attempt's "
+                    "cgroup: %s; its keeper alone contains it",
+                    (long)pid, strerror(errno));
         contain_end(r->cgroup);
         r->cgroup = NULL;
     }
     if (write(r->go_w, "g", 1) != 1)
-        log_warning(&r->ctx, "cannot tell the warm processor's fork to go: %s",
-                    strerror(errno));
+        log_warning(&r->ctx, "cannot tell the warm processor's fork to go: %s", strerror(errno));
     close(r->go_w);
     r->go_w = -1;
     run_started(r);
     log_info(&r->ctx, "started %s (its keeper %ld, forked by the warm processor%s) on Ray %s",
-             r->cmd.argv[1], (long)pid, r->gated ? ", claimed ahead: it runs once a slot is "
-             "free" : "", r->ray_addr);
+             r->cmd.argv[1], (long)pid,
+             r->gated ? ", claimed ahead: it runs once a slot is "
+                        "free"
+                      : "",
+             r->ray_addr);
     if (r->gated)
         run_open_gates();
 }
@@ -932,8 +943,7 @@ run_facts(const struct run *r, struct outcome_facts *f, struct attempt_outcome *
  * rename calls on the shared file system, either of which can block for
  * long on NFS: in a child, bounded by helper_timeout_secs, the event loop
  * and every other attempt go on. */
-static void __attribute__((noreturn))
-finish_child(struct run *r, int fd)
+static void __attribute__((noreturn)) finish_child(struct run *r, int fd)
 {
     struct outcome_facts f;
     struct attempt_outcome out;
@@ -988,8 +998,8 @@ run_report(struct run *r)
     long long rows = 0, bytes = 0;
 
     if (WIFEXITED(r->fin_status) && WEXITSTATUS(r->fin_status) == 0 &&
-        json_parse_object(r->fin_out.p ? r->fin_out.p : "", r->fin_out.len, "report", &rep,
-                          NULL) == 0 &&
+        json_parse_object(r->fin_out.p ? r->fin_out.p : "", r->fin_out.len, "report", &rep, NULL) ==
+            0 &&
         json_get_bool(rep, "ok", &ok) && ok) {
         status = json_get_str(rep, "status");
         json_get_bool(rep, "shard_done", &done);
@@ -1007,8 +1017,7 @@ run_report(struct run *r)
             j->done_here++;
             j->rows_here += (unsigned long long)rows;
         } else if (!strcmp(status, "failed")) {
-            log_event(LOG_LVL_WARNING, &r->ctx, MSGID_FAILED, "failed (%s)%s: %s",
-                      cls ? cls : "?",
+            log_event(LOG_LVL_WARNING, &r->ctx, MSGID_FAILED, "failed (%s)%s: %s", cls ? cls : "?",
                       failed ? ", no retries left: the shard failed"
                       : left ? ", its retries used up by this node alone: left to the other "
                                "nodes"
@@ -1027,8 +1036,8 @@ run_report(struct run *r)
         char how[96], what[160];
 
         helper_describe(r->fin_status, how);
-        snprintf(what, sizeof(what), "the finishing process %s%s", r->fin_guard.fired ?
-                 "was killed: " : "failed: ", how);
+        snprintf(what, sizeof(what), "the finishing process %s%s",
+                 r->fin_guard.fired ? "was killed: " : "failed: ", how);
         log_err(&r->ctx, "could not finish the attempt: %s; its lock stays until its lease ends",
                 why ? why : what);
         done = failed = false;
@@ -1185,11 +1194,12 @@ runner_status_json(void)
         if (r->running)
             json_add_int(o, "pid", (long long)r->child.proc);
         json_add_float(o, "running_secs", time_mono() - r->started);
-        json_add_str(o, "phase", r->exited    ? "finishing"
-                                 : r->killing ? "stopping"
-                                 : r->warm_pending ? "starting"
-                                 : r->gated        ? "ahead"
-                                                   : "running");
+        json_add_str(o, "phase",
+                     r->exited         ? "finishing"
+                     : r->killing      ? "stopping"
+                     : r->warm_pending ? "starting"
+                     : r->gated        ? "ahead"
+                                       : "running");
         cJSON_AddItemToArray(a, o);
     }
     return a;

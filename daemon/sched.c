@@ -52,9 +52,9 @@ static struct {
     ev_timer rescan_w; /* the registry */
     ev_timer drain_w;  /* drain_timeout_secs */
     struct job *rr;    /* the job that got the last claim */
-    bool draining;       /* SIGTERM: stopping */
-    bool held;           /* esctl drain: no new claims until resume */
-    char *held_path;     /* <state_dir>/drained: the hold survives restarts */
+    bool draining;     /* SIGTERM: stopping */
+    bool held;         /* esctl drain: no new claims until resume */
+    char *held_path;   /* <state_dir>/drained: the hold survives restarts */
     void (*drained)(void);
     double started;
     unsigned long claims;
@@ -95,8 +95,9 @@ failed_reason_as_owner(struct job *j)
         if (lstat(path, &st) == 0 && json_load_object(path, 1 << 20, &o, NULL) == 0) {
             const char *e = json_get_str(o, "last_error");
             char *why = xasprintf("shard %s failed: %s", j->m.shards[i].id,
-                                  e ? e : json_get_str(o, "reason") ? json_get_str(o, "reason")
-                                                                    : "no error recorded");
+                                  e                           ? e
+                                  : json_get_str(o, "reason") ? json_get_str(o, "reason")
+                                                              : "no error recorded");
             cJSON_Delete(o);
             free(path);
             return why;
@@ -213,8 +214,7 @@ fill(void)
         /* an I/O error is the storage's, not the job's: the job stays
          * active and this node looks again at its next poll */
         if (r < 0) {
-            log_warning(&(struct log_ctx){ .job = &j->log }, "%s; trying again later",
-                        err.msg);
+            log_warning(&(struct log_ctx){ .job = &j->log }, "%s; trying again later", err.msg);
             j->next_claim = now + jitter((double)S.conf->poll_interval_secs);
             continue;
         }
@@ -234,14 +234,16 @@ fill(void)
         if (cl.took_over)
             metrics_takeover();
         if (cl.took_over)
-            log_event(LOG_LVL_NOTICE, &(struct log_ctx){ .job = &j->log, .shard = cl.shard_id,
-                                                         .attempt = cl.attempt_number },
+            log_event(LOG_LVL_NOTICE,
+                      &(struct log_ctx){
+                          .job = &j->log, .shard = cl.shard_id, .attempt = cl.attempt_number },
                       MSGID_TAKEN_OVER,
                       "claimed (attempt %lld), taken over from node %s whose lease ran out",
-                       cl.attempt_number, cl.taken_from);
+                      cl.attempt_number, cl.taken_from);
         else
-            log_event(LOG_LVL_INFO, &(struct log_ctx){ .job = &j->log, .shard = cl.shard_id,
-                                                       .attempt = cl.attempt_number },
+            log_event(LOG_LVL_INFO,
+                      &(struct log_ctx){
+                          .job = &j->log, .shard = cl.shard_id, .attempt = cl.attempt_number },
                       MSGID_CLAIMED, "claimed (attempt %lld)", cl.attempt_number);
         if (ahead)
             runner_start_ahead(j, &cl);
@@ -409,8 +411,7 @@ check_drained(void)
 static void
 attempt_done(struct job *j, const struct attempt_final *fin)
 {
-    if (fin->counted && !fin->shard_done && !fin->shard_failed && !fin->shard_left &&
-        j->loaded) {
+    if (fin->counted && !fin->shard_done && !fin->shard_failed && !fin->shard_left && j->loaded) {
         double d = claim_backoff(&j->claimer, fin->index);
 
         log_info(&(struct log_ctx){ .job = &j->log, .shard = j->m.shards[fin->index].id },
@@ -427,9 +428,10 @@ attempt_done(struct job *j, const struct attempt_final *fin)
         if (pause > PAUSE_MAX)
             pause = PAUSE_MAX;
         j->paused_until = time_mono() + pause;
-        log_warning(&(struct log_ctx){ .job = &j->log }, "%u attempts of job %s in a row "
-                    "failed on this node: no claims of it for %.0f s", j->fail_streak,
-                    j->job_dir, pause);
+        log_warning(&(struct log_ctx){ .job = &j->log },
+                    "%u attempts of job %s in a row "
+                    "failed on this node: no claims of it for %.0f s",
+                    j->fail_streak, j->job_dir, pause);
     }
     /* a slot is free: claim again at once (this job first if it has more) */
     j->next_claim = 0;
@@ -465,8 +467,10 @@ sched_drain_cb(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)w;
     (void)revents;
-    log_notice(NULL, "drain timeout: stopping %zu attempt(s), releasing their claims, and "
-               "%zu merge(s)", runner_count(), finalize_running());
+    log_notice(NULL,
+               "drain timeout: stopping %zu attempt(s), releasing their claims, and "
+               "%zu merge(s)",
+               runner_count(), finalize_running());
     runner_stop_all();
     finalize_stop_all();
 }
@@ -566,9 +570,10 @@ status_line(void)
     /* (a slot is busy while its processor runs: not while what it made is
      * validated and published beside the next) */
     buf_printf(&b, "%s%zu/%ld slots busy",
-               S.draining ? "draining; " : S.held ? "drained by the operator; " : "",
-               runner_busy(),
-               S.conf->slots);
+               S.draining ? "draining; "
+               : S.held   ? "drained by the operator; "
+                          : "",
+               runner_busy(), S.conf->slots);
     for (struct job *j = jobs_first(); j; j = j->next) {
         size_t done, total;
 
@@ -600,8 +605,7 @@ status_line(void)
             done = v->counts[ST_DONE];
             jobview_age_text(v, age);
         }
-        buf_printf(&b, "%s job %s %zu/%zu done", shown == 1 ? ";" : ",", j->m.job_id, done,
-                   total);
+        buf_printf(&b, "%s job %s %zu/%zu done", shown == 1 ? ";" : ",", j->m.job_id, done, total);
         if (v && v->counts[ST_FAILED])
             buf_printf(&b, ", %zu failed", v->counts[ST_FAILED]);
         if (v && v->counts[ST_RUNNING])

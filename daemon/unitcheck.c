@@ -20,10 +20,10 @@
 /* The PATH systemd gives a system service (systemd 252 on a merged /usr). */
 #define UNIT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
 
-static const char *const props[] = { "LoadState",      "User",          "ProtectSystem",
-                                     "ProtectHome",    "PrivateTmp",    "ReadWritePaths",
-                                     "ReadOnlyPaths",  "InaccessiblePaths", "StateDirectory",
-                                     "RuntimeDirectory" };
+static const char *const props[] = {
+    "LoadState",      "User",          "ProtectSystem",     "ProtectHome",    "PrivateTmp",
+    "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths", "StateDirectory", "RuntimeDirectory"
+};
 
 /* A path list of systemctl show: blank-separated, each maybe prefixed by
  * "-" (ignore if missing) or "+" (relative to RootDirectory=). */
@@ -107,8 +107,7 @@ unit_sandbox_load(const char *unit, struct unit_sandbox *ret, struct esd_err *er
     }
     buf_free(&out);
     if (!load || strcmp(load, "loaded")) {
-        r = err_set(err, -ENOENT, "systemd has no unit %s (LoadState=%s)", unit,
-                    load ? load : "?");
+        r = err_set(err, -ENOENT, "systemd has no unit %s (LoadState=%s)", unit, load ? load : "?");
         free(load);
         unit_sandbox_free(ret);
         return r;
@@ -179,10 +178,12 @@ unit_sandbox_why(const struct unit_sandbox *sb, const char *path, bool write)
         deepest_of(home, path, &which) > rw)
         return xasprintf("%s hides %s (ProtectHome=%s): move it out of /home, /root and "
                          "/run/user, or set ProtectHome=read-only in a drop-in (systemctl edit "
-                         "%s)", sb->unit, which, sb->protect_home, sb->unit);
+                         "%s)",
+                         sb->unit, which, sb->protect_home, sb->unit);
     if (sb->private_tmp && deepest_of(tmp, path, &which))
         return xasprintf("%s has a %s of its own (PrivateTmp=yes), which no other process "
-                         "sees: use a directory outside /tmp and /var/tmp", sb->unit, which);
+                         "sees: use a directory outside /tmp and /var/tmp",
+                         sb->unit, which);
     if (!write)
         return NULL;
     if (is(sb->protect_system, "strict") && !deepest_of(api, path, &which)) {
@@ -206,7 +207,8 @@ unit_sandbox_why(const struct unit_sandbox *sb, const char *path, bool write)
     if (ro == 0 || rw >= ro)
         return NULL;
     return xasprintf("%s may not write %s (%s): add it in a drop-in, systemctl edit %s: "
-                     "[Service] ReadWritePaths=%s", sb->unit, path, reason, sb->unit, path);
+                     "[Service] ReadWritePaths=%s",
+                     sb->unit, path, reason, sb->unit, path);
 }
 
 int
@@ -216,13 +218,12 @@ unitcheck_become(const char *user, struct esd_err *err)
 
     errno = 0;
     if (!(pw = getpwnam(user)))
-        return err_set(err, errno ? -errno : -ENOENT, "no user %s%s%s", user,
-                       errno ? ": " : "", errno ? strerror(errno) : "");
+        return err_set(err, errno ? -errno : -ENOENT, "no user %s%s%s", user, errno ? ": " : "",
+                       errno ? strerror(errno) : "");
     if (pw->pw_uid == geteuid())
         return 0;
     if (geteuid() != 0)
-        return err_set(err, -EPERM, "checking as user %s needs root (or run it as %s)", user,
-                       user);
+        return err_set(err, -EPERM, "checking as user %s needs root (or run it as %s)", user, user);
     if (initgroups(user, pw->pw_gid) < 0 || setgid(pw->pw_gid) < 0 || setuid(pw->pw_uid) < 0)
         return err_sys(err, -errno, "cannot become user %s", user);
     return 0;
@@ -237,8 +238,7 @@ me(void)
 }
 
 static void
-check_exec(const char *what, const char *cmd, const struct unit_sandbox *sb,
-           struct strv *problems)
+check_exec(const char *what, const char *cmd, const struct unit_sandbox *sb, struct strv *problems)
 {
     const char *path = sb ? UNIT_PATH : getenv("PATH");
     char *found = fs_which(cmd, path, F_OK), *real = NULL, *why = NULL;
@@ -252,8 +252,8 @@ check_exec(const char *what, const char *cmd, const struct unit_sandbox *sb,
     if (pypath_realpath(found, &real, &err) < 0)
         real = xstrdup(found);
     if (access(found, X_OK) < 0)
-        strv_push_owned(problems, xasprintf("%s %s: user %s cannot run it: %s", what, found,
-                                            me(), strerror(errno)));
+        strv_push_owned(problems, xasprintf("%s %s: user %s cannot run it: %s", what, found, me(),
+                                            strerror(errno)));
     /* the path as named (a link under a hidden directory cannot be
      * followed) and where it leads */
     else if (sb && ((why = unit_sandbox_why(sb, found, false)) ||
@@ -276,7 +276,8 @@ check_dir(const char *what, const char *shown, const char *dir, const struct uni
     if (stat(dir, &st) < 0) {
         strv_push_owned(problems, xasprintf("%s %s: %s: %s", what, shown, dir,
                                             errno == ENOENT ? "no such directory (create it, "
-                                            "writable by the user esd runs as)" : strerror(errno)));
+                                                              "writable by the user esd runs as)"
+                                                            : strerror(errno)));
         return;
     }
     if (!S_ISDIR(st.st_mode)) {
@@ -284,8 +285,8 @@ check_dir(const char *what, const char *shown, const char *dir, const struct uni
         return;
     }
     if (access(dir, W_OK | X_OK) < 0) {
-        strv_push_owned(problems, xasprintf("%s %s: user %s cannot write %s: %s", what, shown,
-                                            me(), dir, strerror(errno)));
+        strv_push_owned(problems, xasprintf("%s %s: user %s cannot write %s: %s", what, shown, me(),
+                                            dir, strerror(errno)));
         return;
     }
     if (!sb)

@@ -30,7 +30,7 @@ struct wreq {
     unsigned id;
     warm_done_fn done;
     void *arg;
-    char *msg; /* the request, until sent */
+    char *msg;  /* the request, until sent */
     int fds[4]; /* the last is -1 without a gate */
     double asked;
 };
@@ -118,7 +118,9 @@ req_send(struct warm *w, struct wreq *q)
     size_t nfds = q->fds[3] >= 0 ? 4 : 3;
     char cbuf[CMSG_SPACE(sizeof(q->fds))];
     struct iovec iov = { .iov_base = q->msg, .iov_len = strlen(q->msg) };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+    struct msghdr mh = { .msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = cbuf,
                          .msg_controllen = CMSG_SPACE(nfds * sizeof(int)) };
     struct cmsghdr *cm;
 
@@ -247,12 +249,12 @@ warm_failed(struct warm *w, const char *why)
     w->not_before = now + (delay < BACKOFF_MAX_SECS ? delay : BACKOFF_MAX_SECS);
     if (w->failures >= WARM_MAX_FAILURES) {
         w->disabled_until = now + WARM_DISABLE_SECS;
-        log_warning(&w->ctx, "the warm processor failed %d times in a row (last: %s): this "
-                    "job's attempts are exec'd for the next %.0f s", w->failures, why,
-                    WARM_DISABLE_SECS);
+        log_warning(&w->ctx,
+                    "the warm processor failed %d times in a row (last: %s): this "
+                    "job's attempts are exec'd for the next %.0f s",
+                    w->failures, why, WARM_DISABLE_SECS);
     } else {
-        log_warning(&w->ctx, "warm processor: %s; attempts are exec'd until another is ready",
-                    why);
+        log_warning(&w->ctx, "warm processor: %s; attempts are exec'd until another is ready", why);
     }
 }
 
@@ -307,8 +309,7 @@ on_message(struct warm *w, const char *text, pid_t from, uid_t from_uid)
         } else {
             const char *e = json_get_str(j, "error");
 
-            snprintf(why, sizeof(why), "it cannot serve: %s",
-                     e ? e : "(it did not say ready)");
+            snprintf(why, sizeof(why), "it cannot serve: %s", e ? e : "(it did not say ready)");
             warm_failed(w, why);
             warm_stop(w, why);
         }
@@ -318,8 +319,7 @@ on_message(struct warm *w, const char *text, pid_t from, uid_t from_uid)
         const char *e = json_get_str(j, "error");
         struct wreq **p, *q;
 
-        if (!cJSON_IsNumber(id) || !*(p = req_find(w, (unsigned)id->valuedouble)) ||
-            (*p)->msg) {
+        if (!cJSON_IsNumber(id) || !*(p = req_find(w, (unsigned)id->valuedouble)) || (*p)->msg) {
             log_debug(&w->ctx, "warm processor: an answer to no request of ours: %.200s", text);
         } else {
             q = *p;
@@ -345,8 +345,9 @@ sock_cb(struct ev_loop *loop, ev_io *ev, int revents)
     char *msg = xmalloc(MSG_MAX + 1);
     char cbuf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(16 * sizeof(int))];
     struct iovec iov = { .iov_base = msg, .iov_len = MSG_MAX };
-    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                         .msg_controllen = sizeof(cbuf) };
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)
+    };
     struct ucred cred = { .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
     ssize_t n = recvmsg(w->sock, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
 

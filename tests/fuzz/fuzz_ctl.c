@@ -184,8 +184,7 @@ bad_reply(const char *why, const cJSON *reply, const char *line, size_t len)
  * line names a command above "read" (it must not succeed).
  */
 static void
-check_reply(const cJSON *reply, long long want_id, bool may_succeed, const char *line,
-            size_t len)
+check_reply(const cJSON *reply, long long want_id, bool may_succeed, const char *line, size_t len)
 {
     const cJSON *ok, *res, *e, *code, *msg;
     struct esd_err err;
@@ -215,8 +214,8 @@ check_reply(const cJSON *reply, long long want_id, bool may_succeed, const char 
         msg = cJSON_GetObjectItemCaseSensitive(e, "message");
         if (res || !cJSON_IsObject(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsString(code) ||
             !known_code(code->valuestring) || !cJSON_IsString(msg))
-            bad_reply("ok false without exactly an error {code, message} of proto.h", reply,
-                      line, len);
+            bad_reply("ok false without exactly an error {code, message} of proto.h", reply, line,
+                      len);
     }
     /* On the wire: one line of JSON the client's parser takes back. */
     buf_init(&frame);
@@ -267,8 +266,7 @@ confine(const char *line, size_t len, char **ret_new, size_t *ret_len)
     {
         char *moved;
 
-        if (!a->string || !path_arg(a->string) || !cJSON_IsString(a) ||
-            a->valuestring[0] != '/')
+        if (!a->string || !path_arg(a->string) || !cJSON_IsString(a) || a->valuestring[0] != '/')
             continue;
         if (strstr(a->valuestring, "..")) {
             safe = false;

@@ -51,9 +51,9 @@ enum target {
 /* The attempt a lock may name. */
 #define RUNNING "{\"status\": \"running\", \"token\": \"" TOKEN "\"}\n"
 
-static char *top;      /* the private temporary directory */
-static char *job;      /* top/job: the job of every target but the manifest */
-static char *mjob;     /* top/mjob: a job directory for manifest.json alone */
+static char *top;  /* the private temporary directory */
+static char *job;  /* top/job: the job of every target but the manifest */
+static char *mjob; /* top/mjob: a job directory for manifest.json alone */
 static struct manifest M;
 static char result_sha[SHA256_HEX_LEN + 1];
 
@@ -93,8 +93,8 @@ static void
 setup(void)
 {
     static const char *const dirs[] = {
-        "shards", "results", "attempts", "state/locks", "state/done", "state/failed",
-        "state/stale_locks", "state/clock",
+        "shards",     "results",      "attempts",          "state/locks",
+        "state/done", "state/failed", "state/stale_locks", "state/clock",
     };
     const char *base = getenv("TMPDIR");
     char *tmpl, *manifest;
@@ -117,13 +117,13 @@ setup(void)
     put(job, "shards/" SHARD ".jsonl", RESULT, strlen(RESULT));
     put(job, "results/processed.jsonl", RESULT, strlen(RESULT));
     sha256_buf(RESULT, strlen(RESULT), result_sha);
-    manifest = xasprintf(
-        "{\"schema_version\": 2, \"job_id\": \"fuzz\", "
-        "\"execution\": {\"executor_type\": \"ray\", \"ray_address\": \"local\"}, "
-        "\"policy\": {\"lock_timeout_secs\": 60, \"max_retries\": 3}, "
-        "\"shards\": [{\"id\": \"" SHARD "\", \"index\": 0, \"path\": \"shards/" SHARD
-        ".jsonl\", \"rows\": 1, \"size_bytes\": %zu, \"sha256\": \"%s\"}]}\n",
-        strlen(RESULT), result_sha);
+    manifest =
+        xasprintf("{\"schema_version\": 2, \"job_id\": \"fuzz\", "
+                  "\"execution\": {\"executor_type\": \"ray\", \"ray_address\": \"local\"}, "
+                  "\"policy\": {\"lock_timeout_secs\": 60, \"max_retries\": 3}, "
+                  "\"shards\": [{\"id\": \"" SHARD "\", \"index\": 0, \"path\": \"shards/" SHARD
+                  ".jsonl\", \"rows\": 1, \"size_bytes\": %zu, \"sha256\": \"%s\"}]}\n",
+                  strlen(RESULT), result_sha);
     put(job, "manifest.json", manifest, strlen(manifest));
     free(manifest);
     if (manifest_load(job, &M, &err) < 0) {
@@ -137,8 +137,10 @@ static void
 reset(void)
 {
     static const char *const gone[] = {
-        "state/locks/" SHARD ".lock", "state/done/" SHARD ".json",
-        "state/failed/" SHARD ".json", "merge.json",
+        "state/locks/" SHARD ".lock",
+        "state/done/" SHARD ".json",
+        "state/failed/" SHARD ".json",
+        "merge.json",
     };
     char *path;
 

@@ -182,7 +182,7 @@ check "ping --json" 0 '"pong": true'
 ok "ping --json: node n1, esd's pid"
 
 run "$ESCTL" version
-check "version: esctl and esd, protocol 1" 0 "(protocol 1)"$'\n'"esd " "" 
+check "version: esctl and esd, protocol 1" 0 "(protocol 1)"$'\n'"esd " ""
 [[ $OUT == "esctl "*" (protocol 1)"$'\n'"esd "*" (protocol 1) on node n1 at $ESD_SOCKET" ]] ||
     fail "version's two lines" "$OUT"
 ok "version prints both lines"
@@ -194,7 +194,7 @@ check "version --json" 0
 ok "version --json: esctl and esd versions, protocol 1, limits"
 
 run "$ESCTL" config
-check "config: key: value lines" 0 "node_name: n1"$'\n' 
+check "config: key: value lines" 0 "node_name: n1"$'\n'
 [[ $OUT == *"socket_mode: 0666"* && $OUT == *"ray.mode: off"* && $OUT == *"lease_secs: 3"* ]] ||
     fail "config shows socket_mode, ray.mode, lease_secs" "$OUT"
 ok "config shows sections as section.key"
@@ -262,7 +262,7 @@ rm -f "$W/big.jsonl"
 
 # ---- (c) submit, list, status, the job completes ----
 orun "$ESCTL" submit "$J1"
-check "submit as the owner" 0 "Submitted $J1 (key " "" 
+check "submit as the owner" 0 "Submitted $J1 (key " ""
 [[ $OUT =~ \(key\ [0-9a-f]{16}\)\ →\ output\ $J1/merged.jsonl ]] || fail "submit names key and output" "$OUT"
 ok "submit: a 16-digit key, the default output"
 example "esctl submit DIR"
@@ -273,7 +273,7 @@ j1_listed() {
 }
 wait_for "list shows j1 loaded" 20 j1_listed
 run "$ESCTL" list
-check "list shows the job" 0 "JOB" "" 
+check "list shows the job" 0 "JOB" ""
 [[ $OUT == *DONE/TOTAL*ROWS/S*ETA*DIRECTORY* ]] || fail "list's header" "$OUT"
 grep -Eq "^j1 +(active|finalizing|complete) +[0-4]/4 .*$J1\$" <<<"$OUT" || fail "list's row of j1" "$OUT"
 ok "list: j1's row with its state, DONE/TOTAL and directory"
@@ -335,7 +335,7 @@ check "status --watch --json: one compact document" 0 '{"complete":true,'
 # ---- (d) submit --config: prepare and register in one ----
 J2=$HOME_DIR/j2
 orun "$ESCTL" submit "$J2" --config "$REC" --dataset-path "$DATA" --num-shards 3
-check "submit --config --num-shards as the owner" 0 "Prepared 3 shards from $NROWS records" 
+check "submit --config --num-shards as the owner" 0 "Prepared 3 shards from $NROWS records"
 [[ $OUT == *"Submitted $J2 (key "* ]] || fail "submit --config also registers" "$OUT"
 [[ $ERR == *"WARNING: recipe executor_type=default will be overridden"* ]] || fail "submit --config shows prepare's warnings" "$ERR"
 ok "submit --config prints prepare's line and warnings, then Submitted"

@@ -13,7 +13,7 @@ int
 main(void)
 {
     static const char *const names[] = { "ok",     "blank", "too_long",  "utf8",      "bom",
-                                          "syntax", "depth", "surrogate", "not_object" };
+                                         "syntax", "depth", "surrogate", "not_object" };
     struct jsonl_reader rd;
     struct jsonl_record rec;
     struct esd_err err;

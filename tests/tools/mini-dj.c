@@ -398,8 +398,7 @@ knobs_parse(struct knobs *k, struct esd_err *err)
                 k->bad = (enum bad_mode)i;
         if (!k->bad)
             return err_set(err, -EINVAL,
-                           "MINI_DJ_BAD must be invalid, blank, notobject or badutf8, not '%s'",
-                           v);
+                           "MINI_DJ_BAD must be invalid, blank, notobject or badutf8, not '%s'", v);
     }
     if ((v = env_str("MINI_DJ_ESCAPE"))) {
         if (strcmp(v, "setsid") != 0 && strcmp(v, "double") != 0)
@@ -453,8 +452,10 @@ knobs_gate(struct knobs *k, const char *dataset, struct esd_err *err)
     r = fs_create_excl(marker, dataset, strlen(dataset), 0644, NULL, err);
     free(marker);
     if (r == -EEXIST) {
-        fprintf(stderr, "mini-dj: MINI_DJ_FAIL_ONCE: failed once already for %s, "
-                        "failure knobs off\n", dataset);
+        fprintf(stderr,
+                "mini-dj: MINI_DJ_FAIL_ONCE: failed once already for %s, "
+                "failure knobs off\n",
+                dataset);
         knobs_disarm(k);
         return 0;
     }
@@ -716,8 +717,8 @@ yw_next(struct yw *y, struct esd_err *err)
                        y->p.problem ? y->p.problem : "parse error");
     y->have = true;
     if (y->ev.type == YAML_ALIAS_EVENT)
-        return err_set(err, -EINVAL, "%s line %lu: aliases are not supported by mini-dj",
-                       y->path, (unsigned long)y->ev.start_mark.line + 1);
+        return err_set(err, -EINVAL, "%s line %lu: aliases are not supported by mini-dj", y->path,
+                       (unsigned long)y->ev.start_mark.line + 1);
     return 0;
 }
 
@@ -750,8 +751,7 @@ yw_scalar_is(const struct yw *y, const char *s)
 static bool
 yw_is_null(const struct yw *y)
 {
-    return y->ev.type == YAML_SCALAR_EVENT &&
-           y->ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+    return y->ev.type == YAML_SCALAR_EVENT && y->ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
            (yw_scalar_is(y, "") || yw_scalar_is(y, "~") || yw_scalar_is(y, "null") ||
             yw_scalar_is(y, "Null") || yw_scalar_is(y, "NULL"));
 }
@@ -948,8 +948,7 @@ is_space(unsigned c)
 {
     return c == ' ' || (c >= '\t' && c <= '\r') || c == 0x84 || c == 0x85 || c == 0xa0 ||
            c == 0x1680 || (c >= 0x2000 && c <= 0x200d) || c == 0x2028 || c == 0x2029 ||
-           c == 0x202f || c == 0x205f || c == 0x2060 || c == 0x3000 || c == 0xfeff ||
-           c == 0xfffc;
+           c == 0x202f || c == 0x205f || c == 0x2060 || c == 0x3000 || c == 0xfeff || c == 0xfffc;
 }
 
 /* Runs of whitespace in s[0..n) become one space, ends trimmed; into out. */
@@ -1103,8 +1102,8 @@ sleep_ms(long long ms)
 
 /* Reads, checks and processes every record of path into rs. */
 static int
-process_input(const char *path, const struct recipe *rc, const struct knobs *k,
-              struct rows *rs, unsigned long long *ret_read, struct esd_err *err)
+process_input(const char *path, const struct recipe *rc, const struct knobs *k, struct rows *rs,
+              unsigned long long *ret_read, struct esd_err *err)
 {
     struct jsonl_reader rd;
     struct work w;
@@ -1290,8 +1289,10 @@ write_output(const char *dir, const char *job_id, const struct rows *rs, const s
             goto out;
         if (k->success) {
             buf_reset(&crc);
-            buf_printf(&crc, "not JSONL: hidden checksum file of %s (%zu bytes), written by "
-                             "the mini-dj test stand-in; readers must skip it\n", name, body.len);
+            buf_printf(&crc,
+                       "not JSONL: hidden checksum file of %s (%zu bytes), written by "
+                       "the mini-dj test stand-in; readers must skip it\n",
+                       name, body.len);
             crcname = xasprintf(".%s.crc", name);
             r = write_file(dir, crcname, &crc, err);
             free(crcname);
@@ -1439,8 +1440,7 @@ main(int argc, char **argv)
         fprintf(stderr, "mini-dj: %s\n", err.msg);
         return 1;
     }
-    if (opts_parse(argc, argv, &o, &err) < 0 ||
-        ray_parse(o.ray_address, &host, &port, &err) < 0) {
+    if (opts_parse(argc, argv, &o, &err) < 0 || ray_parse(o.ray_address, &host, &port, &err) < 0) {
         fprintf(stderr, "mini-dj: %s\n", err.msg);
         fprintf(stderr, "mini-dj: a test stand-in for Data-Juicer's process_data; "
                         "see mini-dj --help\n");

@@ -610,7 +610,7 @@ END_TEST
 START_TEST(test_materialize_task_order)
 {
     static const char *const names[] = {
-        "d_w_000000.json", "d_w_000009.json", "d_w_000010.json", "d_w_999999.json",
+        "d_w_000000.json",  "d_w_000009.json",  "d_w_000010.json",  "d_w_999999.json",
         "d_w_1000000.json", "d_w_1000001.json", "d_w_9999999.json", "d_w_10000000.json",
     };
     /* put in reverse, and each file's row names its rank */
@@ -769,8 +769,8 @@ START_TEST(test_materialize_missing_export)
     claimer_lim(&c, "node-a", -1, 0);
     ck_assert_int_eq(acquire(&c, &cl, NULL), 1);
     ck_assert_int_eq(attempt_materialize(&M, &cl, NULL, &res, &err), -ENOENT);
-    want = xasprintf("Data-Juicer returned 0 but did not create %s/ray-output.jsonl",
-                     cl.attempt_dir);
+    want =
+        xasprintf("Data-Juicer returned 0 but did not create %s/ray-output.jsonl", cl.attempt_dir);
     ck_assert_str_eq(err.msg, want);
     ck_assert_int_eq(tu_count_entries(cl.attempt_dir), 1);
     free(want);
@@ -1252,7 +1252,8 @@ reference_count(size_t i)
     FILE *p;
 
     cmd = xasprintf("cat '%s'/*/attempt.json 2>/dev/null | "
-                    "grep -cE '\"status\": \"(failed|stale)\"' || true", dir);
+                    "grep -cE '\"status\": \"(failed|stale)\"' || true",
+                    dir);
     ck_assert_ptr_nonnull(p = popen(cmd, "r"));
     if (fgets(line, sizeof(line), p))
         n = atoll(line);
@@ -1310,12 +1311,15 @@ START_TEST(test_count_by_node)
     struct tries_counts n;
 
     ck_assert_int_eq(count_by(0, "a").nodes, 0);
-    put_attempt(0, aname(1), "{\"status\": \"failed\", \"failure_class\": \"processor\", "
-                             "\"node\": \"a\", \"hostname\": \"h\"}\n");
-    put_attempt(0, aname(2), "{\"status\": \"infra_failed\", \"failure_class\": "
-                             "\"infrastructure\", \"node\": \"b\"}\n");
-    put_attempt(0, aname(3), "{\"status\": \"failed\", \"failure_class\": \"output\", "
-                             "\"node\": \"a\"}\n");
+    put_attempt(0, aname(1),
+                "{\"status\": \"failed\", \"failure_class\": \"processor\", "
+                "\"node\": \"a\", \"hostname\": \"h\"}\n");
+    put_attempt(0, aname(2),
+                "{\"status\": \"infra_failed\", \"failure_class\": "
+                "\"infrastructure\", \"node\": \"b\"}\n");
+    put_attempt(0, aname(3),
+                "{\"status\": \"failed\", \"failure_class\": \"output\", "
+                "\"node\": \"a\"}\n");
     n = count_by(0, "a");
     ck_assert_int_eq(n.counted, 2);
     ck_assert_int_eq(n.here, 2);

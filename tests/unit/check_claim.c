@@ -99,8 +99,7 @@ put_file(const char *path, const char *content)
 {
     struct esd_err err;
 
-    ck_assert_msg(fs_write_atomic(path, content, strlen(content), 0644, &err) == 0, "%s",
-                  err.msg);
+    ck_assert_msg(fs_write_atomic(path, content, strlen(content), 0644, &err) == 0, "%s", err.msg);
 }
 
 /* True if path holds exactly content. */
@@ -799,7 +798,8 @@ START_TEST(test_fresh_reference_lock_rechecked_at_its_timeout)
     ck_assert_int_eq(acquire(&c, &cl, &idle), 0);
     ck_assert_uint_eq(idle.busy, 1);
     ck_assert_msg(idle.next_secs > (double)M.lock_timeout_secs - 15 &&
-                  idle.next_secs <= (double)M.lock_timeout_secs, "next_secs %f", idle.next_secs);
+                      idle.next_secs <= (double)M.lock_timeout_secs,
+                  "next_secs %f", idle.next_secs);
     /* released: claimed at the next pass */
     ck_assert_int_eq(unlink(path), 0);
     ck_assert_int_eq(acquire(&c, &cl, &idle), 1);
@@ -1317,7 +1317,6 @@ START_TEST(test_requeued_and_done_elsewhere_counted_once)
     claimer_free(&c);
 }
 END_TEST
-
 
 /* ---- cost, cancel, suspect mtimes (issue 12) ---- */
 

@@ -94,8 +94,7 @@ refuse(const char *yaml)
     int rc = load(yaml);
 
     ck_assert_msg(rc == -EINVAL, "accepted (or not -EINVAL: %d):\n%s", rc, yaml);
-    ck_assert_msg(strncmp(err.msg, tmp, n) == 0 && err.msg[n] == '/', "no file name: %s",
-                  err.msg);
+    ck_assert_msg(strncmp(err.msg, tmp, n) == 0 && err.msg[n] == '/', "no file name: %s", err.msg);
     return err.msg + n + 1;
 }
 
@@ -482,8 +481,10 @@ START_TEST(test_integer_ranges)
         snprintf(name, sizeof(name), "%s%s%s", ints[i].section ? ints[i].section : "",
                  ints[i].section ? "." : "", ints[i].key);
         for (int k = 0; k < 4; k++) {
-            long v = k == 0 ? ints[i].min : k == 1 ? ints[i].max : k == 2 ? ints[i].min - 1
-                                                                          : ints[i].max + 1;
+            long v = k == 0   ? ints[i].min
+                     : k == 1 ? ints[i].max
+                     : k == 2 ? ints[i].min - 1
+                              : ints[i].max + 1;
 
             snprintf(yaml, sizeof(yaml), "%s%s%s: %ld\n", head, ind, ints[i].key, v);
             if (k < 2) {
@@ -504,8 +505,9 @@ END_TEST
 
 START_TEST(test_integer_syntax)
 {
-    static const char *const bad[] = { "0x10", "010", "1_0", "1.5", "1e3", "12abc", "+",
-                                       "--1", "99999999999999999999999" };
+    static const char *const bad[] = { "0x10", "010", "1_0",
+                                       "1.5",  "1e3", "12abc",
+                                       "+",    "--1", "99999999999999999999999" };
     char yaml[128], msg[256];
 
     accept("slots: +5\n");
@@ -763,8 +765,8 @@ START_TEST(test_json_keys)
     item = cJSON_GetObjectItem(j, "ray");
     ck_assert_str_eq(cJSON_GetObjectItem(item, "mode")->valuestring, "per-attempt");
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(item, "args")), 2);
-    ck_assert(cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "data_juicer"),
-                                               "allow_version_mismatch")));
+    ck_assert(cJSON_IsTrue(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(j, "data_juicer"), "allow_version_mismatch")));
     ck_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "log"), "level")->valuestring,
                      "debug");
     cJSON_Delete(j);
@@ -847,8 +849,7 @@ START_TEST(test_man_page)
         while (at && at[n] != ' ' && at[n] != '\n')
             at = strstr(at + 1, want);
         ck_assert_msg(at != NULL, "key %s missing from esd.yaml.5", config_key_name(i));
-        ck_assert_msg(at >= prev, "key %s out of table order in esd.yaml.5",
-                      config_key_name(i));
+        ck_assert_msg(at >= prev, "key %s out of table order in esd.yaml.5", config_key_name(i));
         prev = at;
         free(want);
     }

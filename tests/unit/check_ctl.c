@@ -69,8 +69,8 @@ struct client {
     struct buf in;  /* received, not yet taken */
     struct buf out; /* to send; out.p[sent..] pending */
     size_t sent;
-    bool eof;       /* end of input or a read error */
-    int write_err;  /* errno of a failed send (EPIPE once the server closed) */
+    bool eof;      /* end of input or a read error */
+    int write_err; /* errno of a failed send (EPIPE once the server closed) */
 };
 
 static void
@@ -96,8 +96,8 @@ client_write_cb(struct ev_loop *l, ev_io *w, int revents)
     struct client *cl = w->data;
 
     while (cl->sent < cl->out.len) {
-        ssize_t n = send(cl->fd, cl->out.p + cl->sent, cl->out.len - cl->sent,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n =
+            send(cl->fd, cl->out.p + cl->sent, cl->out.len - cl->sent, MSG_NOSIGNAL | MSG_DONTWAIT);
 
         if (n < 0) {
             if (errno == EAGAIN || errno == EINTR)
@@ -120,8 +120,8 @@ client_open_path(const char *path)
     snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
     cl->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     ck_assert_int_ge(cl->fd, 0);
-    ck_assert_msg(connect(cl->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s",
-                  path, strerror(errno));
+    ck_assert_msg(connect(cl->fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "connect %s: %s", path,
+                  strerror(errno));
     buf_init(&cl->in);
     buf_init(&cl->out);
     ev_io_init(&cl->read_w, client_read_cb, cl->fd, EV_READ);
@@ -432,8 +432,12 @@ END_TEST
 START_TEST(test_malformed_then_valid)
 {
     static const char *const bad[] = {
-        "{not json\n", "\n", "[1,2]\n", "{\"v\":1,\"cmd\":\"ping\"}\n",
-        "{\"v\":1,\"id\":\"x\",\"cmd\":\"ping\"}\n", "{\"v\":1,\"id\":6,\"cmd\":\"\"}\n",
+        "{not json\n",
+        "\n",
+        "[1,2]\n",
+        "{\"v\":1,\"cmd\":\"ping\"}\n",
+        "{\"v\":1,\"id\":\"x\",\"cmd\":\"ping\"}\n",
+        "{\"v\":1,\"id\":6,\"cmd\":\"\"}\n",
         "{\"v\":1,\"id\":7,\"cmd\":\"ping\",\"args\":[]}\n",
     };
     static const long long ids[] = { -1, -1, -1, -1, -1, 6, 7 };
@@ -909,7 +913,6 @@ START_TEST(test_path_too_long)
 }
 END_TEST
 
-
 /* ---- fair shares: the decision -------------------------------------- */
 
 #define ROOT_SHARE ((struct proto_share){ PROTO_CLASS_ROOT, 0 })
@@ -952,13 +955,13 @@ START_TEST(test_share_connections)
     };
     /* ... and the service class the rest but root's. */
     const struct held not_root_full[] = {
-        { USER(1000), 32 }, { USER(1001), 32 }, { USER(1002), 32 }, { USER(1003), 32 },
+        { USER(1000), 32 }, { USER(1001), 32 }, { USER(1002), 32 },   { USER(1003), 32 },
         { USER(1004), 32 }, { POOLED, 32 },     { SERVICE(998), 32 }, { SERVICE(1100), 24 },
     };
     const struct held all_full[] = {
-        { USER(1000), 32 }, { USER(1001), 32 }, { USER(1002), 32 }, { USER(1003), 32 },
-        { USER(1004), 32 }, { POOLED, 32 },     { SERVICE(998), 32 }, { SERVICE(1100), 24 },
-        { ROOT_SHARE, 8 },
+        { USER(1000), 32 },   { USER(1001), 32 },    { USER(1002), 32 },
+        { USER(1003), 32 },   { USER(1004), 32 },    { POOLED, 32 },
+        { SERVICE(998), 32 }, { SERVICE(1100), 24 }, { ROOT_SHARE, 8 },
     };
     const struct held root_own[] = { { ROOT_SHARE, PROTO_MAX_PER_UID } };
     const struct held empty[] = { { ROOT_SHARE, 0 } };
@@ -967,9 +970,9 @@ START_TEST(test_share_connections)
     ck_assert_int_eq(DECIDE(L, pool_full, POOLED), PROTO_FULL_KEY);
     ck_assert_int_eq(DECIDE(L, pool_full, USER(1000)), PROTO_FULL_NONE);
     /* a group member in a user namespace (no account) shares the pool too */
-    ck_assert_int_eq(DECIDE(L, pool_full, ((struct proto_share){ PROTO_CLASS_SERVICE,
-                                                                 PROTO_SHARE_POOL })),
-                     PROTO_FULL_KEY);
+    ck_assert_int_eq(
+        DECIDE(L, pool_full, ((struct proto_share){ PROTO_CLASS_SERVICE, PROTO_SHARE_POOL })),
+        PROTO_FULL_KEY);
     ck_assert_int_eq(DECIDE(L, pool_full, ROOT_SHARE), PROTO_FULL_NONE);
 
     ck_assert_int_eq(DECIDE(L, users_full, USER(1005)), PROTO_FULL_UNPRIV);
@@ -995,10 +998,12 @@ START_TEST(test_share_operations)
     const struct held follower[] = { { USER(1000), PROTO_MAX_OPS_PER_UID } };
     /* Unprivileged users (and the pool) together: PROTO_MAX_OPS_UNPRIV. */
     const struct held readers[] = { { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 } };
-    const struct held not_root[] = { { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 },
-                                     { SERVICE(998), 4 } };
-    const struct held all[] = { { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 },
-                                { SERVICE(998), 4 }, { ROOT_SHARE, 2 } };
+    const struct held not_root[] = {
+        { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 }, { SERVICE(998), 4 }
+    };
+    const struct held all[] = {
+        { USER(1000), 4 }, { POOLED, 4 }, { USER(65534), 2 }, { SERVICE(998), 4 }, { ROOT_SHARE, 2 }
+    };
 
     ck_assert_int_eq(DECIDE(L, follower, USER(1000)), PROTO_FULL_KEY);
     ck_assert_int_eq(DECIDE(L, follower, USER(1001)), PROTO_FULL_NONE);
@@ -1089,8 +1094,8 @@ START_TEST(test_share_explain)
                         sizeof(buf));
     ck_assert_str_eq(buf, "too many running operations of uids without an account on this "
                           "node (at most 4 for all of them together); try again later");
-    proto_share_explain(PROTO_FULL_UNPRIV, &proto_conn_limits, &who, "control connections",
-                        buf, sizeof(buf));
+    proto_share_explain(PROTO_FULL_UNPRIV, &proto_conn_limits, &who, "control connections", buf,
+                        sizeof(buf));
     ck_assert_ptr_nonnull(strstr(buf, "of unprivileged users (at most 192 together"));
     proto_share_explain(PROTO_FULL_NOT_ROOT, &proto_op_limits, &who, "running operations", buf,
                         sizeof(buf));
@@ -1241,8 +1246,10 @@ START_TEST(test_esd_uid_not_privileged)
     conf.socket_group = xstrdup(gr->gr_name);
     ctl_reconfigure(&conf);
     /* a path every uid can look at, and find missing */
-    snprintf(submit, sizeof(submit), "{\"v\":1,\"id\":3,\"cmd\":\"submit\",\"args\":"
-             "{\"job_dir\":\"/nonexistent-esd-check/job-%d\"}}", (int)getpid());
+    snprintf(submit, sizeof(submit),
+             "{\"v\":1,\"id\":3,\"cmd\":\"submit\",\"args\":"
+             "{\"job_dir\":\"/nonexistent-esd-check/job-%d\"}}",
+             (int)getpid());
     {
         struct ucred esd = { .pid = 1, .uid = esd_uid, .gid = group };
         struct ucred member = { .pid = 1, .uid = unknown_uid(100000), .gid = group };
@@ -1250,7 +1257,8 @@ START_TEST(test_esd_uid_not_privileged)
 
         answer(&esd, &group, 1, drain, code, msg);
         ck_assert_str_eq(code, PROTO_E_DENIED);
-        snprintf(want, sizeof(want), "drain changes this node's work: only root or members of "
+        snprintf(want, sizeof(want),
+                 "drain changes this node's work: only root or members of "
                  "group %s may run it, not uid %u, which esd and its attempts run as",
                  gr->gr_name, (unsigned)esd_uid);
         ck_assert_str_eq(msg, want);
@@ -1266,9 +1274,10 @@ START_TEST(test_esd_uid_not_privileged)
         /* anyone else: denied, told who may */
         answer(&other, NULL, 0, submit, code, msg);
         ck_assert_str_eq(code, PROTO_E_DENIED);
-        snprintf(want, sizeof(want), "submit changes this node's work: only root, members of "
-                 "group %s or uid %u (esd), on jobs they own, may run it", gr->gr_name,
-                 (unsigned)esd_uid);
+        snprintf(want, sizeof(want),
+                 "submit changes this node's work: only root, members of "
+                 "group %s or uid %u (esd), on jobs they own, may run it",
+                 gr->gr_name, (unsigned)esd_uid);
         ck_assert_str_eq(msg, want);
         answer(&other, NULL, 0, drain, code, msg);
         ck_assert_str_eq(code, PROTO_E_DENIED);
@@ -1313,8 +1322,8 @@ START_TEST(test_handler_table)
         bool daemon = cmd->flags & CMDF_DAEMON;
 
         ck_assert_uint_eq(cmd->id, id);
-        ck_assert_msg(daemon == (ctlcmd_handler(cmd->id) != NULL),
-                      "%s: %s by esd but %s", cmd->name, daemon ? "served" : "not served",
+        ck_assert_msg(daemon == (ctlcmd_handler(cmd->id) != NULL), "%s: %s by esd but %s",
+                      cmd->name, daemon ? "served" : "not served",
                       daemon ? "has no handler" : "has a handler");
         served += daemon;
         if (!daemon) {

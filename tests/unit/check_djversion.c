@@ -244,8 +244,8 @@ START_TEST(test_root_without_git_asks_python)
     ck_assert_str_eq(v.version, "unknown");
     ck_assert_ptr_null(v.source);
     ck_assert_msg(strstr(v.why, "is not a readable git checkout") &&
-                  strstr(v.why, "cannot tell the version of py-data-juicer "
-                                "(PackageNotFoundError"),
+                      strstr(v.why, "cannot tell the version of py-data-juicer "
+                                    "(PackageNotFoundError"),
                   "%s", v.why);
     djversion_free(&v);
     free(py);

@@ -109,8 +109,10 @@ put_lock(double age)
     const char *rel = "state/esd/finalize.lock";
     char *path = job_path(rel);
 
-    free(tu_write(tb.job_dir, rel, "{\"node\":\"node-b\",\"token\":\"0123456789abcdef0123456789abcdef\","
-                  "\"phase\":\"finalize\",\"lease_secs\":3}\n", (size_t)-1));
+    free(tu_write(tb.job_dir, rel,
+                  "{\"node\":\"node-b\",\"token\":\"0123456789abcdef0123456789abcdef\","
+                  "\"phase\":\"finalize\",\"lease_secs\":3}\n",
+                  (size_t)-1));
     tu_set_age(path, age);
     free(path);
 }
@@ -216,8 +218,10 @@ START_TEST(test_changed_result_fails)
     finalize_start(J);
     ck_assert_msg(tb_run_until(finished, NULL, DEADLINE), "the merge did not end");
     ck_assert_int_eq(J->state, JOB_FAILED);
-    ck_assert_msg(J->error && strstr(J->error, J->m.shards[1].id), "error %s, expected it to "
-                  "name shard %s", J->error ? J->error : "(none)", J->m.shards[1].id);
+    ck_assert_msg(J->error && strstr(J->error, J->m.shards[1].id),
+                  "error %s, expected it to "
+                  "name shard %s",
+                  J->error ? J->error : "(none)", J->m.shards[1].id);
     ck_assert_str_eq(record_status(), "failed");
     ck_assert_msg(!tu_exists(J->output), "a merged output was published");
     free(rel);

@@ -66,8 +66,8 @@ START_TEST(test_join_and_inside)
     static const struct {
         const char *a, *b, *want;
     } t[] = {
-        { "/a", "b", "/a/b" },   { "/a/", "b", "/a/b" },     { "/a//", "/b", "/a/b" },
-        { "/", "x", "/x" },      { "a", "b/c", "a/b/c" },    { "", "b", "b" },
+        { "/a", "b", "/a/b" }, { "/a/", "b", "/a/b" },  { "/a//", "/b", "/a/b" },
+        { "/", "x", "/x" },    { "a", "b/c", "a/b/c" }, { "", "b", "b" },
         { "/a", "", "/a/" },
     };
 

@@ -46,8 +46,7 @@ drain(int fd)
 }
 
 /* In the helper: what it sees of itself, as a line. */
-static void __attribute__((noreturn))
-report_self(int fd)
+static void __attribute__((noreturn)) report_self(int fd)
 {
     struct sigaction sa;
     sigset_t mask;
@@ -67,10 +66,11 @@ report_self(int fd)
     }
     sigprocmask(SIG_SETMASK, NULL, &mask);
     prctl(PR_GET_PDEATHSIG, &death);
-    snprintf(line, sizeof(line), "fds=%d ign=%d handled=%d masked=%d pgid_is_pid=%d death=%d "
-             "uid=%u gid=%u groups=%d\n", fds, ign, handled, sigismember(&mask, SIGTERM),
-             getpgid(0) == getpid(), death, (unsigned)getuid(), (unsigned)getgid(),
-             getgroups(0, NULL));
+    snprintf(line, sizeof(line),
+             "fds=%d ign=%d handled=%d masked=%d pgid_is_pid=%d death=%d "
+             "uid=%u gid=%u groups=%d\n",
+             fds, ign, handled, sigismember(&mask, SIGTERM), getpgid(0) == getpid(), death,
+             (unsigned)getuid(), (unsigned)getgid(), getgroups(0, NULL));
     helper_write(fd, line, strlen(line));
     _exit(0);
 }
@@ -105,8 +105,7 @@ START_TEST(test_helper_setup)
     close(fd);
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    ck_assert_msg(strstr(out, "fds=0 ign=0 handled=0 masked=0 pgid_is_pid=1 death=9 "), "%s",
-                  out);
+    ck_assert_msg(strstr(out, "fds=0 ign=0 handled=0 masked=0 pgid_is_pid=1 death=9 "), "%s", out);
     free(out);
     close(leak);
 }
@@ -116,8 +115,9 @@ END_TEST
 START_TEST(test_helper_identity)
 {
     const gid_t groups[] = { 65534, 4242 };
-    struct helper_id who = { .change = true, .uid = 65534, .gid = 65534, .groups = groups,
-                             .ngroups = 2 };
+    struct helper_id who = {
+        .change = true, .uid = 65534, .gid = 65534, .groups = groups, .ngroups = 2
+    };
     struct helper_id root = { .change = true, .uid = 0, .gid = 0 };
     struct esd_err err;
     int fd, status;

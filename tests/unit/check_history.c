@@ -50,11 +50,13 @@ START_TEST(test_attempts_in_order_with_fields)
     struct esd_err err;
     const struct history_attempt *a;
 
-    put("s", 2, "{\"status\":\"done\",\"node\":\"n2\",\"started_at_epoch\":100.5,"
-                "\"finished_at\":\"1970-01-01T00:01:50+00:00\",\"duration_secs\":9.5,"
-                "\"result\":{\"rows\":7}}");
-    put("s", 1, "{\"status\":\"stale\",\"hostname\":\"h1\",\"claimed_at_epoch\":90,"
-                "\"stale_at\":\"1970-01-01T00:01:40Z\",\"failure_class\":\"infrastructure\"}");
+    put("s", 2,
+        "{\"status\":\"done\",\"node\":\"n2\",\"started_at_epoch\":100.5,"
+        "\"finished_at\":\"1970-01-01T00:01:50+00:00\",\"duration_secs\":9.5,"
+        "\"result\":{\"rows\":7}}");
+    put("s", 1,
+        "{\"status\":\"stale\",\"hostname\":\"h1\",\"claimed_at_epoch\":90,"
+        "\"stale_at\":\"1970-01-01T00:01:40Z\",\"failure_class\":\"infrastructure\"}");
     put("s", 3, "not json");
     free(tu_write(dir, "attempts/s/junk/attempt.json", "{}", (size_t)-1));
     ck_assert_int_eq(history_read(&m, "s", &h, &err), 0);

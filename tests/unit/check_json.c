@@ -283,7 +283,7 @@ START_TEST(test_numbers)
     } t[] = {
         { 0, "0" },
         { -3, "-3" },
-        { 9007199254740991.0, "9007199254740991" },   /* 2^53 - 1 */
+        { 9007199254740991.0, "9007199254740991" }, /* 2^53 - 1 */
         { -9007199254740991.0, "-9007199254740991" },
         { 9007199254740992.0, "9007199254740992.0" }, /* 2^53: a float */
         { 1e16, "1e+16" },
@@ -296,8 +296,7 @@ START_TEST(test_numbers)
         cJSON *n = cJSON_CreateNumber(t[i].v);
         char *s = dump_str(n, JSON_COMPACT);
 
-        ck_assert_msg(strcmp(s, t[i].want) == 0, "%.17g: got %s, want %s", t[i].v, s,
-                      t[i].want);
+        ck_assert_msg(strcmp(s, t[i].want) == 0, "%.17g: got %s, want %s", t[i].v, s, t[i].want);
         free(s);
         cJSON_Delete(n);
     }
@@ -346,14 +345,17 @@ START_TEST(test_claim_line)
     char *s;
 
     json_add_str(v, "token", "0123456789abcdef0123456789abcdef");
-    json_add_str(v, "hostname", "n\xc3\xb6" "de-1");
+    json_add_str(v, "hostname",
+                 "n\xc3\xb6"
+                 "de-1");
     json_add_int(v, "pid", 4242);
     json_add_float(v, "claimed_at_epoch", 1795948056.4014602);
     json_add_bool(v, "fresh", true);
     json_add_str(v, "none", NULL);
     s = dump_str(v, JSON_LINE);
     ck_assert_str_eq(s, "{\"claimed_at_epoch\": 1795948056.4014602, \"fresh\": true, "
-                        "\"hostname\": \"n\xc3\xb6" "de-1\", \"none\": null, \"pid\": 4242, "
+                        "\"hostname\": \"n\xc3\xb6"
+                        "de-1\", \"none\": null, \"pid\": 4242, "
                         "\"token\": \"0123456789abcdef0123456789abcdef\"}\n");
     free(s);
     cJSON_Delete(v);
@@ -481,7 +483,8 @@ START_TEST(test_load_object)
     char *s;
 
     ck_assert_int_eq(load_text("{\"b\": \"\xc3\xa9\", \"a\": [1, {\"c\": null}]}\n\n", (size_t)-1,
-                               &v, &err, NULL), 0);
+                               &v, &err, NULL),
+                     0);
     s = dump_str(v, JSON_COMPACT);
     ck_assert_str_eq(s, "{\"a\":[1,{\"c\":null}],\"b\":\"\xc3\xa9\"}");
     free(s);
@@ -523,7 +526,10 @@ END_TEST
 
 START_TEST(test_load_errors)
 {
-#define T(s) { s, sizeof(s) - 1 }
+#define T(s)             \
+    {                    \
+        s, sizeof(s) - 1 \
+    }
     static const struct {
         const char *text;
         size_t len;
@@ -532,13 +538,13 @@ START_TEST(test_load_errors)
         T("{"),
         T("{} x"),
         T("{}{}"),
-        T("\xef\xbb\xbf{}"),             /* BOM */
-        T("{\"a\": \"\xff\"}"),          /* invalid UTF-8 */
-        T("{\"a\": \"\xed\xa0\x80\"}"),  /* encoded surrogate */
-        T("{\"a\": \"\xc0\xaf\"}"),      /* overlong */
-        T("{\"a\": \"x\ty\"}"),          /* raw control character */
-        T("{\"a\": \"x\0y\"}"),          /* raw NUL */
-        T("{\"a\":\f1}"),                 /* \f is not JSON whitespace */
+        T("\xef\xbb\xbf{}"),            /* BOM */
+        T("{\"a\": \"\xff\"}"),         /* invalid UTF-8 */
+        T("{\"a\": \"\xed\xa0\x80\"}"), /* encoded surrogate */
+        T("{\"a\": \"\xc0\xaf\"}"),     /* overlong */
+        T("{\"a\": \"x\ty\"}"),         /* raw control character */
+        T("{\"a\": \"x\0y\"}"),         /* raw NUL */
+        T("{\"a\":\f1}"),               /* \f is not JSON whitespace */
         T("{\"a\": 01}"),
         T("{\"a\": 1.}"),
         T("{\"a\": .5}"),
@@ -576,8 +582,7 @@ START_TEST(test_load_error_position)
     char *path, *want;
 
     ck_assert_int_eq(load_text("{\n  \"a\": 01\n}\n", (size_t)-1, &v, &err, &path), -EINVAL);
-    want = xasprintf("Unable to read JSON file %s: invalid number: line 2 column 8 (byte 9)",
-                     path);
+    want = xasprintf("Unable to read JSON file %s: invalid number: line 2 column 8 (byte 9)", path);
     ck_assert_str_eq(err.msg, want);
     free(want);
     free(path);

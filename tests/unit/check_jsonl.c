@@ -19,8 +19,14 @@ struct vcase {
     size_t off; /* expected fault offset (0-based), ignored for OK */
 };
 
-#define V(s) { s, sizeof(s) - 1, JSONL_OK, 0 }
-#define F(s, f, o) { s, sizeof(s) - 1, f, o }
+#define V(s)                          \
+    {                                 \
+        s, sizeof(s) - 1, JSONL_OK, 0 \
+    }
+#define F(s, f, o)             \
+    {                          \
+        s, sizeof(s) - 1, f, o \
+    }
 
 static const struct vcase cases[] = {
     /* accepted, as Python's json accepts them */
@@ -54,7 +60,7 @@ static const struct vcase cases[] = {
     F("{\"a\":\"\xed\xa0\x80\"}", JSONL_UTF8, 6),
     F("{\"a\":\"\xf4\x90\x80\x80\"}", JSONL_UTF8, 6),
     F("{\"a\":\"\xe6\x95\"}", JSONL_UTF8, 6),
-    F("{\"a\":1} \xff", JSONL_UTF8, 8),   /* UTF-8 wins over the syntax error */
+    F("{\"a\":1} \xff", JSONL_UTF8, 8), /* UTF-8 wins over the syntax error */
     F("{\"a\":1,}", JSONL_SYNTAX, 7),
     F("{\"a\":[1,]}", JSONL_SYNTAX, 8),
     F("{'a':1}", JSONL_SYNTAX, 1),
@@ -207,7 +213,8 @@ START_TEST(test_unescape)
 
     buf_init(&b);
     jsonl_unescape(s, strlen(s), &b);
-    ck_assert_str_eq(b.p, "a\"b\\c/d\n\xc3\xa9\xf0\x9f\x98\x80" "A");
+    ck_assert_str_eq(b.p, "a\"b\\c/d\n\xc3\xa9\xf0\x9f\x98\x80"
+                          "A");
     buf_free(&b);
 }
 END_TEST

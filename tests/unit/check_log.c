@@ -58,8 +58,8 @@ static void
 lines(void)
 {
     log_init(LOG_TARGET_STDERR, LOG_LVL_INFO, true, "n1");
-    log_info(&(struct log_ctx){ .job = &job, .shard = "part-00017", .attempt = 4 },
-             "done: %d rows", 3);
+    log_info(&(struct log_ctx){ .job = &job, .shard = "part-00017", .attempt = 4 }, "done: %d rows",
+             3);
     log_event(LOG_LVL_NOTICE, &(struct log_ctx){ .job = &job }, MSGID_MERGED, "merged");
     log_warning(&(struct log_ctx){ .shard = "part-00001" }, "no job");
     log_notice(NULL, "started");
@@ -114,7 +114,7 @@ END_TEST
 START_TEST(test_log_id)
 {
     char hex[SHA256_HEX_LEN + 1], *want, *a = manifest_log_id("/a/clean-002"),
-                                       *b = manifest_log_id("/b/clean-002");
+                                         *b = manifest_log_id("/b/clean-002");
 
     sha256_buf("/a/clean-002", strlen("/a/clean-002"), hex);
     want = xasprintf("clean-002@%.8s", hex);

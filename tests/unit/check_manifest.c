@@ -84,8 +84,7 @@ static const struct {
       "job_id 'j\\x1b]0;x\\x07\\x0aforged' is not allowed" },
     { "\"job_id\": \"j\"", "\"job_id\": \"j\\tk\"", "job_id 'j\\x09k' is not allowed" },
     { "\"job_id\": \"j\"", "\"job_id\": \"j\\u007f\"", "job_id 'j\\x7f' is not allowed" },
-    { "\"job_id\": \"j\"", "\"job_id\": \"\\u009b31m\"",
-      "job_id '\\xc2\\x9b31m' is not allowed" },
+    { "\"job_id\": \"j\"", "\"job_id\": \"\\u009b31m\"", "job_id '\\xc2\\x9b31m' is not allowed" },
     { "\"job_id\": \"j\"", "\"job_id\": \"a/b\"", "job_id 'a/b' is not allowed" },
     { "\"job_id\": \"j\"", "\"job_id\": \"--config=/x\"", "job_id '--config=/x' is not" },
     { "\"job_id\": \"j\"", "\"job_id\": \"\"", "job_id '' is not allowed" },
@@ -177,7 +176,8 @@ START_TEST(test_not_a_job_dir)
 
     ck_assert_int_eq(manifest_load(empty, &m, &err), -ENOENT);
     want = xasprintf("%s: not a job directory (no manifest.json): prepare it first, or check "
-                     "the path", empty);
+                     "the path",
+                     empty);
     ck_assert_str_eq(err.msg, want);
     free(want);
     ck_assert_int_eq(manifest_load(missing, &m, &err), -ENOENT);

@@ -576,8 +576,7 @@ START_TEST(test_done_record_without_output_path)
     put_done(2, "a", NULL);
     ck_assert_int_eq(do_merge(false, &res, &err), -EINVAL);
     ck_assert_msg(starts_with(err.msg, "malformed done record ") &&
-                      strstr(err.msg, "part-00000-of-00003.json") &&
-                      strstr(err.msg, "output_path"),
+                      strstr(err.msg, "part-00000-of-00003.json") && strstr(err.msg, "output_path"),
                   "%s", err.msg);
     assert_nothing_left();
     free(shard);
@@ -690,8 +689,7 @@ START_TEST(test_missing_result_file)
     publish(1, done_json(1, "a", shard)); /* no result written */
     put_done(2, "a", NULL);
     ck_assert_int_lt(do_merge(false, &res, &err), 0);
-    ck_assert_msg(starts_with(err.msg, "cannot read result of part-00001-of-00003"), "%s",
-                  err.msg);
+    ck_assert_msg(starts_with(err.msg, "cannot read result of part-00001-of-00003"), "%s", err.msg);
     assert_nothing_left();
     free(shard);
 }
@@ -873,8 +871,7 @@ START_TEST(test_output_inside_job_refused)
         o.output = out;
         o.overwrite = true;
         ck_assert_int_eq(merge_run(&M, &o, &res, &err), -EINVAL);
-        ck_assert_msg(strstr(err.msg, "would overwrite part of the job directory"), "%s",
-                      err.msg);
+        ck_assert_msg(strstr(err.msg, "would overwrite part of the job directory"), "%s", err.msg);
         after = tu_read(out, NULL);
         ck_assert((before == NULL) == (after == NULL));
         ck_assert(!before || strcmp(before, after) == 0);

@@ -33,8 +33,9 @@ struct want {
 static void
 expect(const char *what, const struct outcome_facts *f, const struct want *w)
 {
-    struct attempt_outcome out = { .fc = FC_OUTPUT, .error = "stale", .released = !w->released,
-                                   .return_code = 99 };
+    struct attempt_outcome out = {
+        .fc = FC_OUTPUT, .error = "stale", .released = !w->released, .return_code = 99
+    };
     char msg[OUTCOME_MSG_MAX];
     bool more = outcome_classify(f, &out, msg, sizeof(msg));
 
@@ -44,8 +45,9 @@ expect(const char *what, const struct outcome_facts *f, const struct want *w)
     ck_assert_msg(out.return_code == w->return_code, "%s: return code %d, expected %d", what,
                   out.return_code, w->return_code);
     if (w->error)
-        ck_assert_msg(out.error && !strcmp(out.error, w->error), "%s: error \"%s\", expected \"%s\"",
-                      what, out.error ? out.error : "(null)", w->error);
+        ck_assert_msg(out.error && !strcmp(out.error, w->error),
+                      "%s: error \"%s\", expected \"%s\"", what, out.error ? out.error : "(null)",
+                      w->error);
     else
         ck_assert_msg(!out.error, "%s: error \"%s\", expected none", what, out.error);
 }
@@ -67,8 +69,11 @@ END_TEST
 
 START_TEST(test_invalid_output)
 {
-    struct outcome_facts f = { .ran = true, .status = EXITED(0), .validated = true,
-                               .result_rc = -EINVAL, .result_error = "invalid JSON at x:2" };
+    struct outcome_facts f = { .ran = true,
+                               .status = EXITED(0),
+                               .validated = true,
+                               .result_rc = -EINVAL,
+                               .result_error = "invalid JSON at x:2" };
 
     expect("invalid output", &f, &(struct want){ .fc = FC_OUTPUT, .error = "invalid JSON at x:2" });
     /* the storage failed, not the processor: infrastructure */
@@ -87,19 +92,24 @@ START_TEST(test_exit_code_and_signal)
 {
     struct outcome_facts f = { .ran = true, .status = EXITED(3), .validated = true };
 
-    expect("exit 3", &f, &(struct want){ .fc = FC_PROCESSOR, .return_code = 3,
-                                         .error = "Data-Juicer returned exit code 3" });
+    expect("exit 3", &f,
+           &(struct want){
+               .fc = FC_PROCESSOR, .return_code = 3, .error = "Data-Juicer returned exit code 3" });
     f.status = KILLED(SIGABRT);
-    expect("SIGABRT", &f, &(struct want){ .fc = FC_PROCESSOR, .return_code = -SIGABRT,
-                                          .error = "Data-Juicer was killed by signal 6 (ABRT)" });
+    expect("SIGABRT", &f,
+           &(struct want){ .fc = FC_PROCESSOR,
+                           .return_code = -SIGABRT,
+                           .error = "Data-Juicer was killed by signal 6 (ABRT)" });
 }
 END_TEST
 
 START_TEST(test_timeout)
 {
-    struct outcome_facts f = { .ran = true, .status = KILLED(SIGTERM), .timed_out = true,
-                               .timeout_secs = 2 };
-    struct want w = { .fc = FC_PROCESSOR, .return_code = -SIGTERM,
+    struct outcome_facts f = {
+        .ran = true, .status = KILLED(SIGTERM), .timed_out = true, .timeout_secs = 2
+    };
+    struct want w = { .fc = FC_PROCESSOR,
+                      .return_code = -SIGTERM,
                       .error = "Data-Juicer timed out after 2 s and was killed" };
 
     expect("timed out", &f, &w);
@@ -115,7 +125,8 @@ START_TEST(test_ray_head_down)
     struct outcome_facts f = { .ran = true, .status = EXITED(1), .ray_restarted = true };
 
     expect("Ray down, exit 1", &f,
-           &(struct want){ .fc = FC_INFRASTRUCTURE, .return_code = 1,
+           &(struct want){ .fc = FC_INFRASTRUCTURE,
+                           .return_code = 1,
                            .error = "the Ray head went down during the attempt (Data-Juicer "
                                     "returned exit code 1)" });
     /* before the timeout: a lost head makes it hang */
@@ -123,7 +134,8 @@ START_TEST(test_ray_head_down)
     f.timed_out = true;
     f.timeout_secs = 60;
     expect("Ray down, timed out", &f,
-           &(struct want){ .fc = FC_INFRASTRUCTURE, .return_code = -SIGTERM,
+           &(struct want){ .fc = FC_INFRASTRUCTURE,
+                           .return_code = -SIGTERM,
                            .error = "the Ray head went down during the attempt (Data-Juicer "
                                     "was killed by signal 15 (TERM))" });
 }
@@ -132,23 +144,28 @@ END_TEST
 START_TEST(test_lease_lost)
 {
     /* it ran and was killed for it; before a Ray restart and a timeout */
-    struct outcome_facts f = { .ran = true, .status = KILLED(SIGTERM), .timed_out = true,
-                               .ray_restarted = true, .lease_error = "lock taken over by n2" };
+    struct outcome_facts f = { .ran = true,
+                               .status = KILLED(SIGTERM),
+                               .timed_out = true,
+                               .ray_restarted = true,
+                               .lease_error = "lock taken over by n2" };
 
-    expect("lease lost", &f, &(struct want){ .fc = FC_INFRASTRUCTURE, .return_code = -SIGTERM,
-                                             .error = "lock taken over by n2" });
+    expect("lease lost", &f,
+           &(struct want){ .fc = FC_INFRASTRUCTURE,
+                           .return_code = -SIGTERM,
+                           .error = "lock taken over by n2" });
     /* lost before the processor ran (claimed ahead) */
     f.ran = false;
     expect("lease lost, never ran", &f,
-           &(struct want){ .fc = FC_INFRASTRUCTURE, .return_code = -1,
-                           .error = "lock taken over by n2" });
+           &(struct want){
+               .fc = FC_INFRASTRUCTURE, .return_code = -1, .error = "lock taken over by n2" });
     /* the exit status of a kill the lease loss caused says nothing */
     f.ran = true;
     f.timed_out = f.ray_restarted = false;
     f.status = EXITED(0);
     f.validated = true;
-    expect("lease lost, exit 0", &f, &(struct want){ .fc = FC_INFRASTRUCTURE,
-                                                     .error = "lock taken over by n2" });
+    expect("lease lost, exit 0", &f,
+           &(struct want){ .fc = FC_INFRASTRUCTURE, .error = "lock taken over by n2" });
 }
 END_TEST
 
@@ -163,15 +180,20 @@ START_TEST(test_start_failed)
     expect("start failed, lease lost", &f, &w);
     /* nothing ran and nobody said why */
     f.start_error = f.lease_error = NULL;
-    expect("never ran", &f, &(struct want){ .fc = FC_INFRASTRUCTURE, .return_code = -1,
-                                            .error = "the processor never started" });
+    expect("never ran", &f,
+           &(struct want){ .fc = FC_INFRASTRUCTURE,
+                           .return_code = -1,
+                           .error = "the processor never started" });
 }
 END_TEST
 
 START_TEST(test_stop_wins)
 {
-    struct outcome_facts f = { .stopped = true, .ran = true, .status = KILLED(SIGTERM),
-                               .timed_out = true, .ray_restarted = true,
+    struct outcome_facts f = { .stopped = true,
+                               .ran = true,
+                               .status = KILLED(SIGTERM),
+                               .timed_out = true,
+                               .ray_restarted = true,
                                .lease_error = "lock taken over by n2" };
 
     expect("stopped, everything else too", &f,
@@ -187,8 +209,11 @@ END_TEST
 START_TEST(test_leaves_callers_fields)
 {
     struct outcome_facts f = { .ran = true, .status = EXITED(2) };
-    struct attempt_outcome out = { .duration = 1.5, .dj_commit = "abc", .ray_address = "h:6379",
-                                   .started_epoch = 10, .ended_epoch = 11.5 };
+    struct attempt_outcome out = { .duration = 1.5,
+                                   .dj_commit = "abc",
+                                   .ray_address = "h:6379",
+                                   .started_epoch = 10,
+                                   .ended_epoch = 11.5 };
     char msg[OUTCOME_MSG_MAX];
 
     ck_assert(!outcome_classify(&f, &out, msg, sizeof(msg)));

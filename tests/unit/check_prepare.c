@@ -166,8 +166,8 @@ START_TEST(test_worked_example)
         ck_assert_uint_eq(res.bytes, 428);
         shard_rows(f.job, rows, (size_t)expect[k].n);
         for (long long i = 0; i < expect[k].n; i++)
-            ck_assert_msg(rows[i] == expect[k].rows[i], "N=%lld shard %lld: %lld rows",
-                          expect[k].n, i, rows[i]);
+            ck_assert_msg(rows[i] == expect[k].rows[i], "N=%lld shard %lld: %lld rows", expect[k].n,
+                          i, rows[i]);
         prepare_result_free(&res);
         fs_rm_rf(f.job);
     }
@@ -184,9 +184,10 @@ START_TEST(test_manifest_and_bytes)
     struct esd_err err;
     struct manifest m;
     cJSON *doc = NULL;
-    const char *data = "{\"n\": 12345678901234567890123, \"f\":0.1000000000000000055511151231257827}\n"
-                       "{\"text\" : \"caf\xc3\xa9\\u00e9\"}\r\n"
-                       "{\"x\":NaN}"; /* no final newline */
+    const char *data =
+        "{\"n\": 12345678901234567890123, \"f\":0.1000000000000000055511151231257827}\n"
+        "{\"text\" : \"caf\xc3\xa9\\u00e9\"}\r\n"
+        "{\"x\":NaN}"; /* no final newline */
     char *input, *shard, *content, hex[SHA256_HEX_LEN + 1];
     const cJSON *files, *policy, *exec;
     long long v;
@@ -230,9 +231,10 @@ START_TEST(test_manifest_and_bytes)
                      "shard workers");
     /* state directories of the layout, and the recipe copy */
     {
-        static const char *dirs[] = { "state/locks", "state/done", "state/failed",
-                                      "state/stale_locks", "state/history/failed",
-                                      "state/history/attempts", "state/clock", "attempts" };
+        static const char *dirs[] = { "state/locks",          "state/done",
+                                      "state/failed",         "state/stale_locks",
+                                      "state/history/failed", "state/history/attempts",
+                                      "state/clock",          "attempts" };
         for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
             char *d = fs_join(f.job, dirs[i]);
             ck_assert_msg(tu_count_entries(d) == 0, "%s", dirs[i]);
@@ -264,8 +266,8 @@ START_TEST(test_directory_discovery)
     cJSON *doc = NULL;
     const cJSON *files;
     char *ds, *link_target, *link_path;
-    static const char *order[] = { ".hid/a.jsonl", "B/x.jsonl", "B/y/z.JSONL", "a.jsonl",
-                                   "b/c.jsonl", "linked.jsonl" };
+    static const char *order[] = { ".hid/a.jsonl", "B/x.jsonl", "B/y/z.JSONL",
+                                   "a.jsonl",      "b/c.jsonl", "linked.jsonl" };
 
     fixture_init(&f, RECIPE_PLAIN);
     ds = fs_join(f.dir, "ds");
@@ -541,12 +543,12 @@ END_TEST
 
 enum attack_kind {
     ATTACK_NONE,
-    ATTACK_SWAP_LINK,    /* staging moved aside, a link to the victim in its place */
-    ATTACK_SWAP_DIR,     /* staging moved aside, a directory of another uid in its place */
-    ATTACK_SWAP_FULL,    /* staging moved aside, another directory of prepare's uid in its place */
+    ATTACK_SWAP_LINK,     /* staging moved aside, a link to the victim in its place */
+    ATTACK_SWAP_DIR,      /* staging moved aside, a directory of another uid in its place */
+    ATTACK_SWAP_FULL,     /* staging moved aside, another directory of prepare's uid in its place */
     ATTACK_PLANT_STAGING, /* a link to the victim at the staging name before it is made */
-    ATTACK_PLANT_JOB,    /* a link to the victim at the job's name */
-    ATTACK_SWAP_PARENT,  /* the parent swapped for a link to the victim */
+    ATTACK_PLANT_JOB,     /* a link to the victim at the job's name */
+    ATTACK_SWAP_PARENT,   /* the parent swapped for a link to the victim */
 };
 
 static struct {
@@ -675,8 +677,7 @@ START_TEST(test_race_staging_link)
         ck_assert_msg(r < 0, "step %d: prepare succeeded", (int)steps[i]);
         if (steps[i] == PREPARE_STEP_RENAME) {
             ck_assert_int_eq(r, -ESTALE);
-            ck_assert_msg(strstr(err.msg, "is not the directory this prepare made"), "%s",
-                          err.msg);
+            ck_assert_msg(strstr(err.msg, "is not the directory this prepare made"), "%s", err.msg);
             ck_assert_int_eq(lstat(f.job, &st), 0);
             ck_assert(S_ISLNK(st.st_mode));
         } else {
@@ -732,8 +733,7 @@ START_TEST(test_race_staging_full)
     /* another directory of the same uid's (an older job, say) moved in:
      * neither written nor, on the failure, emptied */
     ck_assert_int_eq(attacked_prepare(ATTACK_SWAP_FULL, PREPARE_STEP_OPEN, &f, &err), -EPERM);
-    ck_assert_msg(strstr(err.msg, "is not the empty directory this prepare made"), "%s",
-                  err.msg);
+    ck_assert_msg(strstr(err.msg, "is not the empty directory this prepare made"), "%s", err.msg);
     {
         DIR *d;
         struct dirent *e;
@@ -779,10 +779,10 @@ START_TEST(test_race_planted_links)
     ck_assert_int_eq(entries_in(&f, ""), 1); /* the link; no staging left */
     fixture_free(&f);
     /* the parent itself swapped for a link after it was resolved */
-    ck_assert_int_eq(attacked_prepare(ATTACK_SWAP_PARENT, PREPARE_STEP_PARENT, &f, &err),
-                     -ENOTDIR);
+    ck_assert_int_eq(attacked_prepare(ATTACK_SWAP_PARENT, PREPARE_STEP_PARENT, &f, &err), -ENOTDIR);
     ck_assert_msg(strstr(err.msg, "a symbolic link appeared there after the path was "
-                                  "resolved"), "%s", err.msg);
+                                  "resolved"),
+                  "%s", err.msg);
     fixture_free(&f);
 }
 END_TEST
@@ -925,7 +925,8 @@ START_TEST(test_shard_digests)
         want = xasprintf("},\n    {\n      \"id\": \"part-00011-of-00012\",\n      \"index\": 11,"
                          "\n      \"path\": \"shards/part-00011-of-00012.jsonl\",\n      "
                          "\"rows\": 1,\n      \"sha256\": \"%s\",\n      \"size_bytes\": 131039\n"
-                         "    }\n  ],\n  \"total_rows\": 12,\n", hex);
+                         "    }\n  ],\n  \"total_rows\": 12,\n",
+                         hex);
         ck_assert_msg(strstr(text, want), "%s", text);
         ck_assert(strstr(text, "\n  \"shards\": [\n    {\n      \"id\": \"part-00000-of-00012\","));
         free(want);

@@ -97,9 +97,8 @@ START_TEST(test_parse_not_nul_terminated)
     struct proto_request req;
     struct esd_err err;
 
-    ck_assert_int_eq(proto_parse_request(text, strlen("{\"v\":1,\"id\":3,\"cmd\":\"ping\"}"),
-                                         &req, &err),
-                     0);
+    ck_assert_int_eq(
+        proto_parse_request(text, strlen("{\"v\":1,\"id\":3,\"cmd\":\"ping\"}"), &req, &err), 0);
     ck_assert_int_eq(req.id, 3);
     proto_request_free(&req);
 }
@@ -125,17 +124,16 @@ START_TEST(test_parse_wrong_types)
     expect_error("{\"v\":1,\"id\":2,\"cmd\":5}", -EINVAL, PROTO_E_BAD_REQUEST, 2);
     expect_error("{\"v\":1,\"id\":2,\"cmd\":\"\"}", -EINVAL, PROTO_E_BAD_REQUEST, 2);
     expect_error("{\"v\":1,\"id\":2,\"cmd\":[\"ping\"]}", -EINVAL, PROTO_E_BAD_REQUEST, 2);
-    expect_error("{\"v\":1,\"id\":2,\"cmd\":\"ping\",\"args\":[]}", -EINVAL,
-                 PROTO_E_BAD_REQUEST, 2);
-    expect_error("{\"v\":1,\"id\":2,\"cmd\":\"ping\",\"args\":\"x\"}", -EINVAL,
-                 PROTO_E_BAD_REQUEST, 2);
-    expect_error("{\"v\":1,\"id\":2,\"cmd\":\"ping\",\"args\":null}", -EINVAL,
-                 PROTO_E_BAD_REQUEST, 2);
+    expect_error("{\"v\":1,\"id\":2,\"cmd\":\"ping\",\"args\":[]}", -EINVAL, PROTO_E_BAD_REQUEST,
+                 2);
+    expect_error("{\"v\":1,\"id\":2,\"cmd\":\"ping\",\"args\":\"x\"}", -EINVAL, PROTO_E_BAD_REQUEST,
+                 2);
+    expect_error("{\"v\":1,\"id\":2,\"cmd\":\"ping\",\"args\":null}", -EINVAL, PROTO_E_BAD_REQUEST,
+                 2);
     /* A version that is not the integer 1 is a version problem. */
-    expect_error("{\"v\":\"1\",\"id\":2,\"cmd\":\"ping\"}", -EPROTONOSUPPORT,
-                 PROTO_E_BAD_VERSION, 2);
-    expect_error("{\"v\":1.5,\"id\":2,\"cmd\":\"ping\"}", -EPROTONOSUPPORT,
-                 PROTO_E_BAD_VERSION, 2);
+    expect_error("{\"v\":\"1\",\"id\":2,\"cmd\":\"ping\"}", -EPROTONOSUPPORT, PROTO_E_BAD_VERSION,
+                 2);
+    expect_error("{\"v\":1.5,\"id\":2,\"cmd\":\"ping\"}", -EPROTONOSUPPORT, PROTO_E_BAD_VERSION, 2);
     ck_assert_int_eq(parse("{\"v\":1,\"id\":2,\"cmd\":5}", &req, &err), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "\"cmd\""));
 }
@@ -146,8 +144,7 @@ START_TEST(test_parse_bad_version_keeps_id)
     struct proto_request req;
     struct esd_err err;
 
-    ck_assert_int_eq(parse("{\"v\":2,\"id\":42,\"cmd\":\"ping\"}", &req, &err),
-                     -EPROTONOSUPPORT);
+    ck_assert_int_eq(parse("{\"v\":2,\"id\":42,\"cmd\":\"ping\"}", &req, &err), -EPROTONOSUPPORT);
     ck_assert_int_eq(req.id, 42);
     ck_assert_str_eq(proto_error_code(-EPROTONOSUPPORT), PROTO_E_BAD_VERSION);
     ck_assert_msg(strstr(err.msg, "version 1"), "%s", err.msg);
@@ -164,9 +161,19 @@ END_TEST
 START_TEST(test_parse_not_an_object)
 {
     static const char *const bad[] = {
-        "", " ", "[1]", "\"ping\"", "1", "null", "{", "{\"v\":1,\"id\":1,\"cmd\":\"ping\"",
-        "{\"v\":1,\"id\":1,\"cmd\":\"ping\"} x", "{\"v\":1,\"id\":1,\"cmd\":\"ping\"}{}",
-        "not json", "{\"v\":1,\"id\":1,\"cmd\":\"p\xff\"}", "{'v':1}",
+        "",
+        " ",
+        "[1]",
+        "\"ping\"",
+        "1",
+        "null",
+        "{",
+        "{\"v\":1,\"id\":1,\"cmd\":\"ping\"",
+        "{\"v\":1,\"id\":1,\"cmd\":\"ping\"} x",
+        "{\"v\":1,\"id\":1,\"cmd\":\"ping\"}{}",
+        "not json",
+        "{\"v\":1,\"id\":1,\"cmd\":\"p\xff\"}",
+        "{'v':1}",
     };
     struct proto_request req;
     struct esd_err err;
@@ -216,7 +223,8 @@ START_TEST(test_reply_ok_framing)
     json_add_bool(result, "pong", true);
     json_add_str(result, "node", "n1");
     s = framed(proto_reply_ok(3, result));
-    ck_assert_str_eq(s, "{\"id\":3,\"ok\":true,\"result\":{\"node\":\"n1\",\"pong\":true},\"v\":1}\n");
+    ck_assert_str_eq(s,
+                     "{\"id\":3,\"ok\":true,\"result\":{\"node\":\"n1\",\"pong\":true},\"v\":1}\n");
     free(s);
 
     s = framed(proto_reply_ok(1152921504606846977LL, NULL));
@@ -242,8 +250,7 @@ START_TEST(test_reply_error_framing)
     ck_assert_int_eq(json_parse_object(s, strlen(s), "reply", &back, &err), 0);
     ck_assert_str_eq(json_get_str(cJSON_GetObjectItem(back, "error"), "message"),
                      "unknown \"a\nb\" é");
-    ck_assert_str_eq(json_get_str(cJSON_GetObjectItem(back, "error"), "code"),
-                     "unknown-command");
+    ck_assert_str_eq(json_get_str(cJSON_GetObjectItem(back, "error"), "code"), "unknown-command");
     cJSON_Delete(back);
     free(s);
 

@@ -27,23 +27,42 @@ START_TEST(test_normpath)
     static const struct {
         const char *in, *want;
     } t[] = {
-        { "", "." },              { ".", "." },            { "./", "." },
-        { "/", "/" },             { "//", "//" },          { "///", "/" },
-        { "////a", "/a" },        { "//a//b/", "//a/b" },  { "/..", "/" },
-        { "//..", "//" },         { "///..", "/" },        { "/../a/..", "/" },
-        { "/./..", "/" },         { "//../a", "//a" },     { "/a/b/..", "/a" },
-        { "..", ".." },           { "../..", "../.." },    { "a/../..", ".." },
-        { "a/b/../../..", ".." }, { "../a/../b", "../b" }, { ".//..", ".." },
-        { "a/..", "." },          { "./a/./", "a" },       { "a//b/", "a/b" },
-        { "a/./b/.", "a/b" },     { "...", "..." },        { ".../..", "." },
-        { "a/.hidden/..", "a" },  { "../../a/b/../c", "../../a/c" },
+        { "", "." },
+        { ".", "." },
+        { "./", "." },
+        { "/", "/" },
+        { "//", "//" },
+        { "///", "/" },
+        { "////a", "/a" },
+        { "//a//b/", "//a/b" },
+        { "/..", "/" },
+        { "//..", "//" },
+        { "///..", "/" },
+        { "/../a/..", "/" },
+        { "/./..", "/" },
+        { "//../a", "//a" },
+        { "/a/b/..", "/a" },
+        { "..", ".." },
+        { "../..", "../.." },
+        { "a/../..", ".." },
+        { "a/b/../../..", ".." },
+        { "../a/../b", "../b" },
+        { ".//..", ".." },
+        { "a/..", "." },
+        { "./a/./", "a" },
+        { "a//b/", "a/b" },
+        { "a/./b/.", "a/b" },
+        { "...", "..." },
+        { ".../..", "." },
+        { "a/.hidden/..", "a" },
+        { "../../a/b/../c", "../../a/c" },
     };
 
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
         char *got = pypath_normpath(t[i].in);
 
-        ck_assert_msg(strcmp(got, t[i].want) == 0, "normpath('%s') = '%s', want '%s'", t[i].in,
-                      got, t[i].want);
+        ck_assert_msg(strcmp(got, t[i].want) == 0, "normpath('%s') = '%s', want '%s'", t[i].in, got,
+                      t[i].want);
         free(got);
     }
 }
@@ -102,45 +121,45 @@ START_TEST(test_realpath)
     static const struct {
         const char *in, *want;
     } t[] = {
-        { "/link/sub/x", "/real/sub/x" },               /* symlink in the middle */
-        { "/link/..", "" },                             /* ".." after a symlink */
+        { "/link/sub/x", "/real/sub/x" }, /* symlink in the middle */
+        { "/link/..", "" },               /* ".." after a symlink */
         { "/link/../real", "/real" },
-        { "/abslink/../file", "/real/file" },           /* absolute target */
-        { "/chain/..", "/real" },                       /* link to a link */
+        { "/abslink/../file", "/real/file" }, /* absolute target */
+        { "/chain/..", "/real" },             /* link to a link */
         { "/twice/x", "/real/sub/x" },
         { "/link/s2/..", "/real" },
-        { "/link/../link/sub", "/real/sub" },           /* cached resolution */
-        { "/nope/../real", "/real" },                   /* missing, then ".." */
+        { "/link/../link/sub", "/real/sub" }, /* cached resolution */
+        { "/nope/../real", "/real" },         /* missing, then ".." */
         { "/nope/a/../../link/./sub", "/real/sub" },
-        { "/real/file/../sub", "/real/sub" },           /* ".." after a file */
-        { "/real/file/x/..", "/real/file" },            /* ENOTDIR kept as text */
-        { "/dangling", "/nonexistent/target" },         /* dangling symlink */
+        { "/real/file/../sub", "/real/sub" },   /* ".." after a file */
+        { "/real/file/x/..", "/real/file" },    /* ENOTDIR kept as text */
+        { "/dangling", "/nonexistent/target" }, /* dangling symlink */
         { "/dangling/../z", "/nonexistent/z" },
         { "/real/up", "/other" },
         { "/real/up/../sub", "/sub" },
-        { "/loop1", "/loop1" },                         /* loop: rest unresolved */
+        { "/loop1", "/loop1" }, /* loop: rest unresolved */
         { "/loop1/x/../y", "/loop1/y" },
         { "/loop1/a/b/../../..", "" },
         { "/self/a", "/self/a" },
         { "/vialoop/r", "/loop1/q/r" },
         { "/link/s2/../../loop2/k", "/loop2/k" },
         { "/here/here/link", "/real" },
-        { "/real/sub/", "/real/sub" },                  /* trailing slash */
-        { "//real///sub//", "/real/sub" },              /* repeated slashes */
+        { "/real/sub/", "/real/sub" },     /* trailing slash */
+        { "//real///sub//", "/real/sub" }, /* repeated slashes */
         { "/./real/./sub/.", "/real/sub" },
         { "/real/sub//", "/real/sub" },
-        { "/real/file/", "/real/file" },                /* a file with a slash: kept */
+        { "/real/file/", "/real/file" }, /* a file with a slash: kept */
         { "/nope//..//real/", "/real" },
         /* Loops, strict=False: never an error, the rest kept as text. */
         { "/loop1/..", "" },
-        { "/loop1/../link", "/link" },                  /* ".." after a loop: textual */
+        { "/loop1/../link", "/link" }, /* ".." after a loop: textual */
         { "/loop2/./x/.", "/loop2/x" },
         { "/self/..", "" },
         { "/self/../real", "/real" },
-        { "/selfup", "" },                              /* a link into its own loop */
+        { "/selfup", "" }, /* a link into its own loop */
         { "/selfup/x", "/x" },
-        { "/deeploop/k", "/loop1/k" },                  /* a loop reached by a target */
-        { "/aloop1", "/aloop1/z" },                     /* a loop of absolute links */
+        { "/deeploop/k", "/loop1/k" }, /* a loop reached by a target */
+        { "/aloop1", "/aloop1/z" },    /* a loop of absolute links */
         { "/aloop1/w", "/aloop1/z/w" },
         { "/aloop2/../real", "/aloop2/real" },
     };
@@ -334,16 +353,19 @@ START_TEST(test_join_inside)
     static const struct {
         const char *rel, *want;
     } ok[] = {
-        { "a/b", "/a/b" },        { "shards/part-00001-of-00002.jsonl",
-                                    "/shards/part-00001-of-00002.jsonl" },
-        { "in/x", "/sub/x" },     { "abs_in", "/sub" },
-        { "a/../b", "/b" },       { ".", "" },
-        { "sub/", "/sub" },       { "in/../sub", "/sub" },
+        { "a/b", "/a/b" },
+        { "shards/part-00001-of-00002.jsonl", "/shards/part-00001-of-00002.jsonl" },
+        { "in/x", "/sub/x" },
+        { "abs_in", "/sub" },
+        { "a/../b", "/b" },
+        { ".", "" },
+        { "sub/", "/sub" },
+        { "in/../sub", "/sub" },
         { "up/job/sub", "/sub" }, /* leaves and comes back: the result counts */
     };
     static const char *const bad[] = {
-        "..", "../job2", "a/../../x", "sub/../..", "/etc/passwd", "", "out", "out/x",
-        "esc", "esc/f", "in/../../x", "up", "up/job2",
+        "..",    "../job2", "a/../../x", "sub/../..",  "/etc/passwd", "",        "out",
+        "out/x", "esc",     "esc/f",     "in/../../x", "up",          "up/job2",
     };
     char *b = tu_real_tmpdir();
     char *root = fs_join(b, "job");
@@ -411,13 +433,12 @@ is_jsonl(const char *name)
 START_TEST(test_rglob)
 {
     static const char *const want[] = {
-        ".hidden/x.jsonl", "B.jsonl",  "_tmp.jsonl",     "a-b.jsonl",
-        "a.jsonl",         "a/b.jsonl", "a0.jsonl",      "linkfile.jsonl",
-        "\xc3\xa9.jsonl",
+        ".hidden/x.jsonl", "B.jsonl",  "_tmp.jsonl",     "a-b.jsonl",      "a.jsonl",
+        "a/b.jsonl",       "a0.jsonl", "linkfile.jsonl", "\xc3\xa9.jsonl",
     };
     static const char *const files[] = {
-        "a.jsonl", "B.jsonl", "\xc3\xa9.jsonl", "a-b.jsonl", "a/b.jsonl",
-        "a0.jsonl", ".hidden/x.jsonl", "_tmp.jsonl", "a/skip.txt",
+        "a.jsonl",  "B.jsonl",         "\xc3\xa9.jsonl", "a-b.jsonl",  "a/b.jsonl",
+        "a0.jsonl", ".hidden/x.jsonl", "_tmp.jsonl",     "a/skip.txt",
     };
     char *d = tu_real_tmpdir();
     char *fifo = fs_join(d, "fifo.jsonl");

@@ -303,8 +303,7 @@ START_TEST(test_ray_head_up_and_stop)
     init_ok();
     ck_assert_str_eq(ray_state_name(), "starting");
     ck_assert(!ray_ready());
-    ck_assert_msg(run_until(is_ready, 30), "head not up within 30 s (state %s)",
-                  ray_state_name());
+    ck_assert_msg(run_until(is_ready, 30), "head not up within 30 s (state %s)", ray_state_name());
     ck_assert_str_eq(ray_state_name(), "up");
     ck_assert_int_eq(ready_calls, 1);
     ck_assert_int_eq(down_calls, 0);
@@ -393,8 +392,8 @@ END_TEST
 
 START_TEST(test_ray_loss_restarts_after_backoff)
 {
-    char *body = xasprintf("sleep 300 &\necho $! >'%s/sleeper.pid'\nexec '%s' \"$@\"", tmp,
-                           fake_ray);
+    char *body =
+        xasprintf("sleep 300 &\necho $! >'%s/sleeper.pid'\nexec '%s' \"$@\"", tmp, fake_ray);
     char *sleeper_file = fs_join(tmp, "sleeper.pid");
     unsigned long gen;
     pid_t sleeper;
@@ -522,8 +521,8 @@ START_TEST(test_ray_gpus_count)
 {
     char *dev = fs_join(tmp, "dev");
     const char *from = NULL;
-    const char *names[] = { "nvidia0", "nvidia1", "nvidia12", "nvidiactl", "nvidia-uvm",
-                            "nvidia", "null" };
+    const char *names[] = { "nvidia0",    "nvidia1", "nvidia12", "nvidiactl",
+                            "nvidia-uvm", "nvidia",  "null" };
     struct esd_err err;
 
     ck_assert_int_eq(fs_mkdir_p(dev, 0755, &err), 0);
@@ -590,8 +589,7 @@ START_TEST(test_ray_refused_never_ready)
     ck_assert(!ray_ready());
     /* lost at about 0, 1 and 3 s: the delay doubles */
     ck_assert_msg(down_at[1] - down_at[0] >= 0.9, "first delay %.2f s", down_at[1] - down_at[0]);
-    ck_assert_msg(down_at[2] - down_at[1] >= 1.9, "second delay %.2f s",
-                  down_at[2] - down_at[1]);
+    ck_assert_msg(down_at[2] - down_at[1] >= 1.9, "second delay %.2f s", down_at[2] - down_at[1]);
     ck_assert_uint_eq(ray_restarts(), (unsigned)down_calls - 1);
     ck_assert_uint_ge(ray_generation(), 2 * (unsigned long)down_calls);
     stop_ok(15);
@@ -600,8 +598,8 @@ END_TEST
 
 START_TEST(test_ray_stop_kills_whole_group)
 {
-    char *body = xasprintf("sleep 300 &\necho $! >'%s/sleeper.pid'\nexec '%s' \"$@\"", tmp,
-                           fake_ray);
+    char *body =
+        xasprintf("sleep 300 &\necho $! >'%s/sleeper.pid'\nexec '%s' \"$@\"", tmp, fake_ray);
     char *sleeper_file = fs_join(tmp, "sleeper.pid");
     pid_t pid, sleeper;
 

@@ -20,10 +20,10 @@
 #include "testutil.h"
 #include "util.h"
 
-#define EXEC_WARNING                                                                               \
+#define EXEC_WARNING \
     "recipe executor_type=default will be overridden with executor_type=ray for shard workers"
-#define SAVE_DIR_WARNING(op)                                                                       \
-    "operator '" op "' uses an explicit save_dir; the caller must ensure generated filenames do "  \
+#define SAVE_DIR_WARNING(op)                                                                      \
+    "operator '" op "' uses an explicit save_dir; the caller must ensure generated filenames do " \
     "not collide across shards"
 
 static struct esd_err err;
@@ -88,10 +88,10 @@ assert_strv(const struct strv *s, const char *const *want, size_t n)
         ck_assert_str_eq(s->v[i], want[i]);
 }
 
-#define ASSERT_STRV(s, ...)                                                                        \
-    do {                                                                                           \
-        static const char *const want_[] = { __VA_ARGS__ };                                        \
-        assert_strv((s), want_, sizeof(want_) / sizeof(want_[0]));                                 \
+#define ASSERT_STRV(s, ...)                                        \
+    do {                                                           \
+        static const char *const want_[] = { __VA_ARGS__ };        \
+        assert_strv((s), want_, sizeof(want_) / sizeof(want_[0])); \
     } while (0)
 
 static double
@@ -387,9 +387,9 @@ START_TEST(test_node_budget_counts_aliases)
                      "recipe r.yaml: too many YAML nodes (alias expansion?), limit 75");
     /* merges expand too */
     pol.limits.max_nodes = 10;
-    ck_assert_str_eq(refuse_pol("m: &m {a: 1, b: 2, c: 3}\nx: {<<: *m}\ny: {<<: *m}\nprocess: []\n",
-                              &pol),
-                     "recipe r.yaml: too many YAML nodes (alias expansion?), limit 10");
+    ck_assert_str_eq(
+        refuse_pol("m: &m {a: 1, b: 2, c: 3}\nx: {<<: *m}\ny: {<<: *m}\nprocess: []\n", &pol),
+        "recipe r.yaml: too many YAML nodes (alias expansion?), limit 10");
 }
 END_TEST
 
@@ -653,7 +653,7 @@ END_TEST
 START_TEST(test_unknown_operator)
 {
     ck_assert_str_eq(refuse("executor_type: ray\nprocess:\n  - a_mapper:\n  - b_filter:\n\n\n"
-                          "  - foo_op:\n"),
+                            "  - foo_op:\n"),
                      "Unknown operator 'foo_op' in r.yaml:7; cannot prove it is shard-safe");
     ck_assert_str_eq(refuse("process:\n- 12: ~\n"),
                      "Unknown operator '12' in r.yaml:2; cannot prove it is shard-safe");
@@ -684,18 +684,18 @@ END_TEST
 
 START_TEST(test_is_global_operation)
 {
-    static const char *const truthy[] = { "yes", "true", "On", "1", "'no'", "x", "[0]", "{a: ~}",
-                                          ".nan", "0x1" };
-    static const char *const falsy[] = { "no", "false", "OFF", "0", "0.0", "''", "~", "[]",
-                                         "{}", "0x0", "-0", "0b0", "0_0", ".0" };
+    static const char *const truthy[] = { "yes", "true", "On",     "1",    "'no'",
+                                          "x",   "[0]",  "{a: ~}", ".nan", "0x1" };
+    static const char *const falsy[] = { "no", "false", "OFF", "0",  "0.0", "''",  "~",
+                                         "[]", "{}",    "0x0", "-0", "0b0", "0_0", ".0" };
     char y[256];
 
     for (size_t i = 0; i < sizeof(truthy) / sizeof(truthy[0]); i++) {
         snprintf(y, sizeof(y), "process:\n- a_mapper:\n    x: 1\n    is_global_operation: %s\n",
                  truthy[i]);
         ck_assert_str_eq(refuse(y), "Operator 'a_mapper' in r.yaml:4 requires or may require "
-                                  "whole-dataset semantics and cannot run per shard "
-                                  "(is_global_operation is set)");
+                                    "whole-dataset semantics and cannot run per shard "
+                                    "(is_global_operation is set)");
     }
     for (size_t i = 0; i < sizeof(falsy) / sizeof(falsy[0]); i++) {
         snprintf(y, sizeof(y), "process:\n- a_mapper:\n    is_global_operation: %s\n", falsy[i]);
@@ -721,10 +721,10 @@ START_TEST(test_deny_allow)
     accept_pol("process:\n- foo_op:\n- document_deduplicator: {}\n- a_mapper:\n", &pol);
     ASSERT_STRV(&rec.ops, "foo_op", "document_deduplicator", "a_mapper");
     recipe_free(&rec);
-    ck_assert_str_eq(refuse_pol("process:\n- a_mapper:\n- text_length_filter: {min_len: 3}\n",
-                                &pol),
-                     "Operator 'text_length_filter' in r.yaml:3 is denied by configuration and "
-                     "cannot run per shard");
+    ck_assert_str_eq(
+        refuse_pol("process:\n- a_mapper:\n- text_length_filter: {min_len: 3}\n", &pol),
+        "Operator 'text_length_filter' in r.yaml:3 is denied by configuration and "
+        "cannot run per shard");
     /* deny wins over allow */
     ck_assert_str_eq(refuse_pol("process:\n- both_mapper:\n", &pol),
                      "Operator 'both_mapper' in r.yaml:2 is denied by configuration and cannot "
@@ -777,8 +777,8 @@ START_TEST(test_verdict)
     strv_init(&allow);
     strv_init(&deny);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        ck_assert_msg(recipe_verdict(cases[i].name, NULL) == cases[i].rc, "%s: %d",
-                      cases[i].name, recipe_verdict(cases[i].name, NULL));
+        ck_assert_msg(recipe_verdict(cases[i].name, NULL) == cases[i].rc, "%s: %d", cases[i].name,
+                      recipe_verdict(cases[i].name, NULL));
         /* empty caller lists change nothing */
         ck_assert_int_eq(recipe_verdict(cases[i].name, &pol), cases[i].rc);
     }
@@ -844,8 +844,8 @@ START_TEST(test_fused_operators_checked_inside)
     accept("process:\n- general_fused_op:\n    fused_op_list:\n    - a_mapper:\n"
            "    - b_filter: {index_key: idx}\n- fused_sequential_batch_op:\n"
            "    op_specs: [{c_mapper: {}}]\n");
-    ASSERT_STRV(&rec.ops, "general_fused_op", "a_mapper", "b_filter",
-                "fused_sequential_batch_op", "c_mapper");
+    ASSERT_STRV(&rec.ops, "general_fused_op", "a_mapper", "b_filter", "fused_sequential_batch_op",
+                "c_mapper");
     ASSERT_STRV(&rec.index_keys, "idx");
     recipe_free(&rec);
     ck_assert_str_eq(refuse("process:\n- general_fused_op:\n    fused_op_list:\n"
@@ -873,7 +873,7 @@ START_TEST(test_stats_export_path)
     char y[256];
 
     ck_assert_str_eq(refuse("executor_type: ray\nprocess:\n- a_mapper:\n"
-                          "- x_filter:\n    min: 1\n    stats_export_path: /tmp/stats.jsonl\n"),
+                            "- x_filter:\n    min: 1\n    stats_export_path: /tmp/stats.jsonl\n"),
                      "Operator 'x_filter' in r.yaml:6 sets stats_export_path, which cannot be "
                      "used per shard");
     /* YAML 1.1 strings that look like numbers are truthy */
@@ -895,12 +895,12 @@ END_TEST
 START_TEST(test_save_dir)
 {
     accept("process:\n- a_mapper: {save_dir: off}\n- b_mapper: {save_dir: ''}\n"
-       "- c_mapper: {save_dir: ~}\n- d_mapper: {save_dir: No}\n- e_mapper: {save_dir: 0}\n");
+           "- c_mapper: {save_dir: ~}\n- d_mapper: {save_dir: No}\n- e_mapper: {save_dir: 0}\n");
     ASSERT_STRV(&rec.warnings, EXEC_WARNING);
     recipe_free(&rec);
     /* warnings: executor first, then save_dir in operator order */
     accept("process:\n- b_mapper: {save_dir: \"off\"}\n- a_mapper: {save_dir: /shared}\n"
-       "- c_mapper: {save_dir: n}\n- d_mapper: {}\n- e_mapper: {save_dir: [x]}\n");
+           "- c_mapper: {save_dir: n}\n- d_mapper: {}\n- e_mapper: {save_dir: [x]}\n");
     ASSERT_STRV(&rec.warnings, EXEC_WARNING, SAVE_DIR_WARNING("b_mapper"),
                 SAVE_DIR_WARNING("a_mapper"), SAVE_DIR_WARNING("c_mapper"),
                 SAVE_DIR_WARNING("e_mapper"));
@@ -913,10 +913,11 @@ END_TEST
 
 START_TEST(test_index_key)
 {
-    accept("process:\n- a_mapper: {index_key: b}\n- b_mapper: {index_key: a}\n"
-       "- c_mapper: {index_key: b}\n- d_mapper: {index_key: ~}\n- e_mapper:\n"
-       "- f_mapper: {index_key: B}\n- g_mapper: {index_key: _}\n- h_mapper: {index_key: 'yes'}\n"
-       "- i_mapper: {index_key: \xc3\xa9}\n- j_mapper: {index_key: z}\n");
+    accept(
+        "process:\n- a_mapper: {index_key: b}\n- b_mapper: {index_key: a}\n"
+        "- c_mapper: {index_key: b}\n- d_mapper: {index_key: ~}\n- e_mapper:\n"
+        "- f_mapper: {index_key: B}\n- g_mapper: {index_key: _}\n- h_mapper: {index_key: 'yes'}\n"
+        "- i_mapper: {index_key: \xc3\xa9}\n- j_mapper: {index_key: z}\n");
     /* strcmp order: upper case before '_' before lower case before UTF-8 */
     ASSERT_STRV(&rec.index_keys, "B", "_", "a", "b", "yes", "z", "\xc3\xa9");
     recipe_free(&rec);
@@ -1195,12 +1196,12 @@ START_TEST(test_merge_keys)
     recipe_free(&rec);
     /* in a list the first mapping wins; a later "<<" wins over an earlier */
     accept("a: &a {index_key: a}\nb: &b {index_key: b}\nprocess:\n- x_mapper: {<<: [*b, *a]}\n"
-       "- y_mapper: {<<: *a, <<: *b}\n");
+           "- y_mapper: {<<: *a, <<: *b}\n");
     ASSERT_STRV(&rec.index_keys, "b");
     recipe_free(&rec);
     /* nested merges, and an operator item made entirely of a merge */
     accept("o: &o {a_mapper: {index_key: deep}}\nw: &w {<<: *o}\nprocess:\n- <<: *w\n"
-       "- {<<: *o, a_mapper: ~}\n");
+           "- {<<: *o, a_mapper: ~}\n");
     ASSERT_STRV(&rec.ops, "a_mapper", "a_mapper");
     ASSERT_STRV(&rec.index_keys, "deep");
     recipe_free(&rec);
@@ -1260,17 +1261,15 @@ END_TEST
 
 START_TEST(test_name_as_given)
 {
-    ck_assert_int_eq(recipe_parse("x: 1\n", 5, "/abs/dir/recipe.yaml", NULL, &rec, &err),
-                     -EINVAL);
+    ck_assert_int_eq(recipe_parse("x: 1\n", 5, "/abs/dir/recipe.yaml", NULL, &rec, &err), -EINVAL);
     ck_assert_str_eq(err.msg, "recipe /abs/dir/recipe.yaml: 'process' must be a list");
     ck_assert_int_eq(recipe_parse("process: [foo_op: ~]", 20, "rel/r.yaml", NULL, &rec, &err),
                      -EINVAL);
     ck_assert_str_eq(err.msg,
                      "Unknown operator 'foo_op' in rel/r.yaml:1; cannot prove it is shard-safe");
     /* the length is honoured: no NUL needed */
-    ck_assert_int_eq(recipe_parse("process: []\nexecutor_type: spark", 11, "r.yaml", NULL, &rec,
-                                  &err),
-                     0);
+    ck_assert_int_eq(
+        recipe_parse("process: []\nexecutor_type: spark", 11, "r.yaml", NULL, &rec, &err), 0);
     recipe_free(&rec);
     /* err may be NULL */
     ck_assert_int_eq(recipe_parse("x", 1, "r.yaml", NULL, &rec, NULL), -EINVAL);

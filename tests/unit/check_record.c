@@ -69,8 +69,9 @@ static const struct {
     { NULL, "{\"text\":\"no media\"}", "=" },
     { NULL, "{\"images\":null}", "=" },
     { NULL, "{\"images\":[]}", "=" },
-    { NULL, "{\"images\":[\"/abs.jpg\",\"http://a/b\",\"https://a\",\"s3://b\",\"gs://c\","
-            "\"hdfs://d\",\"\"]}",
+    { NULL,
+      "{\"images\":[\"/abs.jpg\",\"http://a/b\",\"https://a\",\"s3://b\",\"gs://c\","
+      "\"hdfs://d\",\"\"]}",
       "=" },
     { NULL, "{\"images\": [ \"a.jpg\" , \"/x\" ] }",
       "{\"images\": [ \"/data/set/a.jpg\" , \"/x\" ] }" },

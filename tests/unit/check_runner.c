@@ -133,8 +133,7 @@ state_file(struct job *j, const char *kind, size_t i)
  * shard not failed yet, the class and the error (containing want)
  * recorded in attempt.json. */
 static void
-expect_counted_failure(struct job *j, const char *dir, const char *want_class,
-                       const char *want)
+expect_counted_failure(struct job *j, const char *dir, const char *want_class, const char *want)
 {
     cJSON *o = attempt_json(dir);
     const char *cls = json_get_str(o, "failure_class"), *error = json_get_str(o, "error");

@@ -305,8 +305,8 @@ START_TEST(test_cancel_everywhere_stops)
     tb_processor("exec sleep 30");
     submit();
     ck_assert_msg(tb_run_until(busy, NULL, DEADLINE), "no attempt started");
-    ck_assert_msg(jobs_cancel_everywhere(tb.job_dir, getuid(), getgid(), getuid(), &err) == 0,
-                  "%s", err.msg);
+    ck_assert_msg(jobs_cancel_everywhere(tb.job_dir, getuid(), getgid(), getuid(), &err) == 0, "%s",
+                  err.msg);
     ck_assert(jobs_cancelled_everywhere(J));
     sched_check_cancelled();
     ck_assert_int_eq(J->state, JOB_CANCELLED);

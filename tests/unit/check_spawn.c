@@ -105,8 +105,8 @@ wait_for(pid_t pid)
 
 START_TEST(test_spawn_output_and_status)
 {
-    struct strv argv = vec("sh", "-c", "echo out; echo err >&2; cat; echo \"$GREETING\"; exit 3",
-                           NULL);
+    struct strv argv =
+        vec("sh", "-c", "echo out; echo err >&2; cat; echo \"$GREETING\"; exit 3", NULL);
     struct strv envp = vec("GREETING=hello", "PATH=/usr/bin:/bin", NULL);
     struct spawned s;
     struct esd_err err;
@@ -580,7 +580,8 @@ START_TEST(test_keep_kills_escapee_at_exit)
 {
     char *flag = xasprintf("%s/printed", tmp);
     char *script = xasprintf("setsid sh -c 'echo $$; : >%s; exec sleep 100' & "
-                             "while [ ! -e %s ]; do sleep 0.01; done; exit 0", flag, flag);
+                             "while [ ! -e %s ]; do sleep 0.01; done; exit 0",
+                             flag, flag);
     struct strv argv = vec("sh", "-c", script, NULL);
     struct spawn_keep_opts o = { .grace = 5 };
     struct spawned s;

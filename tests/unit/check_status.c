@@ -57,8 +57,7 @@ put_raw(const char *kind, size_t i, const char *suffix, const char *content)
     char *path = manifest_state_path(&M, kind, id(i), suffix);
     struct esd_err err;
 
-    ck_assert_msg(fs_write_atomic(path, content, strlen(content), 0644, &err) == 0, "%s",
-                  err.msg);
+    ck_assert_msg(fs_write_atomic(path, content, strlen(content), 0644, &err) == 0, "%s", err.msg);
     free(path);
 }
 
@@ -202,8 +201,8 @@ START_TEST(test_states_and_details)
     ck_assert(st.shards[2].has_pid);
     ck_assert_int_eq(st.shards[2].pid, 4242);
     ck_assert(st.shards[2].has_age);
-    ck_assert_msg(st.shards[2].lock_age >= 59.0 && st.shards[2].lock_age < 120.0,
-                  "lock age %f", st.shards[2].lock_age);
+    ck_assert_msg(st.shards[2].lock_age >= 59.0 && st.shards[2].lock_age < 120.0, "lock age %f",
+                  st.shards[2].lock_age);
     txt = counts_text(&st);
     ck_assert_str_eq(txt, "pending=0 running=1 stale=0 done=1 failed=1");
     ck_assert(!st.complete && !st.terminal);
@@ -458,7 +457,7 @@ START_TEST(test_status_json_fields)
     static const char *const counts[] = { "done", "failed", "pending", "running", "stale", NULL };
     static const char *const done[] = { "owner", "rows", "shard_id", "status", NULL };
     static const char *const failed[] = { "error", "rows", "shard_id", "status", NULL };
-    static const char *const running[] = { "lock_age_secs", "owner", "pid", "rows",
+    static const char *const running[] = { "lock_age_secs", "owner",  "pid", "rows",
                                            "shard_id",      "status", NULL };
     struct job_status st;
     cJSON *j, *c, *sh, *x;
@@ -762,8 +761,8 @@ START_TEST(test_view_json_bounded_and_dated)
     j = status_view_json(&v, &M, false);
     /* a job this small: every shard, even without all */
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "shards")), 3);
-    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 1),
-                                  "error"), "boom");
+    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 1), "error"),
+                     "boom");
     ck_assert_ptr_nonnull(json_get_str(j, "read_at"));
     ck_assert_ptr_nonnull(cJSON_GetObjectItem(j, "read_age_secs"));
     ck_assert_int_eq(json_get_int(cJSON_GetObjectItem(j, "counts"), "failed", &n), 0);
@@ -771,8 +770,8 @@ START_TEST(test_view_json_bounded_and_dated)
     all = status_view_json(&v, &M, true);
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(all, "shards")), 3);
     /* a done shard's owner comes from its record, read once */
-    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(all, "shards"), 0),
-                                  "owner"), "host-a");
+    ck_assert_str_eq(
+        json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(all, "shards"), 0), "owner"), "host-a");
     cJSON_Delete(j);
     cJSON_Delete(all);
     status_view_free(&v);
@@ -791,8 +790,8 @@ START_TEST(test_json_bound_keeps_attention_first)
     j = status_json(&M, &st);
     status_json_bound(j, 1);
     ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "shards")), 1);
-    ck_assert_str_eq(json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 0),
-                                  "status"), "failed");
+    ck_assert_str_eq(
+        json_get_str(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "shards"), 0), "status"), "failed");
     ck_assert_int_eq(json_get_int(j, "shards_omitted", &n), 0);
     ck_assert_int_eq(n, 2);
     cJSON_Delete(j);

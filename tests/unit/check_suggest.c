@@ -21,9 +21,9 @@ START_TEST(test_distance)
 {
     ck_assert_int_eq(dist("status", "status"), 0);
     ck_assert_int_eq(dist("stauts", "status"), 1); /* swap */
-    ck_assert_int_eq(dist("wath", "watch"), 1);     /* insertion */
-    ck_assert_int_eq(dist("watchh", "watch"), 1);   /* deletion */
-    ck_assert_int_eq(dist("merje", "merge"), 1);    /* substitution */
+    ck_assert_int_eq(dist("wath", "watch"), 1);    /* insertion */
+    ck_assert_int_eq(dist("watchh", "watch"), 1);  /* deletion */
+    ck_assert_int_eq(dist("merje", "merge"), 1);   /* substitution */
     ck_assert_int_eq(dist("", "abc"), 3);
     ck_assert_int_eq(dist("abc", ""), 3);
     ck_assert_int_eq(dist("", ""), 0);
@@ -59,8 +59,8 @@ best(const char *word, const char *const *names)
     return suggest_result(&s);
 }
 
-static const char *const cmds[] = { "ping", "version", "submit", "list", "status", "prepare",
-                                    "retry", "merge", "verify", "cancel", "logs", NULL };
+static const char *const cmds[] = { "ping",  "version", "submit", "list",   "status", "prepare",
+                                    "retry", "merge",   "verify", "cancel", "logs",   NULL };
 
 START_TEST(test_suggest_closest)
 {
@@ -78,10 +78,10 @@ START_TEST(test_suggest_none)
     static const char *const none[] = { NULL };
     struct suggest s;
 
-    ck_assert_ptr_null(best("status", cmds));   /* exact: not a typo */
+    ck_assert_ptr_null(best("status", cmds)); /* exact: not a typo */
     ck_assert_ptr_null(best("frobnicate", cmds));
     ck_assert_ptr_null(best("xyz", cmds));
-    ck_assert_ptr_null(best("lxyz", cmds));     /* 3 edits from "list": too many for 4 */
+    ck_assert_ptr_null(best("lxyz", cmds)); /* 3 edits from "list": too many for 4 */
     ck_assert_ptr_null(best("stat", none));
     ck_assert_ptr_null(best("", cmds));
     /* a name whose every character is an edit is no suggestion */
@@ -103,7 +103,7 @@ START_TEST(test_suggest_limit_by_length)
     ck_assert_str_eq(best("job_dri", opts), "job-dir"); /* 2 edits, 7 characters */
     ck_assert_str_eq(best("lock-timeout-sec", opts), "lock-timeout-secs");
     ck_assert_str_eq(best("lok-timeot-secss", opts), "lock-timeout-secs"); /* 3 edits */
-    ck_assert_ptr_null(best("wtc", opts));  /* 2 edits for 3 characters */
+    ck_assert_ptr_null(best("wtc", opts)); /* 2 edits for 3 characters */
 }
 END_TEST
 

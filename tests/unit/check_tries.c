@@ -126,8 +126,9 @@ END_TEST
 static struct tries_rule
 rule(const char *node)
 {
-    return (struct tries_rule){ .job_dir = M.job_dir, .node = node, .hostname = node,
-                                .max_retries = 2, .max_infra = 3 };
+    return (struct tries_rule){
+        .job_dir = M.job_dir, .node = node, .hostname = node, .max_retries = 2, .max_infra = 3
+    };
 }
 
 START_TEST(test_limit_without_peers)

@@ -50,8 +50,7 @@ expect(const char *path, bool write, const char *want)
     if (!want)
         ck_assert_msg(!why, "%s: %s", path, why);
     else
-        ck_assert_msg(why && strstr(why, want), "%s: %s, not \"%s\"", path, why ? why : "ok",
-                      want);
+        ck_assert_msg(why && strstr(why, want), "%s: %s, not \"%s\"", path, why ? why : "ok", want);
     free(why);
 }
 
@@ -70,9 +69,10 @@ START_TEST(test_strict_writes)
     expect("/run/esd", true, NULL);
     expect("/dev/shm", true, NULL);
     expect("/mnt/sharedx", true, "(ProtectSystem=strict)");
-    expect("/var/lib/node-exporter", true,
-           "esd.service may not write /var/lib/node-exporter (ProtectSystem=strict): add it in "
-           "a drop-in, systemctl edit esd.service: [Service] ReadWritePaths=/var/lib/node-exporter");
+    expect(
+        "/var/lib/node-exporter", true,
+        "esd.service may not write /var/lib/node-exporter (ProtectSystem=strict): add it in "
+        "a drop-in, systemctl edit esd.service: [Service] ReadWritePaths=/var/lib/node-exporter");
     /* reading and running is not writing */
     expect("/usr/bin/ray", false, NULL);
     expect("/opt/esd/venv/bin/dj-process", false, NULL);

@@ -376,9 +376,8 @@ START_TEST(test_fmt_duration)
         double s;
         const char *want;
     } t[] = {
-        { 0, "0.0s" },     { 9.94, "9.9s" },    { 42, "42s" },     { 59.4, "59s" },
-        { 62, "1m02s" },   { 3599, "59m59s" },  { 3725, "1h02m" }, { 90061, "1d01h" },
-        { -1, "0.0s" },    { NAN, "0.0s" },
+        { 0, "0.0s" },      { 9.94, "9.9s" },  { 42, "42s" },      { 59.4, "59s" }, { 62, "1m02s" },
+        { 3599, "59m59s" }, { 3725, "1h02m" }, { 90061, "1d01h" }, { -1, "0.0s" },  { NAN, "0.0s" },
     };
     char out[32];
 
@@ -428,7 +427,9 @@ static const struct {
     { "\xc2\x80\xc2\x85\xc2\x9b\xc2\x9f|\xc2\xa0", 0,
       "\\xc2\\x80\\xc2\\x85\\xc2\\x9b\\xc2\\x9f|\xc2\xa0" },
     /* raw C1 bytes are not UTF-8 either */
-    { "\x9b" "31m", 0, "\\x9b31m" },
+    { "\x9b"
+      "31m",
+      0, "\\x9b31m" },
     /* malformed UTF-8: stray continuation, overlong, surrogate, too big,
      * bad lead bytes, truncated at the end and before ASCII */
     { "\x80", 0, "\\x80" },

@@ -20,11 +20,11 @@
 struct job;
 
 struct testbed {
-    char *tmp;           /* the test's directory (removed by tb_teardown) */
-    char *job_dir;       /* tmp/job, prepared by tu_job */
+    char *tmp;     /* the test's directory (removed by tb_teardown) */
+    char *job_dir; /* tmp/job, prepared by tu_job */
     struct ev_loop *loop;
     struct esd_conf conf;
-    struct manifest m;   /* the job's manifest as prepared */
+    struct manifest m; /* the job's manifest as prepared */
 };
 
 extern struct testbed tb;
