@@ -39,7 +39,9 @@ attempt_json_path(const struct claim *cl)
 }
 
 /* Reads attempt.json (tries_json_load's rules), or a fresh object if it is
- * unreadable. Caller frees. */
+ * unreadable. Caller frees. An unreadable attempt.json never keeps an
+ * attempt from going on: what is written next replaces it whole (atomic
+ * replace), and readers skip an attempt whose file they cannot read. */
 static cJSON *
 load_meta(const char *path)
 {
@@ -58,7 +60,8 @@ argv_push(struct strv *v, const char *flag, const char *value)
         strv_push(v, value);
 }
 
-/* Sets NAME=value in env (a strv of "NAME=value"), replacing any. */
+/* Sets NAME=value in env (a strv of "NAME=value"), replacing the first
+ * entry of that name. */
 static void
 env_set(struct strv *env, const char *name, const char *value)
 {
@@ -102,12 +105,19 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
         o = &none;
     strv_init(&argv);
     strv_init(&env);
+    /* The manifest is shared input any node may have written: its recipe
+     * snapshot and shard paths are joined the safe way (spec §3), so the
+     * child never reads a recipe or a dataset outside the job directory. */
     if ((r = pypath_join_inside(m->job_dir, snapshot ? snapshot : "recipe.yaml", &config, err)) <
             0 ||
         (r = pypath_join_inside(m->job_dir, m->shards[cl->index].path, &dataset, err)) < 0) {
         free(config);
         return r;
     }
+    /* The processor prefix, most specific first: esd-dj (Data-Juicer with
+     * the input order kept, see order_key), a configured command, the
+     * reference's "<python> <REPO_ROOT>/tools/process_data.py" (§8.4), or
+     * an installed dj-process. */
     if (o->dj_python && o->dj_runner) {
         strv_push(&argv, o->dj_python);
         strv_push(&argv, o->dj_runner);
@@ -124,6 +134,9 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
         r = err_set(err, -EINVAL, "the processor command is empty");
         goto out;
     }
+    /* <job_id>_<shard_id>_<token[:12]> as the reference: the token part
+     * gives every attempt of a shard its own Ray job name and resolved
+     * work directory, so a retry never meets a dead attempt's leftovers. */
     job_id = xasprintf("%s_%s_%.12s", m->job_id, cl->shard_id, cl->token);
     work = fs_join(cl->attempt_dir, "work");
     resolved_work = fs_join(work, job_id);
@@ -145,7 +158,10 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
     tmp = fs_join(cl->attempt_dir, "partitions");
     argv_push(&argv, "--partition_dir", tmp);
     free(tmp);
-    /* The environment of spec §8.4. */
+    /* The environment of spec §8.4: the base environment, then
+     * DJ_PRODUCED_DATA_DIR always (each attempt's produced files stay in
+     * its own directory), the caches only where unset (an operator's
+     * choice wins). */
     for (base = o->env ? o->env : environ; base && *base; base++)
         strv_push(&env, *base);
     tmp = fs_join(cl->attempt_dir, "produced");
@@ -156,6 +172,8 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
         env_set(&env, "XDG_CACHE_HOME", tmp);
         free(tmp);
     }
+    /* After XDG_CACHE_HOME on purpose: HF_HOME follows the effective
+     * cache directory, inherited or the job's. */
     if (!env_get(&env, "HF_HOME")) {
         tmp = fs_join(env_get(&env, "XDG_CACHE_HOME"), "huggingface");
         env_set(&env, "HF_HOME", tmp);
@@ -167,6 +185,8 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
         env_set(&env, "PYTHONPATH", tmp);
         free(tmp);
     }
+    /* REPO_ROOT as the reference (relative paths inside a recipe are the
+     * checkout's); without a checkout, the job directory. */
     res.cwd = xstrdup(o->dj_root ? o->dj_root : m->job_dir);
     /* Data-Juicer backs up the recipe into the resolved work directory
      * before it makes sure that exists. */
@@ -176,6 +196,8 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
     free(resolved_work);
     if (r < 0)
         goto out;
+    /* Recorded before the child starts (§8.4): whoever reads attempt.json,
+     * even after this node dies mid-run, sees the exact argv. */
     meta_path = attempt_json_path(cl);
     meta = load_meta(meta_path);
     cmd = cJSON_CreateArray();
@@ -381,6 +403,8 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     sha256_init(&out_sha);
     if (!lim)
         lim = &jsonl_default_limits;
+    /* stat, not lstat: an export path that is a link is judged by what it
+     * names, as Python's is_file()/is_dir() judge it. */
     if (stat(export, &st) < 0) {
         r = errno == ENOENT
                 ? err_set(err, -ENOENT, "Data-Juicer returned 0 but did not create %s", export)
@@ -401,6 +425,8 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
         src.v[0].rel = xstrdup("");
         src.n = 1;
     }
+    /* O_EXCL on a fresh random name: never written through a file or link
+     * that is already there. */
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         r = err_sys(err, -errno, "cannot create %s", tmp);
@@ -418,6 +444,9 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
         char hex[SHA256_HEX_LEN + 1], *rel;
         cJSON *f;
 
+        /* Two digests per source: the raw bytes as read (ray_output_files,
+         * through on_data, so a missing final newline or a "\r" shows), and
+         * the bytes written to processed.jsonl (below). */
         if ((r = jsonl_reader_open(&rd, src.v[i].path, lim->max_line, err)) < 0)
             break;
         sha256_init(&sink.sha);
@@ -428,6 +457,8 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
                 r = jsonl_error(&rec, lim, src.v[i].path, rd.lineno, err);
                 break;
             }
+            /* The line byte for byte plus "\n", also where the source's last
+             * line had none: sources concatenate into whole records. */
             if ((r = fs_write_all(fd, line, len)) < 0 || (r = fs_write_all(fd, "\n", 1)) < 0) {
                 err_sys(err, r, "cannot write %s", tmp);
                 break;
@@ -444,6 +475,7 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
         }
         sha256_final(&sink.sha, hex);
         res.rows += rows;
+        /* A single-file export has rel "": its path is the export path. */
         rel = *src.v[i].rel ? xasprintf("%s/%s", export_rel, src.v[i].rel) : xstrdup(export_rel);
         f = cJSON_CreateObject();
         json_add_str(f, "path", rel);
@@ -456,6 +488,8 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     free(export_rel);
     if (r < 0)
         goto out;
+    /* Data, rename, directory, in that order: the done record that will
+     * name processed.jsonl must never outlive it in a crash. */
     if (fsync(fd) < 0 || close(fd) < 0) {
         r = err_sys(err, -errno, "cannot write %s", tmp);
         fd = -1;
@@ -468,6 +502,10 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
     }
     if ((r = fs_fsync_parent(output, err)) < 0)
         goto out;
+    /* The reference re-reads processed.jsonl here (§8.5); its rows, size
+     * and digest are those counted while writing, since every byte
+     * written was a validated line or its "\n", so the second pass is not
+     * made. */
     sha256_final(&out_sha, res.sha256);
     *ret = res;
     memset(&res, 0, sizeof(res));
@@ -502,6 +540,9 @@ exists(const char *path)
 {
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 
+    /* Any other error (EACCES, ELOOP of a link, EIO) counts as present:
+     * the callers then refuse to publish the opposite record, the safe
+     * side when unsure. */
     if (fd < 0)
         return errno != ENOENT && errno != ENOTDIR;
     close(fd);
@@ -520,6 +561,9 @@ result_json(const struct attempt_result *res)
     return j;
 }
 
+/* Spec §5.5 plus "node" and "duration_secs". The token makes the bytes
+ * unique to this attempt, which fs_publish_excl needs to tell a
+ * retransmitted NFS link of ours from another publisher's record. */
 static cJSON *
 done_record(const struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
             const struct attempt_result *res, const char *output_rel)
@@ -545,6 +589,9 @@ done_record(const struct claimer *c, const struct claim *cl, const struct attemp
     return j;
 }
 
+/* Spec §5.6 (the after-a-failed-attempt producer) plus the infrastructure
+ * count, the class and "node"; last_log lets an operator go straight to
+ * the log of the attempt that made the shard terminal. */
 static cJSON *
 failed_record(const struct claimer *c, const struct claim *cl, const struct attempt_outcome *out,
               const struct tries_counts *n)
@@ -595,6 +642,9 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
     json_set(meta, "output_path", cJSON_CreateString(output_rel));
     /* Everything below happens under the fence of our own lock, or not at
      * all: a claim that lost its lock can never publish. */
+    /* -ESTALE: the lock is not ours any more (gone, replaced, another
+     * token, another inode). Any other error leaves ownership unknown, so
+     * nothing is published, removed or recorded: the lock's lease decides. */
     fd = claim_fence_own(cl, NULL);
     if (fd < 0 && fd != -ESTALE) {
         r = err_sys(err, fd, "cannot lock %s", cl->lock_path);
@@ -613,11 +663,15 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
                  cJSON_CreateString(out->error && out->fc == FC_INFRASTRUCTURE
                                         ? out->error
                                         : "the lease was lost before the attempt ended"));
+        /* kept for diagnosis; it was never published */
         if (res)
             json_set(meta, "result", result_json(res));
     } else if (res) {
         bool published = false;
 
+        /* An existing failed record wins (§8.6): done is published only
+         * where none exists, and link() refuses a second done record, so
+         * a shard never has both, nor two done records. */
         if (!exists(failed)) {
             rec = done_record(c, cl, out, res, output_rel);
             r = json_publish_excl(done, rec, JSON_PRETTY, err);
@@ -626,6 +680,10 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
             else if (r == 0)
                 published = true;
         }
+        /* Removed while the fence is held: a takeover fences before it
+         * renames, and no claim can create a lock while ours exists, so
+         * this unlink removes our file and never another claim's. Removed
+         * also when superseded: the shard is terminal either way. */
         if (r == 0 && unlink(cl->lock_path) < 0)
             r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
         status = published ? "done" : "superseded";
@@ -633,6 +691,8 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         fin.shard_failed = !fin.shard_done && exists(failed);
         json_set(meta, "result", result_json(res));
     } else if (out->released) {
+        /* A stop on purpose (drain, shutdown): the lock goes at once, so
+         * another node need not wait out the lease, and nothing counts. */
         status = "released";
         json_set(meta, "failure_class", cJSON_CreateString("infrastructure"));
         json_set(meta, "error", cJSON_CreateString(out->error ? out->error : "stopped"));
@@ -662,6 +722,9 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
         }
         if (r == 0)
             lim = tries_limit(&rule, &n);
+        /* The mirror of the done side: never a failed record beside a done
+         * one. An existing failed record (EEXIST) still leaves the shard
+         * failed. */
         if (r == 0 && lim == TL_TERMINAL && !exists(done)) {
             rec = failed_record(c, cl, out, &n);
             r = json_publish_excl(failed, rec, JSON_PRETTY, err);
@@ -670,9 +733,14 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
             fin.shard_failed = true;
         }
         fin.shard_left = lim == TL_LEFT;
+        /* The lock goes in every case: terminal, left to the other nodes
+         * or open for the next claim (which counts this attempt). */
         if (r == 0 && unlink(cl->lock_path) < 0)
             r = err_sys(err, -errno, "cannot remove lock %s", cl->lock_path);
     }
+    /* The unlink is made durable after the unfence: every fence waits for
+     * this flock (claim_fence bounds that wait), and syncing the
+     * directory needs no fence. */
     if (owned) {
         claim_unfence(fd);
         if (r == 0)
@@ -680,6 +748,8 @@ attempt_finish(struct claimer *c, const struct claim *cl, const struct attempt_o
     }
     if (r < 0)
         goto out;
+    /* attempt.json says "infra_failed" where the caller is told "failed":
+     * the file is read by the reference's counting too (ATTEMPT_STATUS_INFRA). */
     json_set(meta, "status", cJSON_CreateString(jstatus ? jstatus : status));
     r = json_write_atomic(meta_path, meta, JSON_PRETTY, err);
     snprintf(fin.status, sizeof(fin.status), "%s", status);
