@@ -51,6 +51,8 @@ utf8_seq(const unsigned char *p, size_t n)
 {
     unsigned char c = p[0];
 
+    /* 0x80-0xbf is a continuation byte with no lead; 0xc0 and 0xc1 could
+     * only start an overlong two-byte form of ASCII. */
     if (c < 0xc2)
         return 0;
     if (c < 0xe0) {
@@ -63,6 +65,8 @@ utf8_seq(const unsigned char *p, size_t n)
             return 0;
         if (c == 0xe0 && p[1] < 0xa0)
             return 0; /* overlong */
+        /* Python's strict "utf-8" codec refuses encoded surrogates, so
+         * the reference reports them as invalid UTF-8 */
         if (c == 0xed && p[1] >= 0xa0)
             return 0; /* UTF-16 surrogate */
         return 3;
@@ -143,6 +147,10 @@ fault(struct scan *sc, enum jsonl_fault f, size_t off, const char *detail)
     return -EINVAL;
 }
 
+/* JSON's whitespace, Python json's WHITESPACE: " \t\n\r" and nothing
+ * else ("\v" and "\f" are syntax errors between tokens, though is_blank
+ * counts them). "\n" cannot occur in a line, but jsonl_check takes any
+ * buffer. */
 static inline void
 skip_ws(struct scan *sc)
 {
@@ -155,7 +163,9 @@ skip_ws(struct scan *sc)
 }
 
 /* Byte classes for the scalar string loop: 1 = stop (quote, backslash,
- * control, non-ASCII). */
+ * control, non-ASCII). Non-ASCII stops so that its UTF-8 is validated
+ * where it stands; DEL (0x7f) does not: Python's strict mode refuses only
+ * the characters below 0x20. */
 static const unsigned char str_stop[256] = {
     [0 ... 0x1f] = 1,
     ['"'] = 1,
@@ -219,6 +229,8 @@ stop:
             } while (i < n && s[i] >= 0x80);
             continue;
         }
+        /* json.loads is strict by default: a raw tab or newline inside a
+         * string is "Invalid control character", as here */
         if (c < 0x20)
             return fault(sc, JSONL_SYNTAX, i, "raw control character in string");
         /* backslash */
@@ -247,6 +259,10 @@ stop:
         long u = hex4(s + i + 2);
         if (u < 0)
             return fault(sc, JSONL_SYNTAX, i, "invalid \\u escape in string");
+        /* Python combines a high surrogate with a following \u low one and
+         * keeps any other surrogate as it is: the record then parses but
+         * cannot be written as UTF-8 (the reference's crash of spec §6.4,
+         * §16.5). Refused here, at the byte that starts it. */
         if (u >= 0xd800 && u <= 0xdbff) {
             long lo = -1;
             if (i + 12 <= n && s[i + 6] == '\\' && s[i + 7] == 'u')
@@ -277,7 +293,14 @@ is_digit(unsigned char c)
     return c >= '0' && c <= '9';
 }
 
-/* Python's NUMBER_RE, plus -Infinity. */
+/*
+ * Python's NUMBER_RE, (-?(?:0|[1-9]\d*))(\.\d+)?([eE][-+]?\d+)?, plus
+ * -Infinity. The optional parts are taken only when complete, as the
+ * regular expression takes them: "01", "1." and "1e" end the number after
+ * "0" or "1" and leave the rest to fail as the next token, where Python
+ * fails too. The value is never computed: Python accepts any length
+ * (arbitrary precision integers, 1e999 as inf), so only the shape matters.
+ */
 static int
 scan_number(struct scan *sc)
 {
@@ -337,7 +360,16 @@ add_member(struct jsonl_record *rec, size_t key_off, size_t key_len, bool key_es
 
 /*
  * The grammar as a loop over an explicit container stack: one bit per level
- * (1 = object), so depth costs max_depth/8 bytes and no recursion.
+ * (1 = object), so depth costs max_depth/8 bytes and no recursion. A
+ * max_depth above what the stack holds is lowered to it.
+ *
+ * Control reaches "after" once per complete value, with depth the level
+ * of the container holding it (0: the record itself). For members, a
+ * value of the top-level object starts at "value" and ends at "after"
+ * with depth 1; a nested container's own values pass there at depth 2 and
+ * more. Members are recorded in order, duplicates included: what Python
+ * makes of a duplicate key (the last value at the first one's place, spec
+ * §6.3) is for the caller to apply.
  */
 static int
 scan_value(struct scan *sc, unsigned max_depth)
@@ -468,6 +500,8 @@ after:
     }
 }
 
+/* Spec §6.3's blank line: only ASCII whitespace, the six bytes Python's
+ * bytes methods call whitespace, a wider set than JSON's (skip_ws). */
 static bool
 is_blank(const char *p, size_t n)
 {
@@ -493,6 +527,8 @@ jsonl_check(struct jsonl_record *rec, const char *p, size_t n, const struct json
     rec->detail = NULL;
     rec->nmembers = 0;
     rec->obj_open = rec->obj_close = 0;
+    /* Length first: nothing is scanned past the bound. Blankness before the
+     * grammar: a blank line is its own error, never "Invalid JSON". */
     if (n > lim->max_line)
         return fault(&sc, JSONL_TOO_LONG, lim->max_line, "record too long");
     if (is_blank(p, n))
@@ -507,13 +543,18 @@ jsonl_check(struct jsonl_record *rec, const char *p, size_t n, const struct json
     }
     if (r < 0) {
         /* Python decodes the whole line before parsing: a bad byte anywhere
-         * wins over a syntax error, and a BOM is reported as such. */
+         * wins over a syntax error, and a BOM is reported as such. Only a
+         * failed scan needs this pass: a byte >= 0x80 outside a string is a
+         * syntax error and strings validate their own, so a record that
+         * scans is valid UTF-8 throughout. */
         if (!jsonl_utf8_valid(p, n, &bad))
             return fault(&sc, JSONL_UTF8, bad, "invalid UTF-8 sequence");
         if (n >= 3 && memcmp(p, "\xef\xbb\xbf", 3) == 0)
             return fault(&sc, JSONL_BOM, 0, "Unexpected UTF-8 BOM");
         return r;
     }
+    /* After the whole value, as Python checks the type of what it parsed:
+     * a broken array is "Invalid JSON", not "must be an object". */
     if (p[first] != '{')
         return fault(&sc, JSONL_NOT_OBJECT, first, NULL);
     return 0;
@@ -581,6 +622,9 @@ put_utf8(struct buf *out, unsigned long cp)
     }
 }
 
+/* The input passed jsonl_check, so every backslash starts a valid escape
+ * and a \u high surrogate is followed by its low one: the defensive exits
+ * below are not reached for it. '"', '\\' and '/' are the default case. */
 void
 jsonl_unescape(const char *s, size_t n, struct buf *out)
 {
@@ -644,6 +688,13 @@ jsonl_unescape(const char *s, size_t n, struct buf *out)
 
 /* ---- streaming reader ---- */
 
+/*
+ * The buffer holds [beg, end) unread bytes; scan marks how far the current
+ * partial record was searched for "\n", so a long record's bytes are
+ * searched once, not once per read. It grows only while a record is
+ * incomplete and never past max_line + READ_CHUNK: the memory a reader
+ * takes is bounded by the limit, not by the input.
+ */
 enum { READ_CHUNK = 4 << 20 };
 
 int
@@ -661,6 +712,7 @@ jsonl_reader_open(struct jsonl_reader *r, const char *path, size_t max_line, str
 void
 jsonl_reader_open_fd(struct jsonl_reader *r, int fd, const char *name, size_t max_line)
 {
+    /* a hint only: a pipe (standard input) refuses it, harmlessly */
     (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     memset(r, 0, sizeof(*r));
     r->fd = fd;
@@ -673,6 +725,7 @@ jsonl_reader_open_fd(struct jsonl_reader *r, int fd, const char *name, size_t ma
 void
 jsonl_reader_close(struct jsonl_reader *r)
 {
+    /* buf is set from open to close only: a second close is harmless */
     if (r->fd >= 0 && r->buf)
         close(r->fd);
     free(r->buf);
@@ -704,6 +757,8 @@ jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len
             r->offset += len + 1;
             return 1;
         }
+        /* No "\n" yet: a partial record over the bound fails now, before
+         * more of it is read. */
         r->scan = r->end;
         if (r->end - r->beg > r->max_line)
             return err_set(err, -EFBIG, "JSONL record longer than %zu bytes at %s:%llu",
@@ -745,6 +800,8 @@ jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len
             r->eof = true;
             continue;
         }
+        /* Every byte as read, before any is split: on_data sees the file
+         * exactly, final line without "\n" included. */
         if (r->on_data)
             r->on_data(r->on_data_ctx, r->buf + r->end, (size_t)got);
         r->end += (size_t)got;
@@ -773,7 +830,8 @@ jsonl_utf8_clean(const char *s, size_t n, struct buf *out)
             break;
         buf_append(out, "\xef\xbf\xbd", 3);
         i++;
-        /* Skip the continuation bytes of the broken sequence. */
+        /* Skip the continuation bytes of the broken sequence: one U+FFFD
+         * for it, not one per byte. */
         while (i < n && ((unsigned char)s[i] & 0xC0) == 0x80)
             i++;
     }
