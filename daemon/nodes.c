@@ -25,7 +25,9 @@
 #include "status.h"
 
 #define FORMAT "esd-node"
-/* What one file lists at most, and the longest string it may hold. */
+/* What one file lists at most, and the longest string it may hold: the
+ * writer (self_json) caps at exactly the bounds the readers (peer_parse)
+ * enforce, so a busy node's own file never turns invalid for its peers. */
 #define MAX_ATTEMPTS 32
 #define MAX_PAUSED 16
 #define MAX_STR 1024
@@ -46,6 +48,9 @@ static struct {
     cJSON *(*status)(void); /* the daemon's status (nodes_set_status) */
 } N;
 
+/* The spool may be writable by others (a shared mount, a sticky /tmp-like
+ * directory): a file or directory of any other user could speak for a
+ * node or steer our writes, so only root's and esd's own count. */
 static bool
 trusted_owner(const struct stat *st)
 {
@@ -59,7 +64,9 @@ mtime_of(const struct stat *st)
 }
 
 /* Now on the file server's clock: our file's mtime when it was last
- * written, moved on by the monotonic clock; the wall clock before that. */
+ * written, moved on by the monotonic clock; the wall clock before that.
+ * The peers' mtimes are the server's stamps too, so an age computed
+ * against this carries no skew between our clock and the server's. */
 static double
 server_now(void)
 {
@@ -77,6 +84,8 @@ add_capped(cJSON *o, const char *key, const char *s)
         json_add_str(o, key, s);
         return;
     }
+    /* s[n] is the first byte cut off: while it continues a sequence, cut
+     * earlier, so the string stays valid UTF-8 */
     n = MAX_STR;
     while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
         n--;
@@ -129,6 +138,9 @@ self_json(bool stopping)
     char now[40];
     struct buf b;
 
+    /* The last file (stopping) lists no attempts, jobs or busy slots: a
+     * node that stopped cleanly runs nothing, and its file stays as it is
+     * until it starts again. */
     if (!state)
         state = "running";
     json_add_str(o, "format", FORMAT);
@@ -156,6 +168,7 @@ self_json(bool stopping)
         long long k;
         double secs;
 
+        /* counted on past the cap: the file says how many it left out */
         if (n++ >= MAX_ATTEMPTS)
             continue;
         y = cJSON_CreateObject();
@@ -219,7 +232,11 @@ self_json(bool stopping)
 }
 
 /* Removes the temporary files of our writes that an esd killed in the
- * middle of one left behind (".<node>.json.<hex>.tmp", ours only). */
+ * middle of one left behind (".<node>.json.<hex>.tmp", ours only). Only
+ * our name, our uid and regular files, not followed: the directory is
+ * shared, and another node's write in progress is not ours to remove.
+ * Once per run, before our first write: no write of ours is then in
+ * progress. */
 static void
 sweep_temps(void)
 {
@@ -276,6 +293,8 @@ publish(bool stopping)
         r = json_write_atomic(N.path, o, JSON_LINE, &err);
         cJSON_Delete(o);
     }
+    /* Said once per distinct error and once when it heals, not every
+     * interval. */
     if (r < 0) {
         if (!N.failed || strcmp(N.failed, err.msg)) {
             log_warning(NULL,
@@ -292,6 +311,7 @@ publish(bool stopping)
         free(N.failed);
         N.failed = NULL;
     }
+    /* The server stamped our write: that is its clock now (server_now). */
     if (lstat(N.path, &st) == 0) {
         N.server_now = mtime_of(&st);
         N.server_mono = time_mono();
@@ -320,6 +340,8 @@ nodes_kick(void)
 
     if (!N.loop || !N.path)
         return;
+    /* At once, or when the gap since the last publication is over; a
+     * publication already due sooner is kept, never put off. */
     due = N.last_pub > 0 ? N.last_pub + NODES_MIN_GAP_SECS - time_mono() : 0;
     if (!ev_is_active(&N.pub_w) || ev_timer_remaining(N.loop, &N.pub_w) > due)
         schedule(due);
@@ -372,7 +394,10 @@ nodes_init(struct ev_loop *loop, const struct esd_conf *c)
 void
 nodes_reconfigure(const struct esd_conf *c)
 {
-    /* spool_dir and node_name take effect at a restart only (main.c) */
+    /* spool_dir and node_name take effect at a restart only (main.c). A
+     * shorter interval takes effect at once, by shortening the pending
+     * wait; a longer one from the next publication on. Peers judge a
+     * file by the interval it states, so neither misleads them. */
     N.conf = c;
     if (N.path && ev_is_active(&N.pub_w) &&
         ev_timer_remaining(N.loop, &N.pub_w) > (double)c->node_status_interval_secs)
@@ -453,7 +478,14 @@ lockcount_free(struct lockcount *lc)
     free(lc->stale);
 }
 
-/* ---- a peer's file, checked member by member into a fresh object ---- */
+/*
+ * ---- a peer's file, checked member by member into a fresh object ----
+ *
+ * Only what is checked is copied: no member a peer made up reaches esctl,
+ * and what this node computes itself ("state", "age_secs", "source",
+ * "self", "taken_over") cannot be set by a peer, which has its own state
+ * as "published_state". Every string is bounded, every number ranged.
+ */
 
 static int
 take_str(cJSON *to, const cJSON *from, const char *key, bool need, struct esd_err *err)
@@ -489,6 +521,7 @@ take_num(cJSON *to, const cJSON *from, const char *key, struct esd_err *err)
 
     if (!cJSON_GetObjectItemCaseSensitive(from, key))
         return 0;
+    /* written so that a NaN fails too */
     if (json_get_num(from, key, &v) < 0 || !(v >= 0 && v < 1e12))
         return err_set(err, -EINVAL, "\"%s\" must be a non-negative number", key);
     json_add_float(to, key, v);
@@ -512,6 +545,7 @@ take_list(cJSON *to, const cJSON *from, const char *key, int max,
     {
         cJSON *y = cJSON_CreateObject();
 
+        /* owned by to before it is filled: an error leaves nothing loose */
         cJSON_AddItemToArray(out, y);
         if (!cJSON_IsObject(x))
             return err_set(err, -EINVAL, "\"%s\" must be a list of objects", key);
@@ -526,6 +560,7 @@ take_attempt(cJSON *to, const cJSON *x, struct esd_err *err)
 {
     const char *shard = json_get_str(x, "shard_id");
 
+    /* an id a manifest could hold, as it is looked up in the jobs' views */
     if (!shard || !manifest_id_ok(shard))
         return err_set(err, -EINVAL, "\"shard_id\" must be a shard id");
     if (take_str(to, x, "shard_id", true, err) < 0 || take_str(to, x, "job_id", true, err) < 0 ||
@@ -588,6 +623,8 @@ peer_parse(const char *text, size_t len, const char *node, struct esd_err *err)
         err_set(err, -EINVAL, "not an esd node file (\"format\" is not \"%s\")", FORMAT);
         goto bad;
     }
+    /* A file speaks for the node its name names only: one copied or
+     * renamed is refused, not shown as a second entry of that node. */
     if (!(s = json_get_str(o, "node")) || strcmp(s, node)) {
         err_set(err, -EINVAL, "\"node\" is not \"%s\", the node its file name names", node);
         goto bad;
@@ -652,6 +689,8 @@ look_up_attempts(cJSON *entry, const char *node)
         json_add_str(x, "now", status_state_name[s]);
         if (by)
             json_add_str(x, "by", by);
+        /* another node holds or finished it; pending is free again, and
+         * failed is terminal without anyone's result */
         if (by && strcmp(by, node) && s != ST_PENDING && s != ST_FAILED) {
             json_add_bool(x, "taken_over", true);
             taken++;
@@ -684,6 +723,8 @@ peer_read(int dfd, const char *name, double now, cJSON *bad)
     int fd;
 
     err_clear(&err);
+    /* The name becomes the node's name in the answer: a plain file name
+     * component, as node_name itself must be. */
     if (!manifest_id_ok(node)) {
         invalid(bad, name, "the file name is not <node>.json for a valid node name");
         goto out;
@@ -693,6 +734,8 @@ peer_read(int dfd, const char *name, double now, cJSON *bad)
         invalid(bad, name, err.msg);
         goto out;
     }
+    /* judged on the file opened (fstat), not on a name that could be
+     * swapped between a check and the open */
     if (!trusted_owner(&st)) {
         char why[160];
 
@@ -702,6 +745,9 @@ peer_read(int dfd, const char *name, double now, cJSON *bad)
         invalid(bad, name, why);
         goto out;
     }
+    /* At most the size fstat saw (bounded by NODES_MAX_FILE at the open):
+     * a file that grows meanwhile is cut, one that shrinks reads short,
+     * and either then fails to parse rather than overrun. */
     text = xmalloc((size_t)st.st_size + 1);
     while (len < (size_t)st.st_size) {
         ssize_t r = read(fd, text + len, (size_t)st.st_size - len);
@@ -723,6 +769,9 @@ peer_read(int dfd, const char *name, double now, cJSON *bad)
         long long every = 1;
         const char *said = json_get_str(e, "published_state");
 
+        /* Judged by the peer's own interval (nodes may differ). A stopped
+         * node's file is never refreshed: it is stopped, not down. The age
+         * is clamped at 0: a stamp can be a little ahead of server_now. */
         json_get_int(e, "interval_secs", &every);
         json_add_float(e, "age_secs", age > 0 ? age : 0);
         json_add_str(e, "source", "file");
@@ -771,6 +820,8 @@ nodes_json(void)
     json_add_int(r, "down_after_intervals", NODES_DOWN_INTERVALS);
     bad = cJSON_AddArrayToObject(r, "invalid");
 
+    /* This node from memory, not from its file, which may be an interval
+     * old. */
     self = self_json(false);
     json_add_bool(self, "self", true);
     json_add_str(self, "source", "self");
@@ -809,6 +860,7 @@ nodes_json(void)
             if (n - 5 == strlen(N.conf->node_name) &&
                 !strncmp(de->d_name, N.conf->node_name, n - 5))
                 continue; /* ours: shown live above */
+            /* the bound of peer input: counted on, listed as omitted */
             if (files++ >= NODES_MAX_FILES) {
                 omitted++;
                 continue;
@@ -838,6 +890,7 @@ nodes_json(void)
         v = xrealloc(v, (nv + 1) * sizeof(*v));
         v[nv++] = e;
     }
+    /* by name: the same fleet gives the same list whatever readdir's order */
     qsort(v, nv, sizeof(*v), cmp_entry);
     list = cJSON_AddArrayToObject(r, "nodes");
     for (size_t i = 0; i < nv; i++) {
