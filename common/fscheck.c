@@ -81,7 +81,9 @@ pause_poll(double secs)
     nanosleep(&ts, NULL);
 }
 
-/* Creates name in dfd exclusively with data, written and fsynced. */
+/* Creates name in dfd exclusively with data, written and (sync) fsynced.
+ * close() is checked too: NFS may report a failed write only there. An
+ * EINTR from close is not an error: the descriptor is closed anyway. */
 static int
 put_file(int dfd, const char *name, const char *data, bool sync)
 {
@@ -99,7 +101,8 @@ put_file(int dfd, const char *name, const char *data, bool sync)
 }
 
 /* Reads at most max-1 bytes of name in dfd into buf (NUL-terminated);
- * returns the length or a negative errno. */
+ * returns the length or a negative errno. O_NONBLOCK: a FIFO planted in
+ * the run directory is never waited on. */
 static ssize_t
 get_file(int dfd, const char *name, char *buf, size_t max)
 {
@@ -118,7 +121,9 @@ get_file(int dfd, const char *name, char *buf, size_t max)
     return n < 0 ? n : (ssize_t)len;
 }
 
-/* The names in dfd starting with prefix, from a fresh listing. */
+/* The names in dfd starting with prefix, from a fresh listing: "." is
+ * opened anew each time, as an open revalidates a directory where a
+ * stream kept open (or rewound) may go on serving a cached listing. */
 static int
 list(int dfd, const char *prefix, struct strv *ret)
 {
@@ -161,6 +166,8 @@ barrier(struct fsc *f, const char *what)
     struct strv seen;
     int r;
 
+    /* Each barrier has its own names (b<phase>.<id>), so a mark left for
+     * an earlier barrier never passes this one. */
     f->phase++;
     if (f->ids.n < 2)
         return 0;
@@ -201,7 +208,11 @@ signal_done(struct fsc *f, const char *sig)
 }
 
 /* An observer: waits for the signal, then times until stat of the lag file
- * agrees with want(). Returns the lag (seconds), -1 on a timeout. */
+ * agrees with want(). Returns the lag (seconds), -1 on a timeout, -2 when
+ * the signal never came. The clock starts when the signal is seen, and
+ * the signal is made after the change: what is timed is how long a
+ * lookup by name still shows the old state once the change is known to
+ * have happened, i.e. the staleness of this node's caches. */
 static double
 time_lag(struct fsc *f, const char *sig, int want)
 {
@@ -240,6 +251,9 @@ add_lag(cJSON *o, const char *key, double v)
 
 /* ---- phases ---------------------------------------------------------- */
 
+/* Host and node names made fit for ids and run names, which become file
+ * names (and lines of "start"): no '/', no newline, and in an id no '.'
+ * but the one before the pid. */
 static int
 sanitize(char *s)
 {
@@ -255,6 +269,8 @@ open_subdir(int dfd, const char *name, const char *shown, struct esd_err *err)
 {
     int fd;
 
+    /* EEXIST: another participant made it first. Then opened without
+     * following a link, so a link put in its place is refused. */
     if (mkdirat(dfd, name, 0755) < 0 && errno != EEXIST)
         return err_sys(err, -errno, "cannot create %s", shown);
     fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -269,7 +285,13 @@ cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Agrees on the participants: the list in "start", published once. */
+/*
+ * Agrees on the participants: the list in "start", published once. Its
+ * O_EXCL create makes one list win; the list is written after the create,
+ * so a reader takes it only once it ends with "end\n" and never acts on
+ * a partial one. Sorted, it gives every participant the same ranks: rank
+ * 0 owns the run.
+ */
 static int
 rendezvous(struct fsc *f)
 {
@@ -344,7 +366,10 @@ rendezvous(struct fsc *f)
     return 0;
 }
 
-/* O_EXCL races: x.<i>, exactly one creator each. */
+/* O_EXCL races: x.<i>, exactly one creator each. The winner writes its id
+ * into the file, so the verdict can tell two "winners" of one name (two
+ * nodes each told their create succeeded) from a lost race. An error
+ * other than EEXIST is a result (O_EXCL unsupported), not a failed run. */
 static int
 phase_excl(struct fsc *f)
 {
@@ -388,7 +413,10 @@ phase_excl(struct fsc *f)
 }
 
 /* Is the file at name in dfd the one open as (or holding the same bytes
- * as) src? The token comparison of a link() that said EEXIST. */
+ * as) src? The token comparison of a link() that said EEXIST: over NFS a
+ * LINK whose reply was lost is sent again and the retry fails with EEXIST
+ * on our own link; fs_publish_excl accepts that case the same way, so
+ * this tests what esd relies on. */
 static bool
 ours(int dfd, const char *name, int src_fd, const char *token)
 {
@@ -419,6 +447,7 @@ phase_link(struct fsc *f)
     int r, retransmits = 0;
 
     cJSON_AddItemToObject(f->mine, "link_won", won);
+    /* the sources exist before the barrier: only link() itself races */
     for (int i = 0; i < f->rounds; i++) {
         snprintf(src, sizeof(src), "l.%s.%d", f->me, i);
         if ((r = put_file(f->run_fd, src, f->me, false)) < 0)
@@ -462,6 +491,10 @@ phase_link(struct fsc *f)
     return 0;
 }
 
+/* File j of participant me: a head "<j> <c> " then c, one letter from
+ * (me, j), to the last byte, a newline. Files differ in their letter, so
+ * one that mixes two files' bytes (a torn replacement) fails ren_valid.
+ * The head's NUL is overwritten: the file is text throughout. */
 static void
 ren_content(const char *me, int j, char *out)
 {
@@ -500,6 +533,7 @@ phase_rename(struct fsc *f)
     char *data = xmalloc(REN_SIZE + 1), *got = xmalloc(REN_SIZE * 2), src[400];
     int missing = 0, torn = 0, estale = 0, r = 0;
 
+    /* the name exists before anyone reads: "missing" is then rename's fault */
     data[REN_SIZE] = '\0';
     if (f->rank == 0) {
         ren_content(f->me, -1, data);
@@ -523,6 +557,9 @@ phase_rename(struct fsc *f)
             r = 0;
             break;
         }
+        /* ESTALE apart: NFS may drop the handle of a file replaced under
+         * an open or a read, which is not a torn or missing name (the
+         * verdict says "ok (stale handles seen)"). */
         fd = openat(f->run_fd, "ren", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0) {
             if (errno == ESTALE)
@@ -560,7 +597,9 @@ phase_flock(struct fsc *f)
         return err_sys(f->err, r, "cannot create %s/%s/lock", f->o->dir, f->run);
     if ((r = barrier(f, "flock")) < 0)
         return r;
-    /* one's own file first: two opens of it by this process */
+    /* one's own file first: two opens of it by this process. Local flock
+     * locks an open file, so the second blocks; NFS emulates flock with
+     * POSIX locks, which belong to the process, so there it does not. */
     snprintf(own, sizeof(own), "lock.%s", f->me);
     if ((r = put_file(f->run_fd, own, "", false)) < 0)
         return err_sys(f->err, r, "cannot create %s/%s/%s", f->o->dir, f->run, own);
@@ -584,7 +623,8 @@ phase_flock(struct fsc *f)
         close(b);
     if (a >= 0)
         close(a);
-    /* then the shared one, held by the first participant */
+    /* then the shared one, held by the first participant from before the
+     * "flock held" barrier until after "flock tried" */
     a = openat(f->run_fd, "lock", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     if (f->rank == 0 && a >= 0 && flock(a, LOCK_EX | LOCK_NB) < 0) {
         close(a);
@@ -619,7 +659,9 @@ phase_lag(struct fsc *f)
 
     if (f->ids.n < 2)
         return 0;
-    /* observers prime their lookup cache with the name's absence */
+    /* observers prime their lookup cache with the name's absence, so the
+     * create lag times a cached "no such file", as a node has of a record
+     * another node has just published */
     if (f->rank > 0 && fstatat(f->lag_fd, "f", &st, AT_SYMLINK_NOFOLLOW) == 0)
         return err_set(f->err, -EEXIST, "%s/%s/lag/f exists before its creation", f->o->dir,
                        f->run);
@@ -681,6 +723,8 @@ phase_clock(struct fsc *f)
     fd = openat(f->run_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return err_sys(f->err, -errno, "cannot create %s/%s/%s", f->o->dir, f->run, name);
+    /* fsync before fstat: the write reaches the server, which stamps the
+     * mtime, before the attributes are read back */
     if (write(fd, "x", 1) != 1 || fsync(fd) < 0 || fstat(fd, &st) < 0)
         r = err_sys(f->err, -errno, "cannot write %s/%s/%s", f->o->dir, f->run, name);
     t2 = time_wall();
@@ -720,6 +764,8 @@ judge_race(struct fsc *f, cJSON *results, const char *won_key, const char *err_k
     char name[64], who[400];
     cJSON *r;
 
+    /* The error recorded is strerror's text (the call is unsupported) or
+     * the phase's own "a second ... succeeded" (the call is broken). */
     cJSON_ArrayForEach(r, results)
     {
         const char *e = json_get_str(r, err_key);
@@ -749,7 +795,8 @@ judge_race(struct fsc *f, cJSON *results, const char *won_key, const char *err_k
 }
 
 /* The participants' value of key farthest from 0 (dflt: none); a string
- * value (a timeout) sets *ret_timeout. */
+ * value (a timeout) sets *ret_timeout. The worst participant speaks for
+ * the file system: a clock offset of either sign, the longest lag. */
 static double
 max_num(cJSON *results, const char *key, bool *ret_timeout, double dflt)
 {
@@ -820,6 +867,7 @@ verdict(struct fsc *f, cJSON *results)
             estale += n;
         if (!rerr)
             rerr = json_get_str(r, "rename_error");
+        /* the first answer other than "blocks" wins: the worst is shown */
         s = json_get_str(r, "flock_local");
         if (s && (!flock_local || !strcmp(flock_local, "blocks")))
             flock_local = s;
@@ -866,6 +914,9 @@ verdict(struct fsc *f, cJSON *results)
     verdict_lag(v, results, "attr_lag", "attr_lag_secs");
     verdict_lag(v, results, "unlink_lag", "unlink_lag_secs");
     json_add_float(v, "clock_offset_secs", max_num(results, "clock_offset", NULL, 0));
+    /* Claims rest on O_EXCL (the lock) and link() (done and failed
+     * records) only; rename, flock and the lags are reported but do not
+     * decide. */
     exclusive = !strncmp(excl, "ok", 2) && !strncmp(link, "ok", 2);
     json_add_bool(v, "exclusive", exclusive);
     if (!exclusive)
@@ -986,6 +1037,9 @@ fscheck_run(const struct fscheck_opts *o, cJSON **ret_verdict, struct esd_err *e
     snprintf(shown, sizeof(shown), "%s/%s/%s/lag", o->dir, RUN_BASE, f.run);
     if ((r = f.lag_fd = open_subdir(f.run_fd, "lag", shown, err)) < 0)
         goto out;
+    /* Rank 0 removes the run directory: it first waits (bounded) for the
+     * others' "gone", each written after that participant read every
+     * result, so no one's reads fail on a directory removed under them. */
     r = run_phases(&f, &v);
     if (r == 0 && f.rank > 0) {
         /* the first participant removes the run once everyone has read */
@@ -1009,6 +1063,8 @@ fscheck_run(const struct fscheck_opts *o, cJSON **ret_verdict, struct esd_err *e
     if (r == 0 && f.rank == 0 && fscheck_is_job(o->dir))
         r = fscheck_record(o->dir, v, err);
 out:
+    /* owner is set only for rank 0 of the agreed list: a latecomer refused
+     * by rendezvous never removes the run of the others */
     if (f.owner) {
         char *path = xasprintf("%s/%s/%s", o->dir, RUN_BASE, f.run);
 
@@ -1082,6 +1138,9 @@ fscheck_refusal(const char *job_dir, const char *node)
     cJSON *rec = NULL, *v = NULL;
     struct esd_err err;
 
+    /* A recorded refusal wins over a passing check here: this one is the
+     * single-node subset, blind to what only a run across nodes (esctl
+     * fscheck) sees, so the refusal stands until such a run replaces it. */
     if (json_load_object(path, RESULT_MAX, &rec, &err) == 0 && !fscheck_exclusive(rec, &reason)) {
         when = json_get_str(rec, "checked_at");
         why = xasprintf("claims cannot be exclusive on this file system: %.300s (verdict of "
@@ -1102,6 +1161,8 @@ fscheck_refusal(const char *job_dir, const char *node)
                         reason ? reason : "see state/esd/fscheck.json", job_dir);
         fscheck_record(job_dir, v, &err);
     } else if (!rec) {
+        /* recorded only where none is: a passing verdict recorded
+         * earlier, maybe of several nodes, says more than this one */
         fscheck_record(job_dir, v, &err);
     }
 out:
