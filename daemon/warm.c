@@ -25,6 +25,9 @@
 
 enum wstate { W_STARTING, W_READY, W_DEAD };
 
+/* A request is queued (msg set, descriptors held) until its warm processor
+ * is ready, then sent (msg NULL, asked set) until answered: msg == NULL is
+ * what "sent" means to req_find, warm_arm and timer_cb. */
 struct wreq {
     struct wreq *next;
     unsigned id;
@@ -77,7 +80,9 @@ req_free(struct wreq *q)
     free(q);
 }
 
-/* Answers q (taken off the list by the caller) and frees it. */
+/* Answers q (taken off the list by the caller) and frees it. Freed
+ * before done runs: done may call back in (a new request, a cancel), and
+ * nothing must find q then. */
 static void
 req_answer(struct wreq *q, pid_t pid, const char *why)
 {
@@ -111,7 +116,11 @@ req_find(struct warm *w, unsigned id)
     return p;
 }
 
-/* Sends q's request with its descriptors. 0, or a negative errno. */
+/* Sends q's request with its descriptors. 0, or a negative errno. A
+ * SOCK_SEQPACKET message goes whole or not at all, MSG_DONTWAIT keeps the
+ * loop from blocking on a full socket (-EAGAIN) and MSG_NOSIGNAL turns a
+ * dead peer into -EPIPE, not SIGPIPE. Once sent, our descriptors are
+ * closed: the receiver has its own copies. */
 static int
 req_send(struct warm *w, struct wreq *q)
 {
@@ -193,7 +202,10 @@ warm_free(struct warm *w)
     free(w);
 }
 
-/* Logs complete lines of its output, OUT_LOG_MAX bytes in all. */
+/* Logs complete lines of its output, OUT_LOG_MAX bytes in all: a
+ * processor that loops printing fills the log once, not the journal. A
+ * line longer than OUT_LINE_MAX is logged in pieces, so the buffer stays
+ * bounded too. */
 static void
 out_lines(struct warm *w, bool flush)
 {
@@ -243,6 +255,8 @@ warm_failed(struct warm *w, const char *why)
 {
     double now = time_mono(), delay = 1.0;
 
+    /* 1, 2, 4, ... s up to BACKOFF_MAX_SECS before the next start; the
+     * count is reset only by a warm processor that becomes ready */
     w->failures++;
     for (int i = 1; i < w->failures && delay < BACKOFF_MAX_SECS; i++)
         delay *= 2;
@@ -272,6 +286,7 @@ child_cb(struct ev_loop *loop, ev_child *ev, int revents)
     if (w->state != W_DEAD) {
         snprintf(why, sizeof(why), "it %s %s%s", code < 0 ? "was" : "exited with", how,
                  w->state == W_STARTING ? " before it was ready" : "");
+        /* a ready one that exits 0 has ended on its own: not a failure */
         if (w->state == W_STARTING || code != 0)
             warm_failed(w, why);
         else
@@ -293,6 +308,9 @@ on_message(struct warm *w, const char *text, pid_t from, uid_t from_uid)
     const cJSON *ready = cJSON_GetObjectItemCaseSensitive(j, "ready");
     char why[ESD_ERR_MAX];
 
+    /* The uid is the kernel's, not the message's: only the warm
+     * processor and its forks run as w->uid (a message without
+     * credentials has uid -1 and fails too). */
     if (!cJSON_IsObject(j) || from_uid != w->uid) {
         warm_failed(w, from_uid != w->uid ? "a message came from another user"
                                           : "it sent something that is not a JSON object");
@@ -319,12 +337,17 @@ on_message(struct warm *w, const char *text, pid_t from, uid_t from_uid)
         const char *e = json_get_str(j, "error");
         struct wreq **p, *q;
 
+        /* (also the late answer of a request warm_cancel dropped) */
         if (!cJSON_IsNumber(id) || !*(p = req_find(w, (unsigned)id->valuedouble)) || (*p)->msg) {
             log_debug(&w->ctx, "warm processor: an answer to no request of ours: %.200s", text);
         } else {
             q = *p;
             *p = q->next;
-            /* the fork speaks for itself: the pid is the sender's */
+            /* The fork speaks for itself: the pid is the sender's, as the
+             * kernel says, and not the warm processor's own. The runner
+             * moves this pid into the attempt's cgroup and signals it, so
+             * a pid a message merely names (any process of the user's,
+             * or none) is never taken. */
             if (cJSON_IsNumber(pid) && from > 1 && pid->valuedouble == (double)from &&
                 from != w->sp.pid) {
                 req_answer(q, from, NULL);
@@ -349,6 +372,9 @@ sock_cb(struct ev_loop *loop, ev_io *ev, int revents)
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)
     };
     struct ucred cred = { .pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1 };
+    /* MSG_TRUNC: n is the message's real length, so one over MSG_MAX is
+     * refused rather than read cut; MSG_CMSG_CLOEXEC: a descriptor sent to
+     * us never leaks into a child spawned before it is closed below. */
     ssize_t n = recvmsg(w->sock, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
 
     (void)loop;
@@ -414,7 +440,8 @@ timer_cb(struct ev_loop *loop, ev_timer *ev, int revents)
     warm_arm(w);
 }
 
-/* The timer, at the nearest deadline of w's. */
+/* The timer, at the nearest deadline of w's: the start's (starting) or
+ * the idle end (ready), and every sent request's answer. */
 static void
 warm_arm(struct warm *w)
 {
@@ -433,7 +460,9 @@ warm_arm(struct warm *w)
 }
 
 /* Ends w's process (if any) and answers what it had not answered; w
- * stays (its failures count) until its job goes. */
+ * stays (its failures count) until its job goes, so that the backoff and
+ * the disabling outlive the processes they judge. W_DEAD first: child_cb
+ * then only logs how the killed process ended. */
 static void
 warm_stop(struct warm *w, const char *why)
 {
@@ -471,7 +500,8 @@ warm_spawn(struct warm *w, const struct warm_req *rq)
         log_warning(&w->ctx, "cannot start a warm processor: socketpair: %s", strerror(errno));
         return r;
     }
-    /* every message says who sent it */
+    /* every message says who sent it (the kernel's pid and uid, which
+     * on_message trusts and a sender cannot forge) */
     if (setsockopt(sv[0], SOL_SOCKET, SO_PASSCRED, &(int){ 1 }, sizeof(int)) < 0) {
         r = -errno;
         log_warning(&w->ctx, "cannot start a warm processor: SO_PASSCRED: %s", strerror(errno));
@@ -483,7 +513,8 @@ warm_spawn(struct warm *w, const struct warm_req *rq)
     strv_push(&argv, rq->python);
     strv_push(&argv, rq->runner);
     strv_push(&argv, "--warm");
-    /* its environment: the attempt's, less what is the attempt's alone */
+    /* its environment: the attempt's, less what is the attempt's alone
+     * (each request carries its attempt's whole environment for the fork) */
     strv_init(&env);
     for (char *const *e = rq->envp; e && *e; e++)
         if (strncmp(*e, "DJ_PRODUCED_DATA_DIR=", 21))
@@ -584,6 +615,9 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
     }
     if (now < w->disabled_until)
         return -EAGAIN;
+    /* A new process only once the last one is reaped (two warm
+     * processors of one job never overlap) and its backoff is over; one
+     * after a disabled period starts with its failures forgotten. */
     if (w->state == W_DEAD) {
         if (w->sp.pid > 0 || now < w->not_before)
             return -EAGAIN; /* (the last one is still going, or backing off) */
@@ -598,6 +632,8 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
     q->id = ++w->next_id;
     q->done = done;
     q->arg = arg;
+    /* Copies, held until sent: the caller closes its own at once, and a
+     * request queued while the warm processor starts must not lose them. */
     q->fds[0] = fcntl(rq->out_w, F_DUPFD_CLOEXEC, 3);
     q->fds[1] = fcntl(rq->rep_w, F_DUPFD_CLOEXEC, 3);
     q->fds[2] = fcntl(rq->go_r, F_DUPFD_CLOEXEC, 3);
@@ -628,6 +664,8 @@ warm_request(struct job *j, const struct warm_req *rq, warm_done_fn done, void *
         req_free(q);
         return -EAGAIN;
     }
+    /* Ready: sent now. Starting: queued, sent by reqs_send at "ready". A
+     * full socket (-EAGAIN) is no fault of the warm processor's. */
     if (w->state == W_READY && (r = req_send(w, q)) < 0) {
         /* (not answered through done: the caller execs at once) */
         req_free(q);
