@@ -17,10 +17,14 @@
 #include "proto.h"
 #include "ray.h"
 
-/* Upper bounds of the attempt duration buckets, in seconds. */
+/* Upper bounds of the attempt duration buckets, in seconds. Counted per
+ * bucket (hist[]) and summed into Prometheus' cumulative "le" counts only
+ * when rendered. */
 static const double buckets[] = { 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200 };
 #define NBUCKETS (sizeof(buckets) / sizeof(buckets[0]))
 
+/* Matched by name (attempt_class_name's), so this order alone decides the
+ * index into struct job's failed_by_class[]. */
 static const char *const classes[] = { "processor", "output", "infrastructure" };
 #define NCLASSES (sizeof(classes) / sizeof(classes[0]))
 
@@ -63,6 +67,7 @@ metrics_attempt(struct job *j, const char *status, const char *cls, double secs,
             if (j)
                 j->failed_by_class[i]++;
         }
+    /* the first bucket with secs <= its bound: "le" is inclusive */
     for (b = 0; b < NBUCKETS && secs > buckets[b]; b++)
         ;
     M.hist[b]++;
@@ -86,13 +91,15 @@ metrics_takeover(void)
  * Prometheus sets itself at scrape time): the registration key, the same
  * on every node and across restarts, loaded or not; esd_job_info joins it
  * to the job's id and directory. */
+/* The key is 16 hex digits: it needs no escaping, unlike label(). */
 static void
 job_label(struct buf *b, const char *metric, const struct job *j)
 {
     buf_printf(b, "%s{esd_job=\"%s\"", metric, j->key);
 }
 
-/* A label value: backslash, double quote and newline escaped. */
+/* A label value: backslash, double quote and newline escaped, the three
+ * the text format requires; a job id or directory may hold any of them. */
 static void
 label(struct buf *b, const char *s)
 {
@@ -158,6 +165,8 @@ metrics_render(void)
         size_t val[6];
         int n = 3;
 
+        /* The job's view when there is one (all six states); else the
+         * claimer's counts, three states only. */
         jobs_progress(j, &done, &total);
         if (v) {
             done = v->counts[ST_DONE];
@@ -169,6 +178,8 @@ metrics_render(void)
         }
         val[0] = done;
         val[1] = failed;
+        /* sizes are unsigned: should done and failed ever overlap, the
+         * difference must not wrap to a huge count */
         val[2] = total >= done + failed ? total - done - failed : 0;
         for (int k = 0; k < n; k++) {
             job_label(&b, "esd_job_shards", j);
@@ -271,6 +282,9 @@ write_now(void)
 
     if (!path || !*path)
         return;
+    /* Replaced atomically: the collector never reads half a file, and the
+     * temporary name (".<name>.<hex>.tmp") does not end in ".prom", so it
+     * is never collected either. */
     text = metrics_render();
     r = fs_write_atomic(path, text, strlen(text), 0644, &err);
     free(text);
@@ -300,6 +314,8 @@ write_cb(struct ev_loop *loop, ev_timer *w, int revents)
 static void
 arm(void)
 {
+    /* a write at once, then every interval: a new path or interval
+     * (SIGHUP) shows without waiting out the old one */
     ev_timer_stop(M.loop, &M.write_w);
     if (M.conf->metrics_path && *M.conf->metrics_path) {
         ev_timer_set(&M.write_w, 0.0, (double)M.conf->metrics_interval_secs);
