@@ -135,8 +135,8 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
         goto out;
     }
     /* <job_id>_<shard_id>_<token[:12]> as the reference: the token part
-     * gives every attempt of a shard its own Ray job name and resolved
-     * work directory, so a retry never meets a dead attempt's leftovers. */
+     * gives every attempt of a shard its own Data-Juicer job name, so two
+     * attempts of one shard on one Ray cluster are never confused. */
     job_id = xasprintf("%s_%s_%.12s", m->job_id, cl->shard_id, cl->token);
     work = fs_join(cl->attempt_dir, "work");
     resolved_work = fs_join(work, job_id);
