@@ -500,8 +500,12 @@ attempt_materialize(const struct manifest *m, const struct claim *cl,
         r = err_sys(err, -errno, "cannot rename %s to %s", tmp, output);
         goto out;
     }
-    if ((r = fs_fsync_parent(output, err)) < 0)
+    if ((r = fs_fsync_parent(output, err)) < 0) {
+        /* the contract: no processed.jsonl after a failure (a later
+         * attempt's, or a reader's, would take it for a result) */
+        unlink(output);
         goto out;
+    }
     /* The reference re-reads processed.jsonl here (§8.5); its rows, size
      * and digest are those counted while writing, since every byte
      * written was a validated line or its "\n", so the second pass is not
