@@ -6,13 +6,12 @@
 #   make check               test-deps, modcheck, errcase, unit tests (check) and integration scripts
 #   make modcheck            the modules' layers; fails on a dependency cycle
 #   make errcase             fails on an error text that starts upper-case or ends with a period
-#   make format-check        clang-format --dry-run over the C sources (make format: rewrite)
+#   make format-check        .clang-format and .editorconfig over the tree (make format: rewrite)
 #   make demo                two daemons as two nodes on the real Data-Juicer and Ray
 #                            (STANDIN=1: the test stand-in mini-dj, in seconds)
 #   make fuzz                libFuzzer targets, FUZZ_SECONDS each (clang)
 #   make bench               benchmarks in bench/ (print ratios)
 #   make valgrind            unit suites under valgrind
-#   make errcase             error texts in one case (scripts/errcase; part of check)
 #   make install             PREFIX, DESTDIR, BINDIR, SBINDIR, LIBEXECDIR, MANDIR, DATADIR, SYSCONFDIR,
 #                            UNITDIR, SYSUSERSDIR, CATALOGDIR, BASHCOMPDIR (make uninstall: the same)
 #
