@@ -1360,3 +1360,125 @@ pyyaml_repr(const struct pyyaml_node *nd)
 {
     return repr_cut(nd, STR_REPR_MAX);
 }
+
+/* ---- writing a tree back ---- */
+
+/* A key written as "k": v, not as the explicit "? k : v" that long or
+ * odd keys need (PyYAML takes a simple key of at most 1024 characters). */
+static bool
+plain_key(const struct pyyaml_node *k)
+{
+    if (k->kind != PYYAML_SCALAR || k->type != PYYAML_STR || k->len > 128)
+        return false;
+    for (size_t i = 0; i < k->len; i++)
+        if ((unsigned char)k->val[i] < 0x20 || (unsigned char)k->val[i] >= 0x7f)
+            return false;
+    return true;
+}
+
+/*
+ * s as a double-quoted scalar PyYAML reads back as the same str: the
+ * characters its reader refuses raw (C0 and C1 controls, U+FEFF, U+FFFE,
+ * U+FFFF) and those it takes for line breaks (NEL, U+2028, U+2029) are
+ * escaped; everything else is copied. s is UTF-8, as libyaml gives it.
+ */
+static void
+emit_quoted(const char *s, size_t n, struct buf *o)
+{
+    const unsigned char *u = (const unsigned char *)s;
+
+    buf_putc(o, '"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = u[i];
+
+        if (c == '"' || c == '\\') {
+            buf_putc(o, '\\');
+            buf_putc(o, (char)c);
+        } else if (c < 0x20 || c == 0x7f) {
+            buf_printf(o, "\\x%02x", c);
+        } else if (c == 0xc2 && i + 1 < n && u[i + 1] >= 0x80 && u[i + 1] <= 0x9f) {
+            buf_printf(o, "\\x%02x", u[++i]);
+        } else if (c == 0xe2 && i + 2 < n && u[i + 1] == 0x80 &&
+                   (u[i + 2] == 0xa8 || u[i + 2] == 0xa9)) {
+            buf_printf(o, "\\u20%02x", u[i + 2] - 0x80);
+            i += 2;
+        } else if (c == 0xef && i + 2 < n &&
+                   ((u[i + 1] == 0xbb && u[i + 2] == 0xbf) ||
+                    (u[i + 1] == 0xbf && (u[i + 2] == 0xbe || u[i + 2] == 0xbf)))) {
+            buf_printf(o, "\\u%s", u[i + 1] == 0xbb ? "feff" : u[i + 2] == 0xbe ? "fffe" : "ffff");
+            i += 2;
+        } else {
+            buf_putc(o, (char)c);
+        }
+    }
+    buf_putc(o, '"');
+}
+
+struct emit_st {
+    struct buf *o;
+    bool first;
+};
+
+static bool emit_pair(const struct pyyaml_node *k, const struct pyyaml_node *v, void *arg);
+
+void
+pyyaml_emit(const struct pyyaml_node *nd, struct buf *o)
+{
+    static const char *const tags[] = {
+        [PYYAML_INT] = "!!int ",
+        [PYYAML_FLOAT] = "!!float ",
+        [PYYAML_TS] = "!!timestamp ",
+    };
+    struct emit_st st = { o, true };
+
+    switch (nd->kind) {
+    case PYYAML_SEQ:
+        buf_putc(o, '[');
+        for (size_t i = 0; i < nd->n; i++) {
+            if (i)
+                buf_puts(o, ", ");
+            pyyaml_emit(nd->kids[i], o);
+        }
+        buf_putc(o, ']');
+        return;
+    case PYYAML_MAP:
+        buf_putc(o, '{');
+        pyyaml_map_each(nd, emit_pair, &st);
+        buf_putc(o, '}');
+        return;
+    }
+    switch (nd->type) {
+    case PYYAML_NULL:
+        buf_puts(o, "null");
+        return;
+    case PYYAML_BOOL:
+        buf_puts(o, nd->ival ? "true" : "false");
+        return;
+    case PYYAML_INT:
+    case PYYAML_FLOAT:
+    case PYYAML_TS:
+        /* the constructor the resolver chose, on the text it saw */
+        buf_puts(o, tags[nd->type]);
+        emit_quoted(nd->val, nd->len, o);
+        return;
+    default:
+        emit_quoted(nd->val, nd->len, o);
+    }
+}
+
+static bool
+emit_pair(const struct pyyaml_node *k, const struct pyyaml_node *v, void *arg)
+{
+    struct emit_st *st = arg;
+    bool simple = plain_key(k);
+
+    if (!st->first)
+        buf_puts(st->o, ", ");
+    st->first = false;
+    if (!simple)
+        buf_puts(st->o, "? ");
+    pyyaml_emit(k, st->o);
+    buf_puts(st->o, simple ? ": " : " : ");
+    pyyaml_emit(v, st->o);
+    return true;
+}

@@ -133,4 +133,14 @@ char *pyyaml_msg_repr(const struct pyyaml_node *nd);
 /* For messages: str() of a str (repr() of anything else), shortened. Caller frees. */
 char *pyyaml_msg_str(const struct pyyaml_node *nd);
 
+/*
+ * Appends nd to o in YAML's flow style, as text PyYAML's safe_load reads
+ * back as the value safe_load made of nd: mappings flattened (merge keys
+ * applied, later duplicates kept in order so that they still win), strings
+ * double-quoted with what its reader refuses escaped, ints, floats and
+ * timestamps as their own text under their resolved tag (!!int "0x1A"), so
+ * that the constructor PyYAML chose the first time runs on the same text.
+ */
+void pyyaml_emit(const struct pyyaml_node *nd, struct buf *o);
+
 #endif

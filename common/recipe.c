@@ -250,11 +250,47 @@ static const char *const fused_lists[][2] = {
 };
 
 static int check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx,
-                    const struct pyyaml_node *item, struct recipe *r, struct esd_err *err);
+                    const struct pyyaml_node *item, bool tail, struct recipe *r,
+                    struct esd_err *err);
+
+/*
+ * Whether a process item needs the whole dataset: its name (verdict), its
+ * is_global_operation, or an operator it runs. A malformed item is not:
+ * check_op says what is wrong with it.
+ */
+static bool
+item_global(const struct recipe_policy *pol, const struct pyyaml_node *item)
+{
+    struct opscan s = { NULL, NULL, false };
+    const struct pyyaml_node *v, *list;
+    enum verdict vd;
+
+    if (item->kind != PYYAML_MAP)
+        return false;
+    pyyaml_map_each(item, opscan_pair, &s);
+    if (!s.key || s.several || !pyyaml_is_str(s.key) || memchr(s.key->val, '\0', s.key->len))
+        return false;
+    vd = verdict(s.key->val, pol);
+    if (vd == V_WHOLE || vd == V_DENIED)
+        return true;
+    if (s.val->kind != PYYAML_MAP)
+        return false;
+    if ((v = pyyaml_map_get(s.val, "is_global_operation", NULL)) && pyyaml_truthy(v))
+        return true;
+    for (size_t f = 0; f < sizeof(fused_lists) / sizeof(fused_lists[0]); f++) {
+        if (strcmp(s.key->val, fused_lists[f][0]) != 0 ||
+            !(list = pyyaml_map_get(s.val, fused_lists[f][1], NULL)) || list->kind != PYYAML_SEQ)
+            continue;
+        for (size_t i = 0; i < list->n; i++)
+            if (item_global(pol, list->kids[i]))
+                return true;
+    }
+    return false;
+}
 
 static int
 check_fused(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx, const char *name,
-            const struct pyyaml_node *args, struct recipe *r, struct esd_err *err)
+            const struct pyyaml_node *args, bool tail, struct recipe *r, struct esd_err *err)
 {
     for (size_t f = 0; f < sizeof(fused_lists) / sizeof(fused_lists[0]); f++) {
         const struct pyyaml_node *list, *k;
@@ -267,15 +303,17 @@ check_fused(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx, c
             return err_set(err, -EINVAL, "Operator '%s' in %s:%lu: %s must be a list", name,
                            d->name, k->line, fused_lists[f][1]);
         for (size_t i = 0; i < list->n; i++)
-            if ((rc = check_op(d, pol, idx, list->kids[i], r, err)) < 0)
+            if ((rc = check_op(d, pol, idx, list->kids[i], tail, r, err)) < 0)
                 return rc;
     }
     return 0;
 }
 
+/* One process item; tail: it runs in the global stage, once on the whole
+ * dataset, where only an unknown name is refused. */
 static int
 check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx,
-         const struct pyyaml_node *item, struct recipe *r, struct esd_err *err)
+         const struct pyyaml_node *item, bool tail, struct recipe *r, struct esd_err *err)
 {
     struct opscan s = { NULL, NULL, false };
     const struct pyyaml_node *args, *k, *v;
@@ -307,6 +345,14 @@ check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx,
     case V_SAFE:
         break;
     case V_DENIED:
+    case V_WHOLE:
+        if (tail)
+            break;
+        if (verdict(name, pol) == V_WHOLE)
+            return err_set(err, -EINVAL,
+                           "Operator '%s' in %s:%lu requires or may require whole-dataset "
+                           "semantics and cannot run per shard",
+                           name, d->name, line);
         return err_set(err, -EINVAL,
                        "Operator '%s' in %s:%lu is denied by configuration and cannot run per "
                        "shard",
@@ -315,13 +361,14 @@ check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx,
         return err_set(err, -EINVAL,
                        "Unknown operator '%s' in %s:%lu; cannot prove it is shard-safe", name,
                        d->name, line);
-    case V_WHOLE:
-        return err_set(err, -EINVAL,
-                       "Operator '%s' in %s:%lu requires or may require whole-dataset "
-                       "semantics and cannot run per shard",
-                       name, d->name, line);
     }
-    if (args->kind == PYYAML_MAP) {
+    if (args->kind == PYYAML_MAP && tail) {
+        if ((v = pyyaml_map_get(args, "index_key", NULL)) && !pyyaml_is_null(v) &&
+            (!pyyaml_is_str(v) || !v->len))
+            return err_set(err, -EINVAL,
+                           "Operator '%s' in %s:%lu: index_key must be a non-empty string", name,
+                           d->name, v->line);
+    } else if (args->kind == PYYAML_MAP) {
         if ((v = pyyaml_map_get(args, "is_global_operation", &k)) && pyyaml_truthy(v))
             return err_set(err, -EINVAL,
                            "Operator '%s' in %s:%lu requires or may require whole-dataset "
@@ -355,7 +402,50 @@ check_op(struct pyyaml_doc *d, const struct recipe_policy *pol, size_t idx,
     }
     strv_push(&r->ops, name);
     /* the operators it runs follow it */
-    return args->kind == PYYAML_MAP ? check_fused(d, pol, idx, name, args, r, err) : 0;
+    return args->kind == PYYAML_MAP ? check_fused(d, pol, idx, name, args, tail, r, err) : 0;
+}
+
+static bool
+part_pair(const struct pyyaml_node *k, const struct pyyaml_node *v, void *arg)
+{
+    struct buf *o = arg;
+
+    if (pyyaml_str_is(k, "process"))
+        return true;
+    if (k->kind == PYYAML_SCALAR && k->type == PYYAML_STR && k->len <= 128 &&
+        !memchr(k->val, '\n', k->len)) {
+        pyyaml_emit(k, o);
+        buf_puts(o, ": ");
+    } else {
+        buf_puts(o, "? ");
+        pyyaml_emit(k, o);
+        buf_puts(o, "\n: ");
+    }
+    pyyaml_emit(v, o);
+    buf_putc(o, '\n');
+    return true;
+}
+
+/* The recipe with its process list cut to the items [from, to). */
+static char *
+part_text(const struct pyyaml_doc *d, const struct pyyaml_node *proc, size_t from, size_t to,
+          const char *what)
+{
+    struct buf o;
+
+    buf_init(&o);
+    buf_printf(&o, "# written by esd prepare: the recipe's process items %zu to %zu, %s\n",
+               from + 1, to, what);
+    pyyaml_map_each(d->root, part_pair, &o);
+    buf_puts(&o, "\"process\":");
+    if (from == to)
+        buf_puts(&o, " []");
+    for (size_t i = from; i < to; i++) {
+        buf_puts(&o, "\n  - ");
+        pyyaml_emit(proc->kids[i], &o);
+    }
+    buf_putc(&o, '\n');
+    return buf_steal(&o);
 }
 
 static int
@@ -423,9 +513,22 @@ validate(struct pyyaml_doc *d, const struct recipe_policy *pol, struct recipe *r
                        proc->line, pyyaml_is_null(proc) ? "null" : pyyaml_kind_name(proc));
     if ((rc = check_custom_paths(d, r, err)) < 0)
         return rc;
-    for (size_t i = 0; i < proc->n; i++)
-        if ((rc = check_op(d, pol, i, proc->kids[i], r, err)) < 0)
+    r->nprocess = r->split = proc->n;
+    for (size_t i = 0; i < proc->n; i++) {
+        size_t before = r->ops.n;
+
+        if (pol && pol->global_stage && r->split == proc->n && item_global(pol, proc->kids[i]))
+            r->split = i;
+        if ((rc = check_op(d, pol, i, proc->kids[i], i >= r->split, r, err)) < 0)
             return rc;
+        if (i >= r->split)
+            strv_push(&r->global_ops, r->ops.v[before]); /* the outer name, first */
+    }
+    if (r->split < r->nprocess) {
+        r->shards_yaml = part_text(d, proc, 0, r->split, "which run per shard");
+        r->global_yaml = part_text(d, proc, r->split, r->nprocess,
+                                   "which run once on the merged output of every shard");
+    }
     strv_uniq(&r->index_keys);
     if ((rc = check_media_keys(d, r, err)) < 0)
         return rc;
@@ -602,5 +705,8 @@ recipe_free(struct recipe *r)
     strv_free(&r->index_keys);
     strv_free(&r->custom_operator_paths);
     strv_free(&r->warnings);
+    strv_free(&r->global_ops);
+    free(r->shards_yaml);
+    free(r->global_yaml);
     memset(r, 0, sizeof(*r));
 }

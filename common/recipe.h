@@ -42,6 +42,7 @@ struct recipe_policy {
     const struct strv *allow;    /* may be NULL */
     const struct strv *deny;     /* may be NULL */
     struct recipe_limits limits; /* zero fields take the defaults */
+    bool global_stage;           /* split instead of refusing whole-dataset operators */
 };
 
 struct recipe {
@@ -59,6 +60,13 @@ struct recipe {
     struct strv custom_operator_paths; /* as written */
     struct strv warnings;              /* executor warning, then save_dir warnings in
                              operator order */
+    /* The split (pol->global_stage): the process items [0, split) run per
+     * shard, [split, nprocess) once on the merged result. */
+    size_t nprocess;        /* items of the process list */
+    size_t split;           /* the first that needs the whole dataset; nprocess if none */
+    struct strv global_ops; /* the names of the items from split on */
+    char *shards_yaml;      /* split < nprocess: the recipe with process [0, split) */
+    char *global_yaml;      /* split < nprocess: the recipe with process [split, nprocess) */
 };
 
 /*
@@ -74,6 +82,16 @@ int recipe_load(const char *path, const struct recipe_policy *pol, struct recipe
 /* The same on a buffer; name is used in messages. */
 int recipe_parse(const char *data, size_t len, const char *name, const struct recipe_policy *pol,
                  struct recipe *ret, struct esd_err *err);
+
+/*
+ * With pol->global_stage, the first process item that needs the whole
+ * dataset (a whole-dataset or denied name, is_global_operation set, or a
+ * fused operator holding one) does not refuse the recipe: it and every item
+ * after it form the global stage, which must still name known operators.
+ * shards_yaml and global_yaml are then the user's recipe, every other key
+ * kept, with its process list cut at the split (pyyaml_emit's flow text,
+ * which PyYAML and Data-Juicer read as the same values).
+ */
 
 /*
  * The name rule alone (without the lists): 0 shard-safe, -EPERM whole-

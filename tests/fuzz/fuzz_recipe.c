@@ -30,7 +30,7 @@ lists_init(void)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct recipe_policy pol = { &allow, &deny, { 0, 20000, 0 } };
+    struct recipe_policy pol = { &allow, &deny, { 0, 20000, 0 }, false };
     struct recipe r;
     struct esd_err err;
     char name[64];

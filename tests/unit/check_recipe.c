@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "pyyaml.h"
 #include "recipe.h"
 #include "testutil.h"
 #include "util.h"
@@ -102,6 +103,151 @@ now(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+/* ---- the global stage: the split and the parts' texts ---- */
+
+/* Parses text, emits its root, parses that: both reprs must agree. */
+static void
+assert_roundtrip(const char *text)
+{
+    struct pyyaml_doc a, b;
+    struct buf o;
+    char *ra, *rb;
+
+    ck_assert_msg(pyyaml_parse(&a, text, strlen(text), "a", 100000, 64, &err) == 0, "%s", err.msg);
+    buf_init(&o);
+    pyyaml_emit(a.root, &o);
+    buf_putc(&o, '\n');
+    ck_assert_msg(pyyaml_parse(&b, o.p, o.len, "b", 100000, 64, &err) == 0, "%s in:\n%.*s", err.msg,
+                  (int)o.len, o.p);
+    ra = pyyaml_repr(a.root);
+    rb = pyyaml_repr(b.root);
+    ck_assert_msg(strcmp(ra, rb) == 0, "%s\n!=\n%s\nfrom:\n%.*s", ra, rb, (int)o.len, o.p);
+    free(ra);
+    free(rb);
+    buf_free(&o);
+    pyyaml_free(&a);
+    pyyaml_free(&b);
+}
+
+START_TEST(test_emit_roundtrip)
+{
+    char longkey[2100];
+
+    assert_roundtrip("ints: [0x1A, 1_000, 010, 0b101, 1:30, -0, +7, 123456789012345678901234]\n"
+                     "floats: [1e5, 1.5e3, .inf, -.Inf, .NaN, 1_0.5, 6.8523015e+5, 190:20:30.15]\n"
+                     "ts: [2001-12-14, 2001-12-14t21:59:43.10-05:00, 2002-12-14 21:59:43.1 +5]\n"
+                     "bools: [yes, No, on, OFF, true, y, n]\n"
+                     "nulls: [~, null, Null]\nempty:\n"
+                     "strs: ['it''s', \"a\\\"b\\\\c\\td\\ne\", \"\\x85 \\u2028 \\u2029 \\ufeff\", "
+                     "\"\\x00nul\", \"\\x7f\\x80\\x9f\", \"caf\u00e9 \U0001F600\", '1e5', '=', "
+                     "\"\\uFFFD\", !!str 12, !!float 3, !!int '0x10']\n"
+                     "base: &b {x: 1, y: [1, 2]}\n"
+                     "merged: {<<: *b, y: 3, z: *b}\n"
+                     "dup: {k: 1, k: 2}\n"
+                     "keys: {1: a, ~: b, true: c, 1.5: d, 2001-01-01: e}\n");
+    memset(longkey, 'k', sizeof(longkey) - 1);
+    longkey[sizeof(longkey) - 1] = '\0';
+    {
+        char doc[2200];
+
+        snprintf(doc, sizeof(doc), "{? \"%s\" : 1, \"a\\nb\": 2}\n", longkey);
+        assert_roundtrip(doc);
+    }
+}
+END_TEST
+
+START_TEST(test_global_stage_split)
+{
+    struct recipe_policy pol = { .global_stage = true };
+    struct recipe part;
+    const char *y = "project_name: p\nexecutor_type: default\nnp: 2\n"
+                    "process:\n"
+                    "- whitespace_normalization_mapper:\n"
+                    "- text_length_filter: {min_len: 5}\n"
+                    "- document_deduplicator: {lowercase: true}\n"
+                    "- language_id_score_filter: {lang: en, min_score: 0.5}\n"
+                    "- topk_specified_field_selector: {field_key: n, topk: 2}\n"
+                    "export_path: /x\n";
+
+    /* without the flag, refused as ever */
+    ck_assert_str_eq(refuse(y), "Operator 'document_deduplicator' in r.yaml:7 requires or may "
+                                "require whole-dataset semantics and cannot run per shard");
+    accept_pol(y, &pol);
+    ck_assert_uint_eq(rec.nprocess, 5);
+    ck_assert_uint_eq(rec.split, 2);
+    ASSERT_STRV(&rec.global_ops, "document_deduplicator", "language_id_score_filter",
+                "topk_specified_field_selector");
+    ck_assert_ptr_nonnull(rec.shards_yaml);
+    ck_assert_ptr_nonnull(rec.global_yaml);
+    /* the shard part is a recipe that runs per shard, every other key kept */
+    ck_assert_int_eq(recipe_parse(rec.shards_yaml, strlen(rec.shards_yaml), "s", NULL, &part, &err),
+                     0);
+    ASSERT_STRV(&part.ops, "whitespace_normalization_mapper", "text_length_filter");
+    ck_assert_str_eq(part.executor_type, "default");
+    recipe_free(&part);
+    ck_assert_ptr_nonnull(strstr(rec.shards_yaml, "\"export_path\": \"/x\""));
+    ck_assert_ptr_nonnull(strstr(rec.shards_yaml, "\"np\": !!int \"2\""));
+    ck_assert_int_eq(recipe_parse(rec.global_yaml, strlen(rec.global_yaml), "g", &pol, &part, &err),
+                     0);
+    ck_assert_uint_eq(part.split, 0);
+    ASSERT_STRV(&part.ops, "document_deduplicator", "language_id_score_filter",
+                "topk_specified_field_selector");
+    recipe_free(&part);
+    recipe_free(&rec);
+
+    /* no whole-dataset operator: no split, no texts */
+    accept_pol("process:\n- a_mapper:\n", &pol);
+    ck_assert_uint_eq(rec.split, 1);
+    ck_assert_ptr_null(rec.shards_yaml);
+    recipe_free(&rec);
+
+    /* global from the first item: the shard part is empty */
+    accept_pol("process:\n- document_deduplicator:\n- a_mapper:\n", &pol);
+    ck_assert_uint_eq(rec.split, 0);
+    ck_assert_ptr_nonnull(strstr(rec.shards_yaml, "\"process\": []"));
+    recipe_free(&rec);
+
+    /* is_global_operation, a denied name and a fused operator holding a
+     * deduplicator each start the stage */
+    accept_pol("process:\n- a_mapper:\n- b_mapper: {is_global_operation: yes}\n", &pol);
+    ck_assert_uint_eq(rec.split, 1);
+    recipe_free(&rec);
+    accept_pol("process:\n- a_mapper:\n- general_fused_op:\n    fused_op_list:\n"
+               "    - c_filter:\n    - document_deduplicator:\n",
+               &pol);
+    ck_assert_uint_eq(rec.split, 1);
+    ASSERT_STRV(&rec.global_ops, "general_fused_op");
+    recipe_free(&rec);
+    {
+        struct strv deny;
+
+        strv_init(&deny);
+        strv_push(&deny, "b_mapper");
+        pol.deny = &deny;
+        accept_pol("process:\n- a_mapper:\n- b_mapper:\n- c_mapper:\n", &pol);
+        ck_assert_uint_eq(rec.split, 1);
+        recipe_free(&rec);
+        pol.deny = NULL;
+        strv_free(&deny);
+    }
+
+    /* the global stage still refuses what is unknown or malformed, and the
+     * shard part what it always refused */
+    ck_assert_str_eq(refuse_pol("process:\n- document_deduplicator:\n- foo_op:\n", &pol),
+                     "Unknown operator 'foo_op' in r.yaml:3; cannot prove it is shard-safe");
+    ck_assert_str_eq(
+        refuse_pol("process:\n- document_deduplicator:\n- {a_mapper: , b_mapper: }\n", &pol),
+        "process[1] in r.yaml:3 must contain exactly one operator");
+    ck_assert_str_eq(refuse_pol("process:\n- a_mapper: {stats_export_path: /s}\n"
+                                "- document_deduplicator:\n",
+                                &pol),
+                     "Operator 'a_mapper' in r.yaml:2 sets stats_export_path, which cannot be "
+                     "used per shard");
+    accept_pol("process:\n- document_deduplicator:\n- a_mapper: {stats_export_path: /s}\n", &pol);
+    recipe_free(&rec);
+}
+END_TEST
 
 /* ---- accepted recipes ---- */
 
@@ -219,7 +365,7 @@ END_TEST
 
 START_TEST(test_too_large)
 {
-    struct recipe_policy pol = { NULL, NULL, { 100, 0, 0 } };
+    struct recipe_policy pol = { NULL, NULL, { 100, 0, 0 }, false };
     char *dir = tu_tmpdir();
     char *big = xmalloc(RECIPE_MAX_BYTES + 2);
     char *path, want[4096];
@@ -352,7 +498,7 @@ END_TEST
 
 START_TEST(test_alias_bomb)
 {
-    struct recipe_policy pol = { NULL, NULL, { 0, 0, 0 } };
+    struct recipe_policy pol = { NULL, NULL, { 0, 0, 0 }, false };
     double t0 = now();
     char *path = tu_data("recipes/billion-laughs.yaml");
     char *text = tu_read(path, NULL);
@@ -378,7 +524,7 @@ START_TEST(test_node_budget_counts_aliases)
     static const char y[] = "a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9]\n"
                             "b: [*a, *a, *a, *a, *a, *a]\n"
                             "process: []\n";
-    struct recipe_policy pol = { NULL, NULL, { 0, 76, 0 } };
+    struct recipe_policy pol = { NULL, NULL, { 0, 76, 0 }, false };
 
     accept_pol(y, &pol);
     recipe_free(&rec);
@@ -427,7 +573,7 @@ END_TEST
 
 START_TEST(test_deep_nesting)
 {
-    struct recipe_policy pol = { NULL, NULL, { 0, 0, 3 } };
+    struct recipe_policy pol = { NULL, NULL, { 0, 0, 3 }, false };
     size_t n = 100000;
     char *deep = xmalloc(2 * n + 64), *p = deep;
     double t0 = now();
@@ -708,7 +854,7 @@ END_TEST
 START_TEST(test_deny_allow)
 {
     struct strv allow, deny;
-    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 } };
+    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 }, false };
 
     strv_init(&allow);
     strv_init(&deny);
@@ -772,7 +918,7 @@ START_TEST(test_verdict)
         { "", -ENOENT },
     };
     struct strv allow, deny;
-    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 } };
+    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 }, false };
 
     strv_init(&allow);
     strv_init(&deny);
@@ -805,7 +951,7 @@ END_TEST
 START_TEST(test_builtin_lists)
 {
     struct strv allow, deny;
-    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 } };
+    struct recipe_policy pol = { &allow, &deny, { 0, 0, 0 }, false };
 
     accept("process:\n- general_fused_op: {batch_size: 2}\n- fused_sequential_batch_op:\n"
            "- a_mapper:\n");
@@ -1320,6 +1466,8 @@ recipe_suite(void)
     tcase_add_test(tc, test_merge_keys);
     tcase_add_test(tc, test_check_order);
     tcase_add_test(tc, test_name_as_given);
+    tcase_add_test(tc, test_emit_roundtrip);
+    tcase_add_test(tc, test_global_stage_split);
     suite_add_tcase(s, tc);
     return s;
 }
