@@ -145,7 +145,7 @@ attempt_prepare(const struct manifest *m, const struct claim *cl, const struct a
     argv_push(&argv, "--config", config);
     argv_push(&argv, "--dataset_path", dataset);
     argv_push(&argv, "--export_path", res.export_path);
-    argv_push(&argv, "--executor_type", "ray");
+    argv_push(&argv, "--executor_type", m->executor_type ? m->executor_type : "ray");
     argv_push(&argv, "--ray_address", o->ray_address ? o->ray_address : m->ray_address);
     argv_push(&argv, "--work_dir", work);
     argv_push(&argv, "--job_id", job_id);

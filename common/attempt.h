@@ -73,8 +73,8 @@ struct attempt_cmd {
 
 /*
  * Builds the command of an attempt: the processor prefix and the flags of
- * spec §8.4 (--config, --dataset_path, --export_path, --executor_type ray,
- * --ray_address, --work_dir, --job_id, --event_log_dir, --checkpoint_dir,
+ * spec §8.4 (--config, --dataset_path, --export_path, --executor_type
+ * ray or the manifest's executor_type (a global stage's), --ray_address, --work_dir, --job_id, --event_log_dir, --checkpoint_dir,
  * --partition_dir), the environment (DJ_PRODUCED_DATA_DIR; XDG_CACHE_HOME
  * and HF_HOME under <job>/cache unless set; PYTHONPATH led by dj_root) and
  * the working directory (dj_root, else the job directory). Creates the

@@ -560,6 +560,16 @@ manifest_compact(const struct manifest *m, struct buf *out)
     put_field(out, m->recipe_snapshot);
     put_field(out, m->dj_commit);
     buf_putc(out, '\n');
+    /* a whole recipe's global stage (gstage.h), when it has one */
+    if (m->global_snapshot) {
+        buf_printf(out, "G\t%lld", m->global_shard_ops);
+        put_field(out, m->recipe_whole_sha256);
+        put_field(out, m->global_snapshot);
+        put_field(out, m->global_sha256);
+        put_field(out, m->global_executor);
+        put_field(out, m->global_ops_json);
+        buf_putc(out, '\n');
+    }
     for (size_t i = 0; i < m->nshards; i++) {
         const struct manifest_shard *s = &m->shards[i];
 
@@ -657,6 +667,17 @@ reader_line(struct manifest_reader *rd, char *line, struct esd_err *err)
         rd->header = true;
         return 0;
     }
+    if (line[0] == 'G' && n == 7 && rd->header && !rd->global && rd->got == 0) {
+        if (take_num(f[1], &rd->global_shard_ops) < 0 || rd->global_shard_ops < 0)
+            goto bad;
+        for (int i = 0; i < 5; i++)
+            if (take_field(rd, f[2 + i], &rd->goff[i]) < 0)
+                goto bad;
+        if (rd->goff[1] == (size_t)-1)
+            goto bad;
+        rd->global = true;
+        return 0;
+    }
     if (line[0] == 'S' && n == 7 && rd->header && rd->got < rd->nshards) {
         struct manifest_shard *s = &rd->shards[rd->got];
         size_t *o = &rd->offs[rd->got * 3];
@@ -738,6 +759,10 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
             r = err_set(err, -EINVAL, "malformed compact manifest: shard %zu", i);
         m.total_rows += s->rows;
     }
+    if (r == 0 && rd->global &&
+        (!path_ok(at(rd, rd->goff[1])) || !at(rd, rd->goff[3]) ||
+         (strcmp(at(rd, rd->goff[3]), "default") && strcmp(at(rd, rd->goff[3]), "ray"))))
+        r = err_set(err, -EINVAL, "malformed compact manifest: its global stage");
     if (r == 0 && (!m.ray_address || !*m.ray_address || m.lock_timeout_secs < 1 ||
                    m.max_retries < 0 || m.poll_interval_secs < 1 ||
                    !manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir))))
@@ -762,6 +787,14 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
     m.recipe_sha256 = AT(rd->hoff[3]);
     m.recipe_snapshot = AT(rd->hoff[4]);
     m.dj_commit = AT(rd->hoff[5]);
+    if (rd->global) {
+        m.recipe_whole_sha256 = AT(rd->goff[0]);
+        m.global_snapshot = AT(rd->goff[1]);
+        m.global_sha256 = AT(rd->goff[2]);
+        m.global_executor = AT(rd->goff[3]);
+        m.global_ops_json = AT(rd->goff[4]);
+        m.global_shard_ops = rd->global_shard_ops;
+    }
     for (size_t i = 0; i < m.nshards; i++) {
         m.shards[i].id = AT(rd->offs[i * 3]);
         m.shards[i].path = AT(rd->offs[i * 3 + 1]);

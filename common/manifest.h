@@ -58,6 +58,15 @@ struct manifest {
     const char *recipe_sha256;   /* recipe.sha256; NULL if absent */
     const char *recipe_snapshot; /* recipe.snapshot_path; NULL: "recipe.yaml" */
     const char *dj_commit;       /* data_juicer.commit; NULL if absent */
+    /* A whole recipe's global stage (common/gstage.h), from recipe.global */
+    const char *recipe_whole_sha256; /* recipe.whole_sha256; NULL if absent */
+    const char *global_snapshot;     /* recipe.global.snapshot_path; NULL: no global stage */
+    const char *global_sha256;       /* recipe.global.sha256 */
+    const char *global_executor;     /* recipe.global.executor_type: "default" or "ray" */
+    const char *global_ops_json;     /* recipe.global.operators, compact JSON array text */
+    long long global_shard_ops;      /* recipe.global.shard_operators */
+    /* The attempts' --executor_type; NULL: "ray" (gstage_manifest sets it) */
+    const char *executor_type;
     long long lock_timeout_secs;
     long long max_retries;
     long long poll_interval_secs;
@@ -119,6 +128,9 @@ struct manifest_reader {
     size_t nshards, got, lines;
     long long lock_timeout, max_retries, poll;
     size_t hoff[6]; /* job_id, ray_address, execution, recipe sha256, snapshot, commit */
+    bool global;    /* a global stage: */
+    long long global_shard_ops;
+    size_t goff[5]; /* whole sha256, snapshot, sha256, executor, operators */
     struct manifest_shard *shards;
     size_t *offs; /* per shard: id, path, sha256 */
 };

@@ -262,8 +262,9 @@ collect_owners(struct ctx *c, struct merge_result *res)
 bool
 merge_output_clobbers(const char *job_dir, const char *out)
 {
-    static const char *const owned[] = { "shards",        "attempts",    "state",     "cache",
-                                         "manifest.json", "recipe.yaml", "merge.json" };
+    static const char *const owned[] = { "shards",     "attempts",           "state",
+                                         "cache",      "manifest.json",      "recipe.yaml",
+                                         "merge.json", "recipe.shards.yaml", "recipe.global.yaml" };
 
     for (size_t i = 0; i < sizeof(owned) / sizeof(owned[0]); i++) {
         char *p = fs_join(job_dir, owned[i]);
@@ -298,7 +299,7 @@ check_ready(struct ctx *c, struct esd_err *err)
         return r;
     }
     status_free(&st);
-    if (c->o->output && merge_output_clobbers(c->m->job_dir, c->o->output))
+    if (c->o->output && !c->o->stage_input && merge_output_clobbers(c->m->job_dir, c->o->output))
         return err_set(err, -EINVAL,
                        "output %s would overwrite part of the job directory; choose another path",
                        c->o->output);
@@ -347,9 +348,10 @@ ctx_free(struct ctx *c)
 }
 
 static int
-write_merge_json(const struct manifest *m, const char *output, const struct merge_result *res,
-                 struct esd_err *err)
+write_merge_json(const struct manifest *m, const struct merge_opts *o,
+                 const struct merge_result *res, struct esd_err *err)
 {
+    const char *output = o->output;
     cJSON *j = cJSON_CreateObject();
     char now[40], *path = fs_join(m->job_dir, "merge.json");
     int r;
@@ -360,7 +362,14 @@ write_merge_json(const struct manifest *m, const char *output, const struct merg
     json_add_str(j, "output_path", output);
     json_add_int(j, "rows", (long long)res->rows);
     json_add_str(j, "sha256", res->sha256);
-    json_add_int(j, "num_shards", (long long)m->nshards);
+    if (o->stage_of && o->prefix) {
+        json_add_int(j, "num_shards", (long long)o->stage_of->nshards);
+        cJSON_AddItemToObject(
+            j, "stages",
+            gstage_stages_json(o->stage_of, o->prefix, (long long)res->rows, res->sha256));
+    } else {
+        json_add_int(j, "num_shards", (long long)m->nshards);
+    }
     r = json_write_atomic(path, j, JSON_PRETTY, err);
     cJSON_Delete(j);
     free(path);
@@ -501,8 +510,8 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
      * previous merge's. verify compares merge.json with the results rather
      * than trusting it, so a stale one of other results shows as a
      * mismatch (check_merged_output). */
-    if (r == 0)
-        r = write_merge_json(m, o->output, &res, err);
+    if (r == 0 && !o->stage_input)
+        r = write_merge_json(m, o, &res, err);
 out:
     if (c.out_fd >= 0)
         close(c.out_fd);

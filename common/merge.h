@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "gstage.h"
 #include "jsonl.h"
 #include "manifest.h"
 #include "sha256.h"
@@ -49,6 +50,15 @@ struct merge_opts {
      * A finalizer checks there that it still holds its election. */
     int (*before_publish)(void *ctx, struct esd_err *err);
     void *publish_ctx;
+    /* A whole recipe's stages (common/gstage.h). stage_input: this merge
+     * is of the shards' outputs into the global stage's input (the output
+     * is GSTAGE_INPUT, inside the job's state), and records no merge.json.
+     * stage_of and prefix: this merge is of the global stage's manifest
+     * (gstage_manifest of stage_of), and merge.json records both stages
+     * and stage_of's shard count. */
+    bool stage_input;
+    const struct manifest *stage_of;
+    const struct gstage_prefix *prefix;
 };
 
 struct merge_owner {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "fsutil.h"
+#include "gstage.h"
 #include "helper.h"
 #include "json.h"
 #include "claim.h"
@@ -153,7 +154,24 @@ fin_apply(struct fin *f)
     const char *status, *error, *node;
     long long rows = 0;
     struct stat st;
+    struct esd_err err;
 
+    /* A whole recipe: the shards' outputs merged (prefix.json, which
+     * every node reads alike) end this election, and the job goes on to
+     * its global stage. A merge of the shards that failed for good still
+     * ends the job through finalize.json, below. */
+    if (gstage_has(&j->m) && !j->gstage) {
+        int r = jobs_global_enter(j, &err);
+
+        if (r < 0)
+            log_warning(&f->ctx, "%s", err.msg);
+        if (r == 1) {
+            fin_free(f);
+            jobs_set_state(j, JOB_ACTIVE, NULL);
+            fin_done(j);
+            return true;
+        }
+    }
     if (stat(f->result, &st) < 0 || json_load_object(f->result, 1 << 20, &o, NULL) < 0)
         return false;
     status = json_get_str(o, "status");
@@ -244,6 +262,12 @@ static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
     struct esd_err err, ferr;
     cJSON *rec = cJSON_CreateObject();
     struct sigaction sa = { .sa_handler = merge_child_stop };
+    /* a whole recipe merges twice: the shards' outputs into the global
+     * stage's input (prefix), then the global stage's result */
+    bool prefix = gstage_has(&j->m) && !j->gstage;
+    const struct manifest *m = j->gstage ? &j->gm : &j->m;
+    char *input = prefix ? fs_join(j->job_dir, GSTAGE_INPUT) : NULL;
+    struct gstage_prefix pre = { 0 };
     const char *status;
     struct stat st;
     char now[40];
@@ -261,8 +285,18 @@ static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
     } else if (st.st_ino != j->ino || st.st_uid != j->uid || (j->dev && st.st_dev != j->dev)) {
         r = err_set(&err, -ESTALE, "%s is not the directory submitted any more; not merging",
                     j->job_dir);
+    } else if (j->gstage && (r = gstage_prefix_load(&j->m, &pre, &err)) != 1) {
+        if (r == 0)
+            r = err_set(&err, -ENOENT, "%s/%s is gone; the global stage's input is not recorded",
+                        j->job_dir, GSTAGE_PREFIX);
     } else {
-        o.output = j->output;
+        r = 0;
+        o.output = prefix ? input : j->output;
+        o.stage_input = prefix;
+        if (j->gstage) {
+            o.stage_of = &j->m;
+            o.prefix = &pre;
+        }
         /* an election held again replaces what an earlier winner may have
          * published without recording it, as the reference's DLC verify
          * merges with --overwrite (spec §13.9) */
@@ -271,7 +305,7 @@ static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
         o.job_fd = dfd;
         o.before_publish = fin_fence;
         o.publish_ctx = f;
-        r = merge_run(&j->m, &o, &res, &err);
+        r = merge_run(m, &o, &res, &err);
     }
     /* (a merge that failed before it came to publish takes the fence now,
      * to record or give up what is still this node's: a node whose lease
@@ -279,7 +313,10 @@ static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
     if (r < 0 && fence_fd < 0 && fin_fence(f, &ferr) < 0)
         status = "lost";
     else
-        status = r == 0 ? "complete" : err_transient(r) ? "retry" : "failed";
+        status = r == 0 && prefix   ? "global"
+                 : r == 0           ? "complete"
+                 : err_transient(r) ? "retry"
+                                    : "failed";
     time_iso_now(now, NULL);
     json_add_str(rec, "status", status);
     json_add_str(rec, "job_id", j->m.job_id);
@@ -297,7 +334,20 @@ static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
      * that finds the lock gone finds the record (fin_poll looks for it
      * first), and a merge to be tried again leaves no record, only a
      * released lock, so the election is simply held again. */
-    if (fence_fd >= 0) {
+    if (fence_fd >= 0 && !strcmp(status, "global")) {
+        /* the shards' outputs merged: prefix.json, not finalize.json, is
+         * what every node goes on by (fin_apply) */
+        pre.rows = (long long)res.rows;
+        pre.num_shards = (long long)res.nshards;
+        pre.size_bytes = (long long)res.bytes;
+        memcpy(pre.sha256, res.sha256, sizeof(pre.sha256));
+        if (gstage_prefix_write(&j->m, &pre, F.conf->node_name, &ferr) < 0) {
+            cJSON_ReplaceItemInObjectCaseSensitive(rec, "status", cJSON_CreateString("retry"));
+            json_set(rec, "error", cJSON_CreateString(ferr.msg));
+        }
+        unlink(f->lock);
+        claim_unfence(fence_fd);
+    } else if (fence_fd >= 0) {
         if (strcmp(status, "retry") && json_write_atomic(f->result, rec, JSON_PRETTY, &ferr) < 0) {
             /* the record could not be written: the election again */
             cJSON_ReplaceItemInObjectCaseSensitive(rec, "status", cJSON_CreateString("retry"));
@@ -312,7 +362,10 @@ static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
         buf_init(&b);
         json_dump(rec, JSON_COMPACT, &b);
         r = helper_write(fd, b.p, b.len);
+        buf_free(&b);
     }
+    cJSON_Delete(rec);
+    free(input);
     _exit(r < 0 ? 2 : 0);
 }
 
@@ -341,7 +394,9 @@ fin_merged_as_owner(struct fin *f)
         status = json_get_str(rec, "status");
         error = json_get_str(rec, "error");
     }
-    if (status && (!strcmp(status, "complete") || !strcmp(status, "failed")) && fin_apply(f)) {
+    if (status &&
+        (!strcmp(status, "complete") || !strcmp(status, "failed") || !strcmp(status, "global")) &&
+        fin_apply(f)) {
         j->merge_failures = 0;
         cJSON_Delete(rec);
         return;
@@ -561,7 +616,15 @@ fin_elect(struct fin *f)
         return;
     }
     f->winner = true;
-    log_notice(&f->ctx, "every shard is done; merging into %s", j->output);
+    if (gstage_has(&j->m) && !j->gstage)
+        log_notice(&f->ctx,
+                   "every shard is done; merging their outputs into %s/%s for the global "
+                   "stage",
+                   j->job_dir, GSTAGE_INPUT);
+    else if (j->gstage)
+        log_notice(&f->ctx, "the global stage is done; merging its result into %s", j->output);
+    else
+        log_notice(&f->ctx, "every shard is done; merging into %s", j->output);
     jobs_helper_id(j, &who);
     if ((pid = helper_fork("merge", &who, &fd, &err)) < 0) {
         /* released at once: another node may merge instead of waiting two

@@ -22,6 +22,7 @@
 #include "djversion.h"
 #include "fscheck.h"
 #include "fsutil.h"
+#include "gstage.h"
 #include "json.h"
 #include "log.h"
 #include "msgid.h"
@@ -199,11 +200,73 @@ persist(struct job *j)
 static void load_abandon(struct job *j);
 
 static void
+global_leave(struct job *j)
+{
+    if (j->gstage) {
+        claimer_free(&j->gclaimer);
+        manifest_free(&j->gm);
+        j->gstage = false;
+    }
+}
+
+int
+jobs_global_enter(struct job *j, struct esd_err *err)
+{
+    const struct esd_conf *c = J.conf;
+    struct claim_opts o = { 0 };
+    struct gstage_prefix p;
+    struct fsid prev;
+    int r;
+
+    if (j->gstage)
+        return 1;
+    if (!j->loaded || !gstage_has(&j->m))
+        return 0;
+    prev = jobs_fs_owner(j);
+    r = gstage_prefix_load(&j->m, &p, err);
+    if (r == 1) {
+        gstage_manifest(&j->m, &p, &j->gm);
+        o.node = c->node_name;
+        o.lease_secs = c->lease_secs;
+        o.max_infra = c->max_infra_failures;
+        o.max_retries = -1;
+        if ((r = claimer_init(&j->gclaimer, &j->gm, &o, err)) < 0)
+            manifest_free(&j->gm);
+        else
+            r = 1;
+    }
+    jobs_fs_restore(prev);
+    if (r == 1) {
+        j->gstage = true;
+        j->idle_valid = false;
+        memset(&j->idle, 0, sizeof(j->idle));
+        j->next_claim = 0;
+        log_info(&(struct log_ctx){ .job = &j->log },
+                 "the shards' outputs are merged (%lld rows): the global stage runs next", p.rows);
+        tell_view_changed();
+    }
+    return r;
+}
+
+const struct manifest *
+jobs_manifest(const struct job *j)
+{
+    return j->gstage ? &j->gm : &j->m;
+}
+
+struct claimer *
+jobs_claimer(struct job *j)
+{
+    return j->gstage ? &j->gclaimer : &j->claimer;
+}
+
+static void
 job_free(struct job *j)
 {
     tell_unloaded(j);
     load_abandon(j);
     if (j->loaded) {
+        global_leave(j);
         claimer_free(&j->claimer);
         manifest_free(&j->m);
     }
@@ -1151,7 +1214,12 @@ recover_claims(struct job *j)
         } else if (!(shard = json_get_str(o, "shard_id")) || !(token = json_get_str(o, "token"))) {
             log_warning(&(struct log_ctx){ .job = &j->log },
                         "%s lacks shard_id or token, removing it", path);
-        } else if ((r = claim_recover(&j->claimer, shard, token, &err)) < 0) {
+        } else if (gstage_is(shard) && !j->gstage) {
+            log_warning(&(struct log_ctx){ .job = &j->log, .shard = shard },
+                        "a claim of the global stage from this node's previous run, but the "
+                        "job is not in its global stage: it ends with its lease");
+        } else if ((r = claim_recover(gstage_is(shard) ? &j->gclaimer : &j->claimer, shard, token,
+                                      &err)) < 0) {
             log_warning(&(struct log_ctx){ .job = &j->log, .shard = shard },
                         "cannot recover this node's claim from its previous run: %s; it ends "
                         "with its lease",
@@ -1556,6 +1624,10 @@ load_done(struct job *j)
         tell_view_changed();
         log_info(&(struct log_ctx){ .job = &j->log }, "working job %s: %zu shards", j->job_dir,
                  j->m.nshards);
+        if (gstage_has(&j->m) && jobs_global_enter(j, &err) < 0)
+            log_warning(&(struct log_ctx){ .job = &j->log },
+                        "cannot enter the global stage: %s; looked at again at the next poll",
+                        err.msg);
         prev = jobs_fs_owner(j);
         recover_claims(j);
         jobs_fs_restore(prev);
@@ -1677,6 +1749,11 @@ jobs_attempt_ended(struct job *j, const struct attempt_final *fin)
 {
     size_t k;
 
+    /* (the global stage's one pseudo-shard is no evidence of a bad node:
+     * only this node or one other runs it, and its index is not a
+     * manifest shard's) */
+    if (j->gstage)
+        return;
     for (k = 0; k < j->nfailed_idx && j->failed_idx[k] != fin->index; k++)
         ;
     if (!strcmp(fin->status, "done") && k < j->nfailed_idx) {
@@ -1898,6 +1975,7 @@ jobs_reset(struct job *j)
         return false;
     tell_unloaded(j);
     if (j->loaded) {
+        global_leave(j);
         claimer_free(&j->claimer);
         manifest_free(&j->m);
         j->loaded = false;

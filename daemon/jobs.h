@@ -80,6 +80,12 @@ struct job {
     char *load_error; /* the last reason it could not be loaded (retried) */
     struct manifest m;
     struct claimer claimer;
+    /* A whole recipe's global stage (common/gstage.h), once the shards'
+     * outputs are merged (prefix.json): its pseudo-shard's own manifest and
+     * claimer; claims and attempts of the job then go through these. */
+    bool gstage;
+    struct manifest gm;
+    struct claimer gclaimer;
     uid_t uid;               /* owner of the job directory, bound at submit */
     gid_t gid;               /* the owner's primary group (user database) */
     ino_t ino;               /* the directory bound at submit ... */
@@ -129,6 +135,18 @@ struct job {
  * submitted again or esd restarts.
  */
 void jobs_attempt_ended(struct job *j, const struct attempt_final *fin);
+
+/*
+ * The global stage of j (a loaded job whose manifest has one): entered
+ * once its prefix.json is there, read as the job's owner. 1 entered (or
+ * already in it), 0 not yet (the shards' outputs are not merged), or a
+ * negative errno with err set (a broken record).
+ */
+int jobs_global_enter(struct job *j, struct esd_err *err);
+/* The manifest and claimer that j's claims go through now: the global
+ * stage's once entered, else the job's. */
+const struct manifest *jobs_manifest(const struct job *j);
+struct claimer *jobs_claimer(struct job *j);
 
 /* Reads the registry (and the spool). Start-up errors only. */
 int jobs_init(struct ev_loop *loop, const struct esd_conf *c, struct esd_err *err);

@@ -14,11 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "contain.h"
 #include "fsutil.h"
+#include "gstage.h"
 #include "helper.h"
 #include "json.h"
 #include "log.h"
@@ -52,6 +55,10 @@ struct run {
     struct run *next;
     struct job *job;
     struct claim cl;
+    /* what the claim was made on: the job's, or its global stage's */
+    const struct manifest *m;
+    struct claimer *claimer;
+    double timeout; /* seconds; 0: none */
     struct log_ctx ctx;
     struct attempt_cmd cmd;
     struct spawned child;
@@ -217,7 +224,7 @@ run_open_gates(void)
         }
         /* the timeout counts from here: the wait for a slot was no time
          * of the processor's (run_started left it off while gated) */
-        if (oldest->running && R.conf->attempt_timeout_secs > 0)
+        if (oldest->running && oldest->timeout > 0)
             ev_timer_start(R.loop, &oldest->timeout_w);
         log_debug(&oldest->ctx, "a slot is free: the attempt claimed ahead runs");
         busy++;
@@ -547,8 +554,7 @@ run_timeout_cb(struct ev_loop *loop, ev_timer *w, int revents)
         return;
     }
     r->timed_out = true;
-    log_warning(&r->ctx, "attempt timed out after %ld s: stopping it",
-                (long)R.conf->attempt_timeout_secs);
+    log_warning(&r->ctx, "attempt timed out after %.0f s: stopping it", r->timeout);
     run_kill(r);
 }
 
@@ -597,7 +603,7 @@ run_started(struct run *r)
     if (!ev_is_active(&r->beat_w))
         ev_timer_start(R.loop, &r->beat_w);
     /* (a gated attempt's time counts once it is let run) */
-    if (R.conf->attempt_timeout_secs > 0 && !r->gated)
+    if (r->timeout > 0 && !r->gated)
         ev_timer_start(R.loop, &r->timeout_w);
 }
 
@@ -789,6 +795,46 @@ no_rep:
     return false;
 }
 
+/*
+ * Before the global stage runs (as the job's owner): the job directory's
+ * file system must hold what it writes, at most its input three times
+ * (Data-Juicer's export, processed.jsonl, the final output) and a margin,
+ * or the attempt fails at once as an infrastructure failure that says so,
+ * instead of filling the disk an hour into its run.
+ */
+#define GSTAGE_SPACE_MARGIN ((unsigned long long)64 << 20)
+
+static int
+gstage_space_check(struct run *r, struct esd_err *err)
+{
+    const struct manifest_shard *in = &r->m->shards[0];
+    unsigned long long size, need, avail;
+    struct statvfs vfs;
+    struct stat st;
+    char *path = fs_join(r->m->job_dir, in->path);
+    int rc = 0;
+
+    if (in->size_bytes >= 0)
+        size = (unsigned long long)in->size_bytes;
+    else if (stat(path, &st) == 0)
+        size = (unsigned long long)st.st_size;
+    else
+        size = 0;
+    if (statvfs(r->m->job_dir, &vfs) < 0) {
+        rc = err_sys(err, -errno, "cannot look at the free space of %s", r->m->job_dir);
+    } else {
+        avail = (unsigned long long)vfs.f_bavail * (unsigned long long)vfs.f_frsize;
+        need = 3 * size + GSTAGE_SPACE_MARGIN;
+        if (avail < need)
+            rc = err_set(err, -ENOSPC,
+                         "not enough free space for the global stage in %s: %llu MiB free, "
+                         "%llu MiB needed (three times its input %s and a margin)",
+                         r->m->job_dir, avail >> 20, need >> 20, path);
+    }
+    free(path);
+    return rc;
+}
+
 static void
 run_begin(struct job *j, struct claim *cl, bool ahead)
 {
@@ -804,6 +850,18 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     r->job = j;
     r->cl = *cl; /* the run owns the claim now; the caller's copy is emptied */
     memset(cl, 0, sizeof(*cl));
+    if (j->gstage && gstage_is(r->cl.shard_id)) {
+        r->m = &j->gm;
+        r->claimer = &j->gclaimer;
+    } else {
+        r->m = &j->m;
+        r->claimer = &j->claimer;
+    }
+    /* the global stage reads what every shard wrote: the time of one
+     * attempt a shard */
+    r->timeout = (double)c->attempt_timeout_secs;
+    if (r->m == &j->gm)
+        r->timeout *= (double)(j->m.nshards ? j->m.nshards : 1);
     r->ctx.job = &j->log;
     r->ctx.shard = r->cl.shard_id;
     r->ctx.attempt = r->cl.attempt_number;
@@ -815,7 +873,7 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     /* The head's generation now: a non-zero exit after it changed is the
      * head's loss, not the recipe's failure (run_outcome). */
     r->ray_gen = ray_generation();
-    snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : j->m.ray_address);
+    snprintf(r->ray_addr, sizeof(r->ray_addr), "%s", addr ? addr : r->m->ray_address);
     buf_init(&r->line);
     buf_init(&r->fin_out);
     r->next = R.head;
@@ -836,7 +894,7 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     ev_timer_init(&r->beat_w, run_beat_cb, (double)r->cl.lease_secs / 4.0,
                   (double)r->cl.lease_secs / 4.0);
     r->beat_w.data = r;
-    ev_timer_init(&r->timeout_w, run_timeout_cb, (double)c->attempt_timeout_secs, 0);
+    ev_timer_init(&r->timeout_w, run_timeout_cb, r->timeout, 0);
     r->timeout_w.data = r;
 
     ao.processor = c->processor.n ? (const char *const *)c->processor.v : NULL;
@@ -859,7 +917,13 @@ run_begin(struct job *j, struct claim *cl, bool ahead)
     ao.env = env.v;
     /* the attempt directory and process.log are the job owner's */
     prev = jobs_fs_owner(j);
-    if (attempt_prepare(&j->m, &r->cl, &ao, &r->cmd, &err) < 0) {
+    if (r->m == &j->gm && gstage_space_check(r, &err) < 0) {
+        jobs_fs_restore(prev);
+        strv_free(&env);
+        run_start_failed(r, err.msg);
+        return;
+    }
+    if (attempt_prepare(r->m, &r->cl, &ao, &r->cmd, &err) < 0) {
         jobs_fs_restore(prev);
         strv_free(&env);
         run_start_failed(r, err.msg);
@@ -899,7 +963,9 @@ runner_start(struct job *j, struct claim *cl)
 bool
 runner_can_start_ahead(const struct job *j)
 {
-    return R.conf->dj_warm && jobs_dj_python() && R.dj_runner && warm_ready(j);
+    /* (the global stage's processor need not wait at a Ray executor's
+     * gate: it waits for nothing) */
+    return !j->gstage && R.conf->dj_warm && jobs_dj_python() && R.dj_runner && warm_ready(j);
 }
 
 void
@@ -926,7 +992,7 @@ run_facts(const struct run *r, struct outcome_facts *f, struct attempt_outcome *
     f->ran = r->running;
     f->status = r->status;
     f->timed_out = r->timed_out;
-    f->timeout_secs = (double)R.conf->attempt_timeout_secs;
+    f->timeout_secs = r->timeout;
     f->ray_restarted = R.conf->ray_mode == RAY_PERSISTENT && ray_generation() != r->ray_gen;
     /* the processor's time: from when it was let run to its end, measured
      * on the monotonic clock and only then placed on the wall clock, so a
@@ -959,12 +1025,12 @@ static void __attribute__((noreturn)) finish_child(struct run *r, int fd)
     run_facts(r, &f, &out);
     if (outcome_classify(&f, &out, msg, sizeof(msg))) {
         f.validated = true;
-        f.result_rc = attempt_materialize(&r->job->m, &r->cl, NULL, &res, &merr);
+        f.result_rc = attempt_materialize(r->m, &r->cl, NULL, &res, &merr);
         f.result_error = merr.msg;
         have_result = f.result_rc >= 0;
         outcome_classify(&f, &out, msg, sizeof(msg));
     }
-    rc = attempt_finish(&r->job->claimer, &r->cl, &out, have_result ? &res : NULL, &fin, &err);
+    rc = attempt_finish(r->claimer, &r->cl, &out, have_result ? &res : NULL, &fin, &err);
     json_add_bool(rep, "ok", rc == 0);
     if (rc < 0)
         json_add_str(rep, "finish_error", err.msg);
@@ -1054,7 +1120,7 @@ run_report(struct run *r)
      * (max_infra_failures, 10 by default) */
     fin.counted = cls && (!strcmp(cls, "processor") || !strcmp(cls, "output"));
     jobs_attempt_ended(j, &fin);
-    claimer_forget(&j->claimer, &r->cl, done, failed);
+    claimer_forget(r->claimer, &r->cl, done, failed);
     cJSON_Delete(rep);
     j->running--;
     run_free(r);

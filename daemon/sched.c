@@ -87,14 +87,17 @@ failed_reason(struct job *j)
 static char *
 failed_reason_as_owner(struct job *j)
 {
-    for (size_t i = 0; i < j->m.nshards; i++) {
-        char *path = manifest_state_path(&j->m, "failed", j->m.shards[i].id, ".json");
+    const struct manifest *m = jobs_manifest(j);
+
+    for (size_t i = 0; i < m->nshards; i++) {
+        char *path = manifest_state_path(m, "failed", m->shards[i].id, ".json");
         cJSON *o = NULL;
         struct stat st;
 
         if (lstat(path, &st) == 0 && json_load_object(path, 1 << 20, &o, NULL) == 0) {
             const char *e = json_get_str(o, "last_error");
-            char *why = xasprintf("shard %s failed: %s", j->m.shards[i].id,
+            char *why = xasprintf("%s%s failed: %s", j->gstage ? "the global stage" : "shard ",
+                                  j->gstage ? "" : m->shards[i].id,
                                   e                           ? e
                                   : json_get_str(o, "reason") ? json_get_str(o, "reason")
                                                               : "no error recorded");
@@ -104,7 +107,7 @@ failed_reason_as_owner(struct job *j)
         }
         free(path);
     }
-    return xstrdup("a shard failed");
+    return xstrdup(j->gstage ? "the global stage failed" : "a shard failed");
 }
 
 void
@@ -209,7 +212,7 @@ fill(void)
             break;
         /* as the job's owner: the lock and attempt directory are its files */
         struct fsid prev = jobs_fs_owner(j);
-        r = claim_acquire(&j->claimer, &cl, &j->idle, &err);
+        r = claim_acquire(jobs_claimer(j), &cl, &j->idle, &err);
         jobs_fs_restore(prev);
         /* an I/O error is the storage's, not the job's: the job stays
          * active and this node looks again at its next poll */
@@ -411,11 +414,13 @@ check_drained(void)
 static void
 attempt_done(struct job *j, const struct attempt_final *fin)
 {
-    if (fin->counted && !fin->shard_done && !fin->shard_failed && !fin->shard_left && j->loaded) {
-        double d = claim_backoff(&j->claimer, fin->index);
+    if (fin->counted && !fin->shard_done && !fin->shard_failed && !fin->shard_left && j->loaded &&
+        fin->index < jobs_manifest(j)->nshards) {
+        double d = claim_backoff(jobs_claimer(j), fin->index);
 
-        log_info(&(struct log_ctx){ .job = &j->log, .shard = j->m.shards[fin->index].id },
-                 "not claimed again on this node for %.1f s (retries back off)", d);
+        log_info(
+            &(struct log_ctx){ .job = &j->log, .shard = jobs_manifest(j)->shards[fin->index].id },
+            "not claimed again on this node for %.1f s (retries back off)", d);
     }
     if (!strcmp(fin->status, "done")) {
         j->fail_streak = 0;
@@ -610,7 +615,10 @@ status_line(void)
             buf_printf(&b, ", %zu failed", v->counts[ST_FAILED]);
         if (v && v->counts[ST_RUNNING])
             buf_printf(&b, ", %zu running", v->counts[ST_RUNNING]);
-        buf_printf(&b, "%s%s", age, j->state == JOB_FINALIZING ? " (merging)" : "");
+        buf_printf(&b, "%s%s", age,
+                   j->state == JOB_FINALIZING ? " (merging)"
+                   : j->gstage                ? " (global stage)"
+                                              : "");
     }
     if (!shown)
         buf_puts(&b, "; no active job");
