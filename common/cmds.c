@@ -42,6 +42,11 @@ const struct opt_def cmd_opts[O__COUNT] = {
                      false },
     [O_DENY_OP] = { "deny-op", K_STRV, "NAME", "refuse this operator (repeatable)", "deny_op",
                     false },
+    [O_NO_GLOBAL_STAGE] = { "no-global-stage", K_FLAG, NULL,
+                            "refuse a whole-dataset operator (deduplicator, selector, ...) "
+                            "instead of running it and the rest of the recipe once after the "
+                            "shards",
+                            "no_global_stage", false },
     [O_MAX_LINE_BYTES] = { "max-line-bytes", K_POSITIVE, "N",
                            "longest accepted JSONL record (default 268435456)", "max_line_bytes",
                            false },
@@ -141,7 +146,8 @@ const struct opt_def cmd_opts[O__COUNT] = {
 #define PREPARE_OPTS                                                                        \
     (OPT(O_CONFIG) | OPT(O_DATASET_PATH) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS) |             \
      OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) | \
-     OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) | LIMITS)
+     OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) |      \
+     OPT(O_NO_GLOBAL_STAGE) | LIMITS)
 
 const struct cmd_def cmd_table[CMD__COUNT] = {
     [CMD_PING] = { CMD_PING, "ping", "", "check that esd answers on its control socket", 0, 0,

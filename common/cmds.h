@@ -32,6 +32,7 @@ enum opt_id {
     O_DJ_ROOT,
     O_ALLOW_OP,
     O_DENY_OP,
+    O_NO_GLOBAL_STAGE,
     O_MAX_LINE_BYTES,
     O_MAX_DEPTH,
     O_ALL,

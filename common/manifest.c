@@ -270,7 +270,9 @@ keep_strings(struct manifest *m, const char *job_dir)
     if (!m->job_id)
         m->job_id = fs_basename(job_dir);
     total = slen0(job_dir) + slen0(m->job_id) + slen0(m->ray_address) + slen0(m->execution_json) +
-            slen0(m->recipe_sha256) + slen0(m->recipe_snapshot) + slen0(m->dj_commit);
+            slen0(m->recipe_sha256) + slen0(m->recipe_snapshot) + slen0(m->dj_commit) +
+            slen0(m->recipe_whole_sha256) + slen0(m->global_snapshot) + slen0(m->global_sha256) +
+            slen0(m->global_executor) + slen0(m->global_ops_json);
 
     for (size_t i = 0; i < m->nshards; i++)
         total += slen0(m->shards[i].id) + slen0(m->shards[i].path) + slen0(m->shards[i].sha256);
@@ -282,6 +284,11 @@ keep_strings(struct manifest *m, const char *job_dir)
     m->recipe_sha256 = put(&at, m->recipe_sha256);
     m->recipe_snapshot = put(&at, m->recipe_snapshot);
     m->dj_commit = put(&at, m->dj_commit);
+    m->recipe_whole_sha256 = put(&at, m->recipe_whole_sha256);
+    m->global_snapshot = put(&at, m->global_snapshot);
+    m->global_sha256 = put(&at, m->global_sha256);
+    m->global_executor = put(&at, m->global_executor);
+    m->global_ops_json = put(&at, m->global_ops_json);
     for (size_t i = 0; i < m->nshards; i++) {
         m->shards[i].id = put(&at, m->shards[i].id);
         m->shards[i].path = put(&at, m->shards[i].path);
@@ -289,12 +296,79 @@ keep_strings(struct manifest *m, const char *job_dir)
     }
 }
 
+/* A relative path inside the job directory, as esd builds file names from. */
+static bool
+job_path_ok(const char *p)
+{
+    return path_ok(p) && strlen(p) <= MANIFEST_PATH_MAX && str_clean(p, strlen(p));
+}
+
+/*
+ * recipe.global of the document (the object g), when the job has a global
+ * stage: every key there and well-formed, for the finalizer runs it.
+ * *ret_ops is the operators' compact text (the caller frees).
+ */
+static int
+check_global(const cJSON *g, const char *path, struct manifest *m, char **ret_ops,
+             struct esd_err *err)
+{
+    const cJSON *ops = cJSON_GetObjectItemCaseSensitive(g, "operators"), *op;
+    const char *ex;
+
+    if (!cJSON_IsObject(g))
+        return err_set(err, -EINVAL, "malformed manifest %s: recipe.global must be an object",
+                       path);
+    m->global_snapshot = json_get_str(g, "snapshot_path");
+    if (!m->global_snapshot || !job_path_ok(m->global_snapshot))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.snapshot_path must be a relative "
+                       "path inside the job directory",
+                       path);
+    m->global_sha256 = json_get_str(g, "sha256");
+    if (!m->global_sha256 || !hex_ok(m->global_sha256))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.sha256 is not a hex digest", path);
+    if (!cJSON_IsArray(ops) || cJSON_GetArraySize(ops) == 0)
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.operators must be a non-empty list "
+                       "of operator names",
+                       path);
+    cJSON_ArrayForEach(op, ops)
+    {
+        if (!cJSON_IsString(op) || !*op->valuestring ||
+            !str_clean(op->valuestring, strlen(op->valuestring)))
+            return err_set(err, -EINVAL,
+                           "malformed manifest %s: recipe.global.operators must be a non-empty "
+                           "list of operator names",
+                           path);
+    }
+    if (json_get_int(g, "shard_operators", &m->global_shard_ops) < 0 || m->global_shard_ops < 0)
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.shard_operators must be an integer "
+                       ">= 0",
+                       path);
+    ex = json_get_str(g, "executor_type");
+    if (!ex || (strcmp(ex, "default") != 0 && strcmp(ex, "ray") != 0))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.executor_type must be \"default\" "
+                       "or \"ray\"",
+                       path);
+    m->global_executor = ex;
+    *ret_ops = cJSON_PrintUnformatted(ops);
+    m->global_ops_json = *ret_ops;
+    if (strlen(*ret_ops) > MANIFEST_GLOBAL_OPS_MAX || !str_clean(*ret_ops, strlen(*ret_ops)))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.operators is longer than %d bytes",
+                       path, MANIFEST_GLOBAL_OPS_MAX);
+    return 0;
+}
+
 /* Everything manifest_parse checks, on the document doc. */
 static int
 check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manifest *m,
-          char **ret_exec, struct esd_err *err)
+          char **ret_exec, char **ret_ops, struct esd_err *err)
 {
-    const cJSON *shards, *exec, *policy, *item, *recipe, *dj;
+    const cJSON *shards, *exec, *policy, *item, *recipe, *dj, *global;
     long long schema;
     int r, i = 0;
 
@@ -334,6 +408,10 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     recipe = cJSON_GetObjectItemCaseSensitive(doc, "recipe");
     m->recipe_sha256 = json_get_str(recipe, "sha256");
     m->recipe_snapshot = json_get_str(recipe, "snapshot_path");
+    m->recipe_whole_sha256 = json_get_str(recipe, "whole_sha256");
+    global = cJSON_GetObjectItemCaseSensitive(recipe, "global");
+    if (global && !cJSON_IsNull(global) && (r = check_global(global, path, m, ret_ops, err)) < 0)
+        return r;
     dj = cJSON_GetObjectItemCaseSensitive(doc, "data_juicer");
     m->dj_commit = json_get_str(dj, "commit");
     policy = cJSON_GetObjectItemCaseSensitive(doc, "policy");
@@ -393,6 +471,9 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
                        "malformed manifest %s: recipe.snapshot_path is not a "
                        "plain path",
                        path);
+    if (m->recipe_whole_sha256 && !hex_ok(m->recipe_whole_sha256))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.whole_sha256 is not a hex digest", path);
     /* A commit that is not plain text pins nothing: "unknown" is what the
      * reference writes when it cannot tell, and the version check is then
      * skipped (spec §8.1), as for any job that records no version. */
@@ -427,12 +508,12 @@ manifest_parse(const char *text, size_t len, const char *job_dir, const char *pa
 {
     struct manifest m = { 0 };
     cJSON *doc = NULL;
-    char *exec = NULL;
+    char *exec = NULL, *ops = NULL;
     int r;
 
     if ((r = manifest_check_size(text, len, path, err)) < 0 ||
         (r = json_parse_object(text, len, path, &doc, err)) < 0 ||
-        (r = check_doc(doc, job_dir, path, &m, &exec, err)) < 0)
+        (r = check_doc(doc, job_dir, path, &m, &exec, &ops, err)) < 0)
         goto out;
     if ((r = index_ids(&m, path, err)) < 0)
         goto out;
@@ -447,6 +528,7 @@ out:
     free(m.by_id);
     free(m.shards);
     free(exec);
+    free(ops);
     cJSON_Delete(doc);
     return r;
 }
@@ -551,25 +633,20 @@ put_field(struct buf *out, const char *v)
 void
 manifest_compact(const struct manifest *m, struct buf *out)
 {
-    buf_printf(out, "H\t%zu\t%lld\t%lld\t%lld", m->nshards, m->lock_timeout_secs, m->max_retries,
-               m->poll_interval_secs);
+    buf_printf(out, "H\t%zu\t%lld\t%lld\t%lld\t%lld", m->nshards, m->lock_timeout_secs,
+               m->max_retries, m->poll_interval_secs, m->global_shard_ops);
     put_field(out, m->job_id);
     put_field(out, m->ray_address);
     put_field(out, m->execution_json);
     put_field(out, m->recipe_sha256);
     put_field(out, m->recipe_snapshot);
     put_field(out, m->dj_commit);
+    put_field(out, m->recipe_whole_sha256);
+    put_field(out, m->global_snapshot);
+    put_field(out, m->global_sha256);
+    put_field(out, m->global_executor);
+    put_field(out, m->global_ops_json);
     buf_putc(out, '\n');
-    /* a whole recipe's global stage (gstage.h), when it has one */
-    if (m->global_snapshot) {
-        buf_printf(out, "G\t%lld", m->global_shard_ops);
-        put_field(out, m->recipe_whole_sha256);
-        put_field(out, m->global_snapshot);
-        put_field(out, m->global_sha256);
-        put_field(out, m->global_executor);
-        put_field(out, m->global_ops_json);
-        buf_putc(out, '\n');
-    }
     for (size_t i = 0; i < m->nshards; i++) {
         const struct manifest_shard *s = &m->shards[i];
 
@@ -645,12 +722,13 @@ manifest_reader_free(struct manifest_reader *rd)
 static int
 reader_line(struct manifest_reader *rd, char *line, struct esd_err *err)
 {
-    char *f[16];
-    size_t n = split_fields(line, f, 16);
-    long long v[4];
+    enum { NUMS = 5, STRS = sizeof(rd->hoff) / sizeof(rd->hoff[0]) };
+    char *f[1 + NUMS + STRS + 1];
+    size_t n = split_fields(line, f, sizeof(f) / sizeof(f[0]));
+    long long v[NUMS];
 
-    if (line[0] == 'H' && n == 11 && !rd->header) {
-        for (int i = 0; i < 4; i++)
+    if (line[0] == 'H' && n == 1 + NUMS + STRS && !rd->header) {
+        for (int i = 0; i < NUMS; i++)
             if (take_num(f[1 + i], &v[i]) < 0)
                 goto bad;
         if (v[0] < 1 || v[0] > MANIFEST_MAX_SHARDS)
@@ -659,23 +737,13 @@ reader_line(struct manifest_reader *rd, char *line, struct esd_err *err)
         rd->lock_timeout = v[1];
         rd->max_retries = v[2];
         rd->poll = v[3];
-        for (int i = 0; i < 6; i++)
-            if (take_field(rd, f[5 + i], &rd->hoff[i]) < 0)
+        rd->global_shard_ops = v[4];
+        for (int i = 0; i < STRS; i++)
+            if (take_field(rd, f[1 + NUMS + i], &rd->hoff[i]) < 0)
                 goto bad;
         rd->shards = xcalloc(rd->nshards, sizeof(*rd->shards));
         rd->offs = xcalloc(rd->nshards * 3, sizeof(*rd->offs));
         rd->header = true;
-        return 0;
-    }
-    if (line[0] == 'G' && n == 7 && rd->header && !rd->global && rd->got == 0) {
-        if (take_num(f[1], &rd->global_shard_ops) < 0 || rd->global_shard_ops < 0)
-            goto bad;
-        for (int i = 0; i < 5; i++)
-            if (take_field(rd, f[2 + i], &rd->goff[i]) < 0)
-                goto bad;
-        if (rd->goff[1] == (size_t)-1)
-            goto bad;
-        rd->global = true;
         return 0;
     }
     if (line[0] == 'S' && n == 7 && rd->header && rd->got < rd->nshards) {
@@ -716,9 +784,9 @@ manifest_reader_feed(struct manifest_reader *rd, const char *p, size_t n, struct
     }
     /* a line holds a few bounded fields: a partial line longer than they
      * can make is refused before it grows without bound */
-    if (rd->part.len > (size_t)MANIFEST_PATH_MAX * 4)
+    if (rd->part.len > (size_t)MANIFEST_PATH_MAX * 8)
         return err_set(err, -EINVAL, "malformed compact manifest: a line longer than %d bytes",
-                       MANIFEST_PATH_MAX * 4);
+                       MANIFEST_PATH_MAX * 8);
     return 0;
 }
 
@@ -759,14 +827,17 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
             r = err_set(err, -EINVAL, "malformed compact manifest: shard %zu", i);
         m.total_rows += s->rows;
     }
-    if (r == 0 && rd->global &&
-        (!path_ok(at(rd, rd->goff[1])) || !at(rd, rd->goff[3]) ||
-         (strcmp(at(rd, rd->goff[3]), "default") && strcmp(at(rd, rd->goff[3]), "ray"))))
-        r = err_set(err, -EINVAL, "malformed compact manifest: its global stage");
+    m.global_shard_ops = rd->global_shard_ops;
     if (r == 0 && (!m.ray_address || !*m.ray_address || m.lock_timeout_secs < 1 ||
                    m.max_retries < 0 || m.poll_interval_secs < 1 ||
                    !manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir))))
         r = err_set(err, -EINVAL, "malformed compact manifest: its header");
+    /* the global stage: whole, and its recipe a file inside the job */
+    if (r == 0 && rd->hoff[7] != (size_t)-1 &&
+        (!job_path_ok(at(rd, rd->hoff[7])) || rd->hoff[8] == (size_t)-1 ||
+         rd->hoff[9] == (size_t)-1 || rd->hoff[10] == (size_t)-1 || m.global_shard_ops < 0 ||
+         (strcmp(at(rd, rd->hoff[9]), "default") != 0 && strcmp(at(rd, rd->hoff[9]), "ray") != 0)))
+        r = err_set(err, -EINVAL, "malformed compact manifest: its global stage");
     if (r < 0) {
         free(m.shards);
         return r;
@@ -787,14 +858,11 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
     m.recipe_sha256 = AT(rd->hoff[3]);
     m.recipe_snapshot = AT(rd->hoff[4]);
     m.dj_commit = AT(rd->hoff[5]);
-    if (rd->global) {
-        m.recipe_whole_sha256 = AT(rd->goff[0]);
-        m.global_snapshot = AT(rd->goff[1]);
-        m.global_sha256 = AT(rd->goff[2]);
-        m.global_executor = AT(rd->goff[3]);
-        m.global_ops_json = AT(rd->goff[4]);
-        m.global_shard_ops = rd->global_shard_ops;
-    }
+    m.recipe_whole_sha256 = AT(rd->hoff[6]);
+    m.global_snapshot = AT(rd->hoff[7]);
+    m.global_sha256 = AT(rd->hoff[8]);
+    m.global_executor = AT(rd->hoff[9]);
+    m.global_ops_json = AT(rd->hoff[10]);
     for (size_t i = 0; i < m.nshards; i++) {
         m.shards[i].id = AT(rd->offs[i * 3]);
         m.shards[i].path = AT(rd->offs[i * 3 + 1]);

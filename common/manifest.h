@@ -27,6 +27,13 @@
 #define MANIFEST_MAX_FILES 10000000
 #define MANIFEST_PATH_MAX 4096
 
+/* The two parts of a recipe with a global stage, beside recipe.yaml (the
+ * user's whole recipe), as prepare names them in the manifest. */
+#define RECIPE_SHARDS_FILE "recipe.shards.yaml"
+#define RECIPE_GLOBAL_FILE "recipe.global.yaml"
+/* Longest recipe.global.operators a manifest may hold, as compact JSON. */
+#define MANIFEST_GLOBAL_OPS_MAX 4096
+
 /* Policy defaults of the reference (spec §14). */
 #define POLICY_LOCK_TIMEOUT_DEFAULT 126000
 #define POLICY_MAX_RETRIES_DEFAULT 3
@@ -58,8 +65,10 @@ struct manifest {
     const char *recipe_sha256;   /* recipe.sha256; NULL if absent */
     const char *recipe_snapshot; /* recipe.snapshot_path; NULL: "recipe.yaml" */
     const char *dj_commit;       /* data_juicer.commit; NULL if absent */
-    /* A whole recipe's global stage (common/gstage.h), from recipe.global */
-    const char *recipe_whole_sha256; /* recipe.whole_sha256; NULL if absent */
+    /* The global stage (recipe.global): the process items from
+     * global_shard_ops on run once, after every shard, on their merged
+     * output. All NULL (and global_shard_ops 0) for a job without one. */
+    const char *recipe_whole_sha256; /* recipe.whole_sha256: the user's whole recipe */
     const char *global_snapshot;     /* recipe.global.snapshot_path; NULL: no global stage */
     const char *global_sha256;       /* recipe.global.sha256 */
     const char *global_executor;     /* recipe.global.executor_type: "default" or "ray" */
@@ -79,7 +88,12 @@ struct manifest {
  * manifest_check_size). Checks schema_version == 2, a non-empty shards
  * list of well-formed entries whose ids are plain names, and an execution
  * object with executor_type "ray" and a non-empty ray_address. Missing
- * policy values take the defaults. The caller frees with manifest_free.
+ * policy values take the defaults. A recipe.global object, when present
+ * and not null, must be whole: a snapshot_path relative inside the job
+ * (no ".." component), a hex sha256, a non-empty list of operator names,
+ * shard_operators >= 0 and executor_type "default" or "ray"; else the
+ * manifest is refused, the message naming it and the key. The caller
+ * frees with manifest_free.
  */
 int manifest_load(const char *job_dir, struct manifest *ret, struct esd_err *err);
 /*
@@ -127,10 +141,9 @@ struct manifest_reader {
     bool header;
     size_t nshards, got, lines;
     long long lock_timeout, max_retries, poll;
-    size_t hoff[6]; /* job_id, ray_address, execution, recipe sha256, snapshot, commit */
-    bool global;    /* a global stage: */
     long long global_shard_ops;
-    size_t goff[5]; /* whole sha256, snapshot, sha256, executor, operators */
+    size_t hoff[11]; /* job_id, ray_address, execution, recipe sha256, snapshot, commit,
+                        whole sha256, global snapshot, sha256, executor, operators */
     struct manifest_shard *shards;
     size_t *offs; /* per shard: id, path, sha256 */
 };

@@ -172,6 +172,7 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
     cmd_arg_strv(args, O_DENY_OP, &deny);
     pol.allow = &allow;
     pol.deny = &deny;
+    o.no_global_stage = cmd_arg_flag(args, O_NO_GLOBAL_STAGE);
     o.config = config;
     o.dataset_path = dataset;
     o.job_dir = job_dir;
@@ -222,6 +223,12 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
         json_add_int(j, "rows", (long long)res.rows);
         json_add_int(j, "normalized_bytes", (long long)res.bytes);
     }
+    /* the split: the items each shard runs, then those run once after
+     * every shard (none: no global stage) */
+    json_add_int(j, "shard_operators", (long long)res.split);
+    w = cJSON_AddArrayToObject(j, "global_operators");
+    for (size_t i = 0; i < res.global_ops.n; i++)
+        cJSON_AddItemToArray(w, cJSON_CreateString(res.global_ops.v[i]));
     /* what the operator names were checked against */
     if (registry_source)
         json_add_str(j, "operators_checked", registry_source);

@@ -383,8 +383,12 @@ struct job {
     size_t recipe_len;
     struct stat recipe_st;
     char recipe_sha[SHA256_HEX_LEN + 1];
+    struct recipe_policy pol; /* o->policy's lists and limits, global_stage from o */
     struct recipe recipe;
     bool have_recipe;
+    bool split; /* recipe.split < recipe.nprocess: the recipe has a global stage */
+    char shards_sha[SHA256_HEX_LEN + 1]; /* of recipe.shards_yaml, when split */
+    char global_sha[SHA256_HEX_LEN + 1]; /* of recipe.global_yaml, when split */
     char *ray_address; /* stripped */
     char *dataset;     /* resolved dataset path */
     char *media_root;
@@ -495,18 +499,26 @@ load_request(struct job *j, struct esd_err *err)
     j->ray_address = strip(o->ray_address ? o->ray_address : "local");
     if (!*j->ray_address)
         return err_set(err, -EINVAL, "--ray-address must not be empty");
+    if (o->policy)
+        j->pol = *o->policy;
+    j->pol.global_stage = !o->no_global_stage;
     {
-        const struct recipe_limits *rl = o->policy ? &o->policy->limits : NULL;
-        size_t max = rl && rl->max_bytes ? rl->max_bytes : RECIPE_MAX_BYTES;
+        size_t max = j->pol.limits.max_bytes ? j->pol.limits.max_bytes : RECIPE_MAX_BYTES;
 
         if ((r = fs_read_file(j->config, max, &j->recipe_data, &j->recipe_len, err)) < 0)
             return r;
     }
     sha256_buf(j->recipe_data, j->recipe_len, j->recipe_sha);
-    if ((r = recipe_parse(j->recipe_data, j->recipe_len, j->config, o->policy, &j->recipe, err)) <
-        0)
+    if ((r = recipe_parse(j->recipe_data, j->recipe_len, j->config, &j->pol, &j->recipe, err)) < 0)
         return r;
     j->have_recipe = true;
+    /* The global stage (spec of issue 17): what runs per shard and what
+     * runs once after every shard, each a recipe of its own in the job. */
+    j->split = j->recipe.split < j->recipe.nprocess;
+    if (j->split) {
+        sha256_buf(j->recipe.shards_yaml, strlen(j->recipe.shards_yaml), j->shards_sha);
+        sha256_buf(j->recipe.global_yaml, strlen(j->recipe.global_yaml), j->global_sha);
+    }
     if ((r = registry_check(o, &j->recipe, err)) < 0)
         return r;
     for (size_t i = 0; i < j->recipe.warnings.n; i++)
@@ -571,6 +583,36 @@ load_request(struct job *j, struct esd_err *err)
 }
 
 /*
+ * Whether the job's manifest m (its recipe object recipe) records the split
+ * this request makes: no global stage in either, or the same operators
+ * from the same item on. A job split without --no-global-stage is not the
+ * job a request with it asks for, nor the other way round.
+ */
+static bool
+same_split(const struct job *j, const struct manifest *m, const cJSON *recipe)
+{
+    const cJSON *ops, *op;
+    size_t i = 0;
+
+    if (!j->split || !m->global_snapshot)
+        return !j->split && !m->global_snapshot && !m->recipe_whole_sha256;
+    /* (not the digests of the two parts: the same recipe is the same job
+     * even if another esd writes its parts otherwise) */
+    if (m->global_shard_ops < 0 || (size_t)m->global_shard_ops != j->recipe.split)
+        return false;
+    ops = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(recipe, "global"),
+                                           "operators");
+    if (cJSON_GetArraySize(ops) != (int)j->recipe.global_ops.n)
+        return false;
+    cJSON_ArrayForEach(op, ops)
+    {
+        if (!cJSON_IsString(op) || strcmp(op->valuestring, j->recipe.global_ops.v[i++]) != 0)
+            return false;
+    }
+    return true;
+}
+
+/*
  * Spec §6.6: does the existing job directory match this request? Its name
  * is looked up in the parent open on parent_fd and its manifest read from
  * there: a link at either (put there after the path was resolved) is not
@@ -583,6 +625,7 @@ matches_existing(struct job *j, int parent_fd, bool *ret_match, struct esd_err *
     struct manifest m;
     struct esd_err ignore;
     const cJSON *files, *recipe, *f;
+    const char *whole;
     cJSON *doc = NULL;
     long long n;
     size_t i = 0, len = 0;
@@ -610,7 +653,10 @@ matches_existing(struct job *j, int parent_fd, bool *ret_match, struct esd_err *
     if (!json_get_str(doc, "dataset_path") ||
         strcmp(json_get_str(doc, "dataset_path"), j->dataset) != 0)
         goto done;
-    if (!json_get_str(recipe, "sha256") || strcmp(json_get_str(recipe, "sha256"), j->recipe_sha))
+    /* the user's recipe: whole_sha256 where the job has a global stage
+     * (sha256 is then that of the shards' part), and the same split */
+    whole = json_get_str(recipe, m.recipe_whole_sha256 ? "whole_sha256" : "sha256");
+    if (!whole || strcmp(whole, j->recipe_sha) != 0 || !same_split(j, &m, recipe))
         goto done;
     if (json_get_int(doc, "num_shards", &n) < 0 || n != j->o->num_shards)
         goto done;
@@ -1081,6 +1127,17 @@ strv_json(const struct strv *s)
 static const char SHARDS_MARK[] = "@shards@";
 static const char SHARDS_AT[] = "\n  \"shards\": @shards@";
 
+/* The global stage's executor: Ray's where one of its operators is one of
+ * Data-Juicer's Ray operators (ray_*, which need a Ray dataset). */
+static const char *
+global_executor(const struct recipe *rc)
+{
+    for (size_t i = 0; i < rc->global_ops.n; i++)
+        if (!strncmp(rc->global_ops.v[i], "ray_", 4))
+            return "ray";
+    return "default";
+}
+
 static cJSON *
 build_manifest(struct job *j, const char *all_sha)
 {
@@ -1116,8 +1173,24 @@ build_manifest(struct job *j, const char *all_sha)
     cJSON_AddItemToObject(m, "shards", cJSON_CreateRaw(SHARDS_MARK));
     x = cJSON_AddObjectToObject(m, "recipe");
     json_add_str(x, "source_path", j->config);
-    json_add_str(x, "snapshot_path", "recipe.yaml");
-    json_add_str(x, "sha256", j->recipe_sha);
+    if (!j->split) {
+        json_add_str(x, "snapshot_path", "recipe.yaml");
+        json_add_str(x, "sha256", j->recipe_sha);
+    } else {
+        /* What the shards run is the snapshot (the reference's workers
+         * and merge read it so); recipe.yaml stays the user's recipe. */
+        cJSON *g;
+
+        json_add_str(x, "snapshot_path", RECIPE_SHARDS_FILE);
+        json_add_str(x, "sha256", j->shards_sha);
+        json_add_str(x, "whole_sha256", j->recipe_sha);
+        g = cJSON_AddObjectToObject(x, "global");
+        json_add_str(g, "snapshot_path", RECIPE_GLOBAL_FILE);
+        json_add_str(g, "sha256", j->global_sha);
+        cJSON_AddItemToObject(g, "operators", strv_json(&j->recipe.global_ops));
+        json_add_int(g, "shard_operators", (long long)j->recipe.split);
+        json_add_str(g, "executor_type", global_executor(&j->recipe));
+    }
     x = cJSON_AddObjectToObject(m, "data_juicer");
     json_add_str(x, "commit", o->dj_commit ? o->dj_commit : "unknown");
     if (o->dj_dirty < 0)
@@ -1136,22 +1209,22 @@ build_manifest(struct job *j, const char *all_sha)
     return m;
 }
 
-/* recipe.yaml: the bytes that were hashed, with the source's mode and times
- * (shutil.copy2). */
+/* A recipe file of the staging directory: name holding data[0..len), with
+ * the source recipe's mode and times (shutil.copy2 for recipe.yaml). */
 static int
-write_recipe_copy(struct job *j, struct esd_err *err)
+write_recipe_file(struct job *j, const char *name, const char *data, size_t len,
+                  struct esd_err *err)
 {
-    char *path = fs_join(j->staging, "recipe.yaml");
+    char *path = fs_join(j->staging, name);
     struct timespec ts[2] = { j->recipe_st.st_atim, j->recipe_st.st_mtim };
     int fd, r = 0;
 
-    fd = openat(j->staging_fd, "recipe.yaml", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                0600);
+    fd = openat(j->staging_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         r = err_sys(err, -errno, "cannot create %s", path);
         goto out;
     }
-    if ((r = fs_write_all(fd, j->recipe_data, j->recipe_len)) < 0 ||
+    if ((r = fs_write_all(fd, data, len)) < 0 ||
         (fchmod(fd, j->recipe_st.st_mode & 07777) < 0 && (r = -errno)) ||
         (futimens(fd, ts) < 0 && (r = -errno)) ||
         (j->sync == PREPARE_SYNC_FILES && fsync(fd) < 0 && (r = -errno)))
@@ -1159,6 +1232,23 @@ write_recipe_copy(struct job *j, struct esd_err *err)
     close(fd);
 out:
     free(path);
+    return r;
+}
+
+/* recipe.yaml: the bytes that were hashed; with a global stage also its
+ * two parts, recipe.shards.yaml and recipe.global.yaml. */
+static int
+write_recipe_copy(struct job *j, struct esd_err *err)
+{
+    const struct recipe *rc = &j->recipe;
+    int r = write_recipe_file(j, "recipe.yaml", j->recipe_data, j->recipe_len, err);
+
+    if (r == 0 && j->split)
+        r = write_recipe_file(j, RECIPE_SHARDS_FILE, rc->shards_yaml, strlen(rc->shards_yaml),
+                              err);
+    if (r == 0 && j->split)
+        r = write_recipe_file(j, RECIPE_GLOBAL_FILE, rc->global_yaml, strlen(rc->global_yaml),
+                              err);
     return r;
 }
 
@@ -1541,6 +1631,7 @@ prepare_result_free(struct prepare_result *r)
 {
     free(r->job_dir);
     strv_free(&r->warnings);
+    strv_free(&r->global_ops);
     memset(r, 0, sizeof(*r));
 }
 
@@ -1659,6 +1750,10 @@ done:
     ret->bytes = j.bytes;
     ret->warnings = j.warnings;
     strv_init(&j.warnings);
+    ret->nprocess = j.recipe.nprocess;
+    ret->split = j.recipe.split;
+    ret->global_ops = j.recipe.global_ops;
+    strv_init(&j.recipe.global_ops);
     r = 0;
 out:
     /* No digest may still be in flight when the contexts are released. */

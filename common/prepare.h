@@ -59,7 +59,9 @@ struct prepare_opts {
     const char *dj_root;          /* base of relative paths in the recipe; NULL: working dir */
     const char *dj_commit;        /* recorded as data_juicer.commit; NULL: "unknown" */
     int dj_dirty;                 /* data_juicer.dirty: 0, 1, or -1 for null */
-    const struct recipe_policy *policy; /* may be NULL */
+    const struct recipe_policy *policy; /* may be NULL; its global_stage is not read */
+    bool no_global_stage;               /* refuse a whole-dataset operator, as the reference
+                                           does, instead of splitting the recipe there */
     const struct strv *registry;        /* the operators the processor's Data-Juicer registers
                                     (sorted); NULL: not read, names are judged alone */
     const char *registry_source;        /* where registry was read, for messages */
@@ -79,6 +81,9 @@ struct prepare_result {
     uint64_t rows;  /* records */
     uint64_t bytes; /* normalised bytes */
     struct strv warnings;
+    size_t nprocess;        /* items of the recipe's process list */
+    size_t split;           /* the items that run per shard; nprocess: no global stage */
+    struct strv global_ops; /* the names of the items that run once after the shards */
 };
 
 /* Default values for the options above. */

@@ -434,8 +434,12 @@ part_text(const struct pyyaml_doc *d, const struct pyyaml_node *proc, size_t fro
     struct buf o;
 
     buf_init(&o);
-    buf_printf(&o, "# written by esd prepare: the recipe's process items %zu to %zu, %s\n",
-               from + 1, to, what);
+    if (from == to)
+        buf_printf(&o, "# written by esd prepare: none of the recipe's process items run per "
+                       "shard (all run once, on the merged output of every shard)\n");
+    else
+        buf_printf(&o, "# written by esd prepare: the recipe's process items %zu to %zu, %s\n",
+                   from + 1, to, what);
     pyyaml_map_each(d->root, part_pair, &o);
     buf_puts(&o, "\"process\":");
     if (from == to)

@@ -115,6 +115,32 @@ clean_copy(const cJSON *result)
 
 /* ---- commands on a job directory ---- */
 
+/* The recipe's split, when it has a global stage: "12 operators per shard,
+ * then 2 once: a, b", the latter once after every shard, on their merged
+ * output; with none per shard (the shards run an empty process list) the
+ * whole recipe runs once, unsharded. */
+static void
+render_split(const cJSON *res)
+{
+    const cJSON *ops = cJSON_GetObjectItemCaseSensitive(res, "global_operators"), *op;
+    long long per = num(res, "shard_operators");
+    int n = cJSON_GetArraySize(ops);
+    bool first = true;
+
+    if (!cJSON_IsArray(ops) || n == 0)
+        return;
+    printf("%lld operator%s per shard, then %d once%s: ", per, per == 1 ? "" : "s", n,
+           per == 0 ? " (the whole recipe, unsharded)" : "");
+    cJSON_ArrayForEach(op, ops)
+    {
+        if (cJSON_IsString(op)) {
+            printf("%s%s", first ? "" : ", ", op->valuestring);
+            first = false;
+        }
+    }
+    putchar('\n');
+}
+
 static int
 render_prepare(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -127,6 +153,7 @@ render_prepare(struct call *c, const cJSON *args, const cJSON *res)
     printf("Prepared %lld shards from %lld records (%lld normalized bytes) in %s\n",
            num(res, "num_shards"), num(res, "rows"), num(res, "normalized_bytes"),
            str(res, "job_dir"));
+    render_split(res);
     if (str(res, "operators_unchecked")[0])
         printf("Operator names were judged by their names alone: the processor's operator "
                "registry could not be read (%s)\n",

@@ -82,7 +82,7 @@ static struct {
     char *processor, *dj_root, *ray_mode, *ray_address, *ray_command;
     long long num_shards, nodes, slots, lease, max_retries, lock_timeout, attempt_timeout;
     struct strv allow, deny;
-    bool strict, nodes_given;
+    bool strict, nodes_given, no_global_stage;
     double wait_timeout, poll, deadline;
     const char *run_id_from, *deadline_from;
     /* the launcher's ranks */
@@ -738,6 +738,8 @@ static void __attribute__((noreturn)) prepare_child(int fd)
         for (size_t i = 0; i < R.deny.n; i++)
             cJSON_AddItemToArray(a, cJSON_CreateString(R.deny.v[i]));
     }
+    if (R.no_global_stage)
+        json_add_bool(args, "no_global_stage", true);
     env.event = prepare_event;
     env.cancel = &stop_sig;
     env.processor = R.conf->processor.n ? (const char *const *)R.conf->processor.v : NULL;
@@ -782,6 +784,33 @@ prepare_report(struct buf *in)
         memmove(in->p, in->p + pos, in->len - pos);
         in->len -= pos;
     }
+}
+
+/* The recipe's split from prepare's result, when it has a global stage
+ * (esctl prepare's words). */
+static void
+say_split(const cJSON *res)
+{
+    const cJSON *ops = cJSON_GetObjectItemCaseSensitive(res, "global_operators"), *op;
+    long long per = 0;
+    struct buf b;
+
+    if (!cJSON_IsArray(ops) || cJSON_GetArraySize(ops) == 0)
+        return;
+    json_get_int(res, "shard_operators", &per);
+    buf_init(&b);
+    cJSON_ArrayForEach(op, ops)
+    {
+        if (!cJSON_IsString(op))
+            continue;
+        if (b.len)
+            buf_puts(&b, ", ");
+        str_escape(op->valuestring, strlen(op->valuestring), &b);
+    }
+    say("prepare: %lld operator%s per shard, then %d once%s: %s", per, per == 1 ? "" : "s",
+        cJSON_GetArraySize(ops), per == 0 ? " (the whole recipe, unsharded)" : "",
+        b.p ? b.p : "");
+    buf_free(&b);
 }
 
 /* Runs the prepare in a child while renewing the election: the code, with
@@ -858,6 +887,7 @@ prepare_run_here(struct elect *e, char **why)
                     R.job_dir, n);
             else
                 say("prepare: %lld records into %lld shards in %s", rows, n, R.job_dir);
+            say_split(res);
             cJSON *w = cJSON_GetObjectItemCaseSensitive(res, "warnings");
             cJSON *it;
 
@@ -1675,7 +1705,7 @@ usage(FILE *f)
             "  --dataset-path PATH       JSONL file or directory (overrides the recipe's)\n"
             "  --num-shards N            shards to prepare (default 4 with --config)\n"
             "  --max-retries N, --lock-timeout-secs N, --data-juicer-root DIR,\n"
-            "  --allow-op NAME, --deny-op NAME   as esctl prepare\n"
+            "  --allow-op NAME, --deny-op NAME, --no-global-stage   as esctl prepare\n"
             "  --output PATH             merged output, inside the job directory\n"
             "                            (default DIR/merged.jsonl)\n"
             "  --run-id ID               the submission (default: PAI_JOB_ID, DLC_JOB_ID,\n"
@@ -1733,6 +1763,7 @@ enum {
     OPT_ESD_CONFIG,
     OPT_ALLOW,
     OPT_DENY,
+    OPT_NO_GLOBAL,
     OPT_EXPLAIN,
     OPT_HELP,
 };
@@ -1858,6 +1889,7 @@ parse_args(int argc, char **argv)
         { "esd-config", required_argument, NULL, OPT_ESD_CONFIG },
         { "allow-op", required_argument, NULL, OPT_ALLOW },
         { "deny-op", required_argument, NULL, OPT_DENY },
+        { "no-global-stage", no_argument, NULL, OPT_NO_GLOBAL },
         { "explain", no_argument, NULL, OPT_EXPLAIN },
         { "help", no_argument, NULL, OPT_HELP },
         { NULL, 0, NULL, 0 },
@@ -1945,6 +1977,9 @@ parse_args(int argc, char **argv)
             break;
         case OPT_DENY:
             strv_push(&R.deny, optarg);
+            break;
+        case OPT_NO_GLOBAL:
+            R.no_global_stage = true;
             break;
         case OPT_EXPLAIN:
             explain = true;
