@@ -146,7 +146,7 @@ const struct opt_def cmd_opts[O__COUNT] = {
 #define PREPARE_OPTS                                                                        \
     (OPT(O_CONFIG) | OPT(O_DATASET_PATH) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS) |             \
      OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) | \
-     OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) |      \
+     OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) |                 \
      OPT(O_NO_GLOBAL_STAGE) | LIMITS)
 
 const struct cmd_def cmd_table[CMD__COUNT] = {

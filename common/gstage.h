@@ -62,11 +62,10 @@ int gstage_prefix_write(const struct manifest *m, const struct gstage_prefix *p,
  * GSTAGE_ID, whose input is GSTAGE_INPUT with p's rows and digest.
  * manifest_free frees it.
  */
-void gstage_manifest(const struct manifest *m, const struct gstage_prefix *p,
-                     struct manifest *ret);
+void gstage_manifest(const struct manifest *m, const struct gstage_prefix *p, struct manifest *ret);
 
 /* merge.json's "stages" of a finished job (caller cJSON_Deletes). */
-cJSON *gstage_stages_json(const struct manifest *m, const struct gstage_prefix *p,
-                          long long rows, const char *sha256);
+cJSON *gstage_stages_json(const struct manifest *m, const struct gstage_prefix *p, long long rows,
+                          const char *sha256);
 
 #endif

@@ -389,8 +389,8 @@ struct job {
     bool split; /* recipe.split < recipe.nprocess: the recipe has a global stage */
     char shards_sha[SHA256_HEX_LEN + 1]; /* of recipe.shards_yaml, when split */
     char global_sha[SHA256_HEX_LEN + 1]; /* of recipe.global_yaml, when split */
-    char *ray_address; /* stripped */
-    char *dataset;     /* resolved dataset path */
+    char *ray_address;                   /* stripped */
+    char *dataset;                       /* resolved dataset path */
     char *media_root;
     struct files files;
     char *job_dir;
@@ -1244,11 +1244,9 @@ write_recipe_copy(struct job *j, struct esd_err *err)
     int r = write_recipe_file(j, "recipe.yaml", j->recipe_data, j->recipe_len, err);
 
     if (r == 0 && j->split)
-        r = write_recipe_file(j, RECIPE_SHARDS_FILE, rc->shards_yaml, strlen(rc->shards_yaml),
-                              err);
+        r = write_recipe_file(j, RECIPE_SHARDS_FILE, rc->shards_yaml, strlen(rc->shards_yaml), err);
     if (r == 0 && j->split)
-        r = write_recipe_file(j, RECIPE_GLOBAL_FILE, rc->global_yaml, strlen(rc->global_yaml),
-                              err);
+        r = write_recipe_file(j, RECIPE_GLOBAL_FILE, rc->global_yaml, strlen(rc->global_yaml), err);
     return r;
 }
 

@@ -1421,6 +1421,20 @@ struct emit_st {
 
 static bool emit_pair(const struct pyyaml_node *k, const struct pyyaml_node *v, void *arg);
 
+/* -?(0|[1-9][0-9]*), at most 18 digits */
+static bool
+plain_decimal(const char *p, size_t n)
+{
+    size_t i = n && p[0] == '-' ? 1 : 0;
+
+    if (i == n || n - i > 18 || (p[i] == '0' && n - i > 1))
+        return false;
+    for (; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return false;
+    return true;
+}
+
 void
 pyyaml_emit(const struct pyyaml_node *nd, struct buf *o)
 {
@@ -1455,6 +1469,13 @@ pyyaml_emit(const struct pyyaml_node *nd, struct buf *o)
         buf_puts(o, nd->ival ? "true" : "false");
         return;
     case PYYAML_INT:
+        /* a plain decimal (what most recipes hold) as itself: every
+         * reader takes it for the same int */
+        if (plain_decimal(nd->val, nd->len)) {
+            buf_append(o, nd->val, nd->len);
+            return;
+        }
+        /* fall through */
     case PYYAML_FLOAT:
     case PYYAML_TS:
         /* the constructor the resolver chose, on the text it saw */

@@ -808,8 +808,7 @@ say_split(const cJSON *res)
         str_escape(op->valuestring, strlen(op->valuestring), &b);
     }
     say("prepare: %lld operator%s per shard, then %d once%s: %s", per, per == 1 ? "" : "s",
-        cJSON_GetArraySize(ops), per == 0 ? " (the whole recipe, unsharded)" : "",
-        b.p ? b.p : "");
+        cJSON_GetArraySize(ops), per == 0 ? " (the whole recipe, unsharded)" : "", b.p ? b.p : "");
     buf_free(&b);
 }
 

@@ -8,13 +8,15 @@
  * as "--flag value" or "--flag=value": --config --dataset_path --export_path
  * --executor_type --ray_address --work_dir --job_id --event_log_dir
  * --checkpoint_dir --partition_dir. An unknown, repeated, empty or missing
- * flag is an error (exit 2). --executor_type must be "ray". --ray_address is
+ * flag is an error (exit 2). --executor_type must be "ray", or "default"
+ * (Data-Juicer's own executor: no Ray is reached, and the output is ONE
+ * JSONL file at --export_path, rows in input order). --ray_address is
  * "local" (accepted as is) or [ray://]host:port, where something must accept
  * a TCP connection within 2 s, as a Ray client needs its head (exit 3
  * "cannot reach Ray at host:port" otherwise).
  *
  * Recipe: the YAML file's "process" list (libyaml events, first document;
- * absent or null means no operators). Two operators exist, applied in
+ * absent or null means no operators). Three operators exist, applied in
  * recipe order to the "text" member of every record (the last one if the
  * key is repeated, as Python keeps the last duplicate); any other operator
  * name is "mini-dj: unsupported operator X", exit 2. Other arguments than
@@ -26,6 +28,9 @@
  *     U+FEFF, U+FFFC. (Real Data-Juicer replaces EACH such character by a
  *     space instead of each run: never compare the two.) Records without a
  *     string "text" are left alone.
+ *   document_deduplicator: a record whose "text" equals (byte for byte)
+ *     that of an earlier record is dropped; arguments are ignored (real
+ *     Data-Juicer hashes the text, by default as is: the same records).
  *   text_length_filter: min_len (default 10) and max_len (default
  *     unlimited), length in Unicode code points of "text"; records outside
  *     [min_len, max_len], or without a string "text", are dropped.
@@ -179,13 +184,14 @@ usage(FILE *f)
 {
     fputs(
         "usage: mini-dj --config RECIPE --dataset_path SHARD.jsonl --export_path DIR\n"
-        "               --executor_type ray --ray_address local|HOST:PORT --work_dir DIR\n"
+        "               --executor_type ray|default --ray_address local|HOST:PORT --work_dir DIR\n"
         "               --job_id ID --event_log_dir DIR --checkpoint_dir DIR --partition_dir DIR\n"
         "\n"
         "mini-dj is a TEST STAND-IN for Data-Juicer's process_data.py / dj-process with the\n"
-        "Ray executor. It is not Data-Juicer and uses no Ray cluster. It knows two operators,\n"
+        "Ray executor. It is not Data-Juicer and uses no Ray cluster. It knows three operators,\n"
         "whitespace_normalization_mapper (runs of whitespace -> one space, trimmed; real\n"
-        "Data-Juicer replaces each character) and text_length_filter (min_len default 10,\n"
+        "Data-Juicer replaces each character), document_deduplicator (exact text) and\n"
+        "text_length_filter (min_len default 10,\n"
         "max_len default unlimited, in code points), and writes Ray-style output: part i\n"
         "(contiguous chunks of the kept rows in input order, chunk i = rows\n"
         "[i*q+min(i,r), +q+(i<r)), q=M/P, r=M%P, empty chunks not written) goes to\n"
@@ -300,8 +306,9 @@ opts_parse(int argc, char **argv, struct opts *o, struct esd_err *err)
     for (size_t k = 0; k < NFLAGS; k++)
         if (!*flag_slot(o, &flags[k]))
             return err_set(err, -EINVAL, "missing flag --%s", flags[k].name);
-    if (strcmp(o->executor_type, "ray") != 0)
-        return err_set(err, -EINVAL, "--executor_type must be ray, not '%s'", o->executor_type);
+    if (strcmp(o->executor_type, "ray") != 0 && strcmp(o->executor_type, "default") != 0)
+        return err_set(err, -EINVAL, "--executor_type must be ray or default, not '%s'",
+                       o->executor_type);
     return 0;
 }
 
@@ -677,7 +684,7 @@ ray_reach(const char *host, const char *port, struct esd_err *err)
 
 /* ---- recipe ---- */
 
-enum op_kind { OP_WHITESPACE, OP_LENGTH };
+enum op_kind { OP_WHITESPACE, OP_LENGTH, OP_DEDUP };
 
 static const struct {
     const char *name;
@@ -685,11 +692,23 @@ static const struct {
 } op_table[] = {
     { "whitespace_normalization_mapper", OP_WHITESPACE },
     { "text_length_filter", OP_LENGTH },
+    { "document_deduplicator", OP_DEDUP },
+};
+
+/* The texts an OP_DEDUP saw: open addressing on FNV-1a, texts in one buffer. */
+struct seen {
+    struct buf texts;
+    struct seen_slot {
+        uint64_t hash;
+        size_t off, len; /* len + 1; 0: free */
+    } * slots;
+    size_t n, cap;
 };
 
 struct op {
     enum op_kind kind;
     long long min_len, max_len; /* OP_LENGTH */
+    struct seen *seen;          /* OP_DEDUP */
 };
 
 struct recipe {
@@ -837,6 +856,10 @@ recipe_op(struct yw *y, size_t idx, struct recipe *rc, struct esd_err *err)
     if (rc->n == rc->cap) {
         rc->cap = rc->cap ? 2 * rc->cap : 8;
         rc->ops = xrealloc(rc->ops, rc->cap * sizeof(*rc->ops));
+    }
+    if (op.kind == OP_DEDUP) {
+        op.seen = xcalloc(1, sizeof(*op.seen));
+        buf_init(&op.seen->texts);
     }
     rc->ops[rc->n++] = op;
 out:
@@ -1014,6 +1037,58 @@ text_member(struct work *w)
     return NULL;
 }
 
+static uint64_t
+fnv1a(const char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void
+seen_grow(struct seen *sn)
+{
+    size_t cap = sn->cap ? 2 * sn->cap : 1024;
+    struct seen_slot *v = xcalloc(cap, sizeof(*v));
+
+    for (size_t i = 0; i < sn->cap; i++) {
+        struct seen_slot *o = &sn->slots[i];
+        size_t k;
+
+        if (!o->len)
+            continue;
+        for (k = o->hash & (cap - 1); v[k].len; k = (k + 1) & (cap - 1))
+            ;
+        v[k] = *o;
+    }
+    free(sn->slots);
+    sn->slots = v;
+    sn->cap = cap;
+}
+
+/* Whether text was seen before; remembers it if not. */
+static bool
+seen_add(struct seen *sn, const char *p, size_t n)
+{
+    uint64_t h = fnv1a(p, n);
+    size_t k;
+
+    if (2 * (sn->n + 1) > sn->cap)
+        seen_grow(sn);
+    for (k = h & (sn->cap - 1); sn->slots[k].len; k = (k + 1) & (sn->cap - 1))
+        if (sn->slots[k].hash == h && sn->slots[k].len == n + 1 &&
+            !memcmp(sn->texts.p + sn->slots[k].off, p, n))
+            return true;
+    sn->slots[k].hash = h;
+    sn->slots[k].off = sn->texts.len;
+    sn->slots[k].len = n + 1;
+    buf_append(&sn->texts, p, n);
+    sn->n++;
+    return false;
+}
+
 /* Applies ops to the record in w->cur; *ret_keep false if a filter drops it. */
 static int
 record_apply(const struct recipe *rc, struct work *w, bool *ret_keep)
@@ -1041,6 +1116,12 @@ record_apply(const struct recipe *rc, struct work *w, bool *ret_keep)
         case OP_LENGTH:
             cps = count_code_points(w->text.p, w->text.len);
             if ((long long)cps < op->min_len || (long long)cps > op->max_len) {
+                *ret_keep = false;
+                return 0;
+            }
+            break;
+        case OP_DEDUP:
+            if (seen_add(op->seen, w->text.p, w->text.len)) {
                 *ret_keep = false;
                 return 0;
             }
@@ -1457,7 +1538,7 @@ main(int argc, char **argv)
         rc_exit = k.exit_code;
         goto out;
     }
-    if (host) {
+    if (host && strcmp(o.executor_type, "ray") == 0) {
         if (ray_reach(host, port, &err) < 0) {
             fprintf(stderr, "mini-dj: %s\n", err.msg);
             rc_exit = 3;
@@ -1513,6 +1594,25 @@ main(int argc, char **argv)
         rc_exit = 0;
         goto out;
     }
+    if (strcmp(o.executor_type, "default") == 0) {
+        /* Data-Juicer's default executor: one JSONL file at the export path */
+        struct buf all;
+
+        buf_init(&all);
+        buf_reserve(&all, 0);
+        for (size_t i = 0; i < rs.n; i++)
+            rows_line(&rs, i, &all);
+        r = fs_write_atomic(o.export_path, all.p, all.len, 0644, &err);
+        buf_free(&all);
+        if (r < 0) {
+            fprintf(stderr, "mini-dj: %s\n", err.msg);
+            goto out;
+        }
+        printf("mini-dj: wrote %zu rows to the file %s (executor default)\n", rs.n, o.export_path);
+        event(o.event_log_dir, "finished: %zu rows in one file", rs.n);
+        rc_exit = 0;
+        goto out;
+    }
     if (write_output(o.export_path, o.job_id, &rs, &k, &parts, bad_name, &err) < 0) {
         fprintf(stderr, "mini-dj: %s\n", err.msg);
         goto out;
@@ -1526,6 +1626,12 @@ main(int argc, char **argv)
 out:
     free(host);
     free(port);
+    for (size_t i = 0; i < rc.n; i++)
+        if (rc.ops[i].seen) {
+            buf_free(&rc.ops[i].seen->texts);
+            free(rc.ops[i].seen->slots);
+            free(rc.ops[i].seen);
+        }
     free(rc.ops);
     buf_free(&rs.data);
     free(rs.end);

@@ -187,7 +187,7 @@ START_TEST(test_global_stage_split)
     ck_assert_str_eq(part.executor_type, "default");
     recipe_free(&part);
     ck_assert_ptr_nonnull(strstr(rec.shards_yaml, "\"export_path\": \"/x\""));
-    ck_assert_ptr_nonnull(strstr(rec.shards_yaml, "\"np\": !!int \"2\""));
+    ck_assert_ptr_nonnull(strstr(rec.shards_yaml, "\"np\": 2"));
     ck_assert_int_eq(recipe_parse(rec.global_yaml, strlen(rec.global_yaml), "g", &pol, &part, &err),
                      0);
     ck_assert_uint_eq(part.split, 0);

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# global_stage: a whole recipe (issue 17) with the stand-in processor
+# mini-dj (NOT Data-Juicer; real_global.sh runs the real one). A recipe of
+# two per-record operators and document_deduplicator, over data whose
+# duplicates lie in different shards: prepare splits it (2 operators per
+# shard, then 1 once), two esd nodes run the shards, the finalize winner
+# merges them into the global stage's input, the global stage's first
+# attempt fails (MINI_DJ_EXIT=3 on its input only, once) and is retried,
+# and the final output is the per-record result of every shard, in order,
+# with each text's first record only. merge.json records both stages.
+set -euo pipefail
+export LC_ALL=C
+# shellcheck source=tests/integration/lib.bash
+. "$(dirname "$0")/lib.bash"
+
+new_workdir
+unset_knobs
+need_daemon_tools
+python3 - "$W" <<'PY'
+import json, sys
+w = sys.argv[1]
+with open(w + "/data.jsonl", "w") as f:
+    for i in range(160):
+        # 40 texts, each four times, in all four shards, the spacing differing
+        t = "document  %d\t of the  dataset" % (i % 40) if i % 2 else "document %d of the dataset " % (i % 40)
+        f.write(json.dumps({"id": i, "text": t}) + "\n")
+PY
+cat >"$W/recipe.yaml" <<'Y'
+# a whole recipe
+project_name: whole
+np: 2
+process:
+  - whitespace_normalization_mapper:
+  - text_length_filter:
+      min_len: 1
+  - document_deduplicator:
+      lowercase: false
+Y
+run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+    --job-dir "$W/job" --num-shards 4
+check "prepare splits the recipe" 0 "2 operators per shard, then 1 once: document_deduplicator"
+[ -f "$W/job/recipe.shards.yaml" ] && [ -f "$W/job/recipe.global.yaml" ] &&
+    cmp -s "$W/recipe.yaml" "$W/job/recipe.yaml" ||
+    fail "recipe.yaml is the user's, beside its two halves" "$(ls "$W/job")"
+ok "recipe.yaml is the user's recipe; recipe.shards.yaml and recipe.global.yaml beside it"
+run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+    --job-dir "$W/job2" --num-shards 4 --no-global-stage
+check "--no-global-stage refuses the recipe as before" 2 "" "whole-dataset semantics"
+
+give_job "$W/job"
+mkdir -m 1777 "$W/once" # (the attempts run as the job's owner)
+for n in n1 n2; do
+    daemon_conf "$n"
+    start_daemon "$n" MINI_DJ_EXIT=3 MINI_DJ_ONLY=global/input.jsonl MINI_DJ_FAIL_ONCE="$W/once"
+done
+run "$ESCTL" --socket "$(dsock n1)" submit "$W/job"
+check "submit on n1" 0 "Submitted $W/job"
+run "$ESCTL" --socket "$(dsock n2)" submit "$W/job"
+check "submit on n2" 0 "Submitted $W/job"
+complete() { [ "$(job_state n1 "$W/job")" = complete ] && [ "$(job_state n2 "$W/job")" = complete ]; }
+wait_for "the job completes on both nodes" 40 complete
+ok "the job completed on both nodes"
+
+python3 - "$W" <<'PY' >"$W/verdict" 2>&1 || fail "the records of both stages" "$(cat "$W/verdict")"
+import glob, hashlib, json, re, sys
+w = sys.argv[1]
+job = w + "/job"
+man = json.load(open(job + "/manifest.json"))
+g = man["recipe"]["global"]
+assert man["recipe"]["snapshot_path"] == "recipe.shards.yaml", man["recipe"]
+assert g["operators"] == ["document_deduplicator"] and g["shard_operators"] == 2, g
+# the global stage's input: every shard's result, in manifest order
+shards = sorted(man["shards"], key=lambda s: s["index"])
+prefix = b""
+for s in shards:
+    d = json.load(open(job + "/state/done/%s.json" % s["id"]))
+    prefix += open(job + "/" + d["output_path"], "rb").read()
+inp = open(job + "/state/esd/global/input.jsonl", "rb").read()
+assert inp == prefix, "input.jsonl is the shards' results in order"
+pre = json.load(open(job + "/state/esd/global/prefix.json"))
+assert pre["rows"] == 160 and pre["sha256"] == hashlib.sha256(inp).hexdigest(), pre
+# the final output: the first record of each normalised text, in input order
+seen, want = set(), []
+for line in inp.splitlines(keepends=True):
+    t = json.loads(line)["text"]
+    assert t == re.sub(r"\s+", " ", t).strip()
+    if t not in seen:
+        seen.add(t)
+        want.append(line)
+out = open(job + "/merged.jsonl", "rb").read()
+assert out == b"".join(want), "merged.jsonl is the deduplicated input"
+assert len(want) == 40
+m = json.load(open(job + "/merge.json"))
+assert m["rows"] == 40 and m["sha256"] == hashlib.sha256(out).hexdigest(), m
+assert m["num_shards"] == 4, m
+st = m["stages"]
+assert st["shards"]["rows"] == 160 and st["shards"]["sha256"] == pre["sha256"], st
+assert st["global"]["rows"] == 40 and st["global"]["operators"] == ["document_deduplicator"], st
+# the global stage's attempts: the first failed (a processor failure), the second done
+ats = [json.load(open(f)) for f in sorted(glob.glob(job + "/attempts/_global/*/attempt.json"))]
+assert [a["status"] for a in ats] == ["failed", "done"], [a["status"] for a in ats]
+assert "--executor_type" in ats[1]["command"]
+assert ats[1]["command"][ats[1]["command"].index("--executor_type") + 1] == "default"
+assert ats[1]["command"][ats[1]["command"].index("--config") + 1] == job + "/recipe.global.yaml"
+d = json.load(open(job + "/state/done/_global.json"))
+assert d["rows"] == 40, d
+print("prefix %d rows, global %d rows, attempts %s" % (pre["rows"], m["rows"],
+      [a["status"] for a in ats]))
+PY
+ok "both stages recorded: $(cat "$W/verdict")"
+grep -q "the global stage runs next" "$W/n1/log" "$W/n2/log" ||
+    fail "esd logs the global stage" "$(tail -n 30 "$W/n1/log")"
+ok "esd logged the global stage"
+for n in n1 n2; do
+    stop_daemon "$n"
+    [ "$DRC" -eq 0 ] || fail "esd $n exits 0" "status $DRC"
+done
+summary
