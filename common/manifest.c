@@ -270,7 +270,9 @@ keep_strings(struct manifest *m, const char *job_dir)
     if (!m->job_id)
         m->job_id = fs_basename(job_dir);
     total = slen0(job_dir) + slen0(m->job_id) + slen0(m->ray_address) + slen0(m->execution_json) +
-            slen0(m->recipe_sha256) + slen0(m->recipe_snapshot) + slen0(m->dj_commit);
+            slen0(m->recipe_sha256) + slen0(m->recipe_snapshot) + slen0(m->dj_commit) +
+            slen0(m->recipe_whole_sha256) + slen0(m->global_snapshot) + slen0(m->global_sha256) +
+            slen0(m->global_executor) + slen0(m->global_ops_json);
 
     for (size_t i = 0; i < m->nshards; i++)
         total += slen0(m->shards[i].id) + slen0(m->shards[i].path) + slen0(m->shards[i].sha256);
@@ -282,6 +284,11 @@ keep_strings(struct manifest *m, const char *job_dir)
     m->recipe_sha256 = put(&at, m->recipe_sha256);
     m->recipe_snapshot = put(&at, m->recipe_snapshot);
     m->dj_commit = put(&at, m->dj_commit);
+    m->recipe_whole_sha256 = put(&at, m->recipe_whole_sha256);
+    m->global_snapshot = put(&at, m->global_snapshot);
+    m->global_sha256 = put(&at, m->global_sha256);
+    m->global_executor = put(&at, m->global_executor);
+    m->global_ops_json = put(&at, m->global_ops_json);
     for (size_t i = 0; i < m->nshards; i++) {
         m->shards[i].id = put(&at, m->shards[i].id);
         m->shards[i].path = put(&at, m->shards[i].path);
@@ -289,10 +296,70 @@ keep_strings(struct manifest *m, const char *job_dir)
     }
 }
 
+/* recipe.global (the global stage of issue 17), when present: every key
+ * checked; *ret_ops the operators' compact JSON (the caller frees). */
+static int
+check_global(const cJSON *recipe, const char *path, struct manifest *m, char **ret_ops,
+             struct esd_err *err)
+{
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(recipe, "global"), *ops, *x;
+    const char *s;
+
+    m->recipe_whole_sha256 = json_get_str(recipe, "whole_sha256");
+    if (cJSON_GetObjectItemCaseSensitive(recipe, "whole_sha256") &&
+        (!m->recipe_whole_sha256 || !hex_ok(m->recipe_whole_sha256)))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.whole_sha256 is not a hex digest", path);
+    if (!g)
+        return 0;
+    if (!cJSON_IsObject(g))
+        return err_set(err, -EINVAL, "malformed manifest %s: recipe.global is not an object", path);
+    s = json_get_str(g, "snapshot_path");
+    if (!s || !path_ok(s) || strlen(s) > MANIFEST_PATH_MAX || !str_clean(s, strlen(s)))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.snapshot_path is not a plain "
+                       "relative path",
+                       path);
+    m->global_snapshot = s;
+    if (!(m->global_sha256 = json_get_str(g, "sha256")) || !hex_ok(m->global_sha256))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.sha256 is not a hex digest", path);
+    s = json_get_str(g, "executor_type");
+    if (!s || (strcmp(s, "default") != 0 && strcmp(s, "ray") != 0))
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.executor_type must be "
+                       "\"default\" or \"ray\"",
+                       path);
+    m->global_executor = s;
+    ops = cJSON_GetObjectItemCaseSensitive(g, "operators");
+    if (!cJSON_IsArray(ops) || cJSON_GetArraySize(ops) == 0)
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.operators must be a non-empty "
+                       "list of names",
+                       path);
+    cJSON_ArrayForEach(x, ops)
+    {
+        if (!cJSON_IsString(x) || !*x->valuestring || strlen(x->valuestring) > 256 ||
+            !str_clean(x->valuestring, strlen(x->valuestring)))
+            return err_set(err, -EINVAL,
+                           "malformed manifest %s: recipe.global.operators must be a "
+                           "non-empty list of names",
+                           path);
+    }
+    if (json_get_int(g, "shard_operators", &m->global_shard_ops) < 0 || m->global_shard_ops < 0)
+        return err_set(err, -EINVAL,
+                       "malformed manifest %s: recipe.global.shard_operators is not a "
+                       "non-negative integer",
+                       path);
+    *ret_ops = cJSON_PrintUnformatted(ops);
+    m->global_ops_json = *ret_ops;
+    return 0;
+}
+
 /* Everything manifest_parse checks, on the document doc. */
 static int
 check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manifest *m,
-          char **ret_exec, struct esd_err *err)
+          char **ret_exec, char **ret_ops, struct esd_err *err)
 {
     const cJSON *shards, *exec, *policy, *item, *recipe, *dj;
     long long schema;
@@ -334,6 +401,8 @@ check_doc(const cJSON *doc, const char *job_dir, const char *path, struct manife
     recipe = cJSON_GetObjectItemCaseSensitive(doc, "recipe");
     m->recipe_sha256 = json_get_str(recipe, "sha256");
     m->recipe_snapshot = json_get_str(recipe, "snapshot_path");
+    if ((r = check_global(recipe, path, m, ret_ops, err)) < 0)
+        return r;
     dj = cJSON_GetObjectItemCaseSensitive(doc, "data_juicer");
     m->dj_commit = json_get_str(dj, "commit");
     policy = cJSON_GetObjectItemCaseSensitive(doc, "policy");
@@ -427,12 +496,12 @@ manifest_parse(const char *text, size_t len, const char *job_dir, const char *pa
 {
     struct manifest m = { 0 };
     cJSON *doc = NULL;
-    char *exec = NULL;
+    char *exec = NULL, *ops = NULL;
     int r;
 
     if ((r = manifest_check_size(text, len, path, err)) < 0 ||
         (r = json_parse_object(text, len, path, &doc, err)) < 0 ||
-        (r = check_doc(doc, job_dir, path, &m, &exec, err)) < 0)
+        (r = check_doc(doc, job_dir, path, &m, &exec, &ops, err)) < 0)
         goto out;
     if ((r = index_ids(&m, path, err)) < 0)
         goto out;
@@ -447,6 +516,7 @@ out:
     free(m.by_id);
     free(m.shards);
     free(exec);
+    free(ops);
     cJSON_Delete(doc);
     return r;
 }
@@ -559,6 +629,12 @@ manifest_compact(const struct manifest *m, struct buf *out)
     put_field(out, m->recipe_sha256);
     put_field(out, m->recipe_snapshot);
     put_field(out, m->dj_commit);
+    put_field(out, m->recipe_whole_sha256);
+    put_field(out, m->global_snapshot);
+    put_field(out, m->global_sha256);
+    put_field(out, m->global_executor);
+    put_field(out, m->global_ops_json);
+    buf_printf(out, "\t%lld", m->global_shard_ops);
     buf_putc(out, '\n');
     for (size_t i = 0; i < m->nshards; i++) {
         const struct manifest_shard *s = &m->shards[i];
@@ -635,11 +711,11 @@ manifest_reader_free(struct manifest_reader *rd)
 static int
 reader_line(struct manifest_reader *rd, char *line, struct esd_err *err)
 {
-    char *f[16];
-    size_t n = split_fields(line, f, 16);
+    char *f[20];
+    size_t n = split_fields(line, f, 20);
     long long v[4];
 
-    if (line[0] == 'H' && n == 11 && !rd->header) {
+    if (line[0] == 'H' && n == 17 && !rd->header) {
         for (int i = 0; i < 4; i++)
             if (take_num(f[1 + i], &v[i]) < 0)
                 goto bad;
@@ -649,9 +725,11 @@ reader_line(struct manifest_reader *rd, char *line, struct esd_err *err)
         rd->lock_timeout = v[1];
         rd->max_retries = v[2];
         rd->poll = v[3];
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < 11; i++)
             if (take_field(rd, f[5 + i], &rd->hoff[i]) < 0)
                 goto bad;
+        if (take_num(f[16], &rd->global_shard_ops) < 0)
+            goto bad;
         rd->shards = xcalloc(rd->nshards, sizeof(*rd->shards));
         rd->offs = xcalloc(rd->nshards * 3, sizeof(*rd->offs));
         rd->header = true;
@@ -740,7 +818,8 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
     }
     if (r == 0 && (!m.ray_address || !*m.ray_address || m.lock_timeout_secs < 1 ||
                    m.max_retries < 0 || m.poll_interval_secs < 1 ||
-                   !manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir))))
+                   !manifest_job_id_ok(m.job_id ? m.job_id : fs_basename(job_dir)) ||
+                   (at(rd, rd->hoff[7]) && !path_ok(at(rd, rd->hoff[7])))))
         r = err_set(err, -EINVAL, "malformed compact manifest: its header");
     if (r < 0) {
         free(m.shards);
@@ -762,6 +841,12 @@ manifest_reader_finish(struct manifest_reader *rd, const char *job_dir, struct m
     m.recipe_sha256 = AT(rd->hoff[3]);
     m.recipe_snapshot = AT(rd->hoff[4]);
     m.dj_commit = AT(rd->hoff[5]);
+    m.recipe_whole_sha256 = AT(rd->hoff[6]);
+    m.global_snapshot = AT(rd->hoff[7]);
+    m.global_sha256 = AT(rd->hoff[8]);
+    m.global_executor = AT(rd->hoff[9]);
+    m.global_ops_json = AT(rd->hoff[10]);
+    m.global_shard_ops = rd->global_shard_ops;
     for (size_t i = 0; i < m.nshards; i++) {
         m.shards[i].id = AT(rd->offs[i * 3]);
         m.shards[i].path = AT(rd->offs[i * 3 + 1]);

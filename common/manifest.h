@@ -54,10 +54,16 @@ struct manifest {
     struct manifest_shard *shards;
     size_t *by_id; /* shard indices sorted by id, for manifest_find */
     const char *ray_address;
-    const char *execution_json;  /* the execution object, compact JSON */
-    const char *recipe_sha256;   /* recipe.sha256; NULL if absent */
-    const char *recipe_snapshot; /* recipe.snapshot_path; NULL: "recipe.yaml" */
-    const char *dj_commit;       /* data_juicer.commit; NULL if absent */
+    const char *execution_json;      /* the execution object, compact JSON */
+    const char *recipe_sha256;       /* recipe.sha256; NULL if absent */
+    const char *recipe_snapshot;     /* recipe.snapshot_path; NULL: "recipe.yaml" */
+    const char *dj_commit;           /* data_juicer.commit; NULL if absent */
+    const char *recipe_whole_sha256; /* recipe.whole_sha256; NULL if absent */
+    const char *global_snapshot;     /* recipe.global.snapshot_path; NULL: no global stage */
+    const char *global_sha256;       /* recipe.global.sha256 */
+    const char *global_executor;     /* recipe.global.executor_type: "default" or "ray" */
+    const char *global_ops_json;     /* recipe.global.operators, compact JSON array text */
+    long long global_shard_ops;      /* recipe.global.shard_operators */
     long long lock_timeout_secs;
     long long max_retries;
     long long poll_interval_secs;
@@ -118,7 +124,9 @@ struct manifest_reader {
     bool header;
     size_t nshards, got, lines;
     long long lock_timeout, max_retries, poll;
-    size_t hoff[6]; /* job_id, ray_address, execution, recipe sha256, snapshot, commit */
+    size_t hoff[11]; /* job_id, ray_address, execution, recipe sha256, snapshot, commit,
+                      * whole sha256, global snapshot, sha256, executor, operators */
+    long long global_shard_ops;
     struct manifest_shard *shards;
     size_t *offs; /* per shard: id, path, sha256 */
 };

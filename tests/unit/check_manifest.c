@@ -318,17 +318,102 @@ START_TEST(test_compact_round_trip)
 }
 END_TEST
 
+/* A manifest of a split recipe (issue 17): recipe.global is loaded, kept
+ * in the compact form, and refused with the key named when malformed. */
+static const char *GLOBAL_RECIPE =
+    "\"recipe\": {\"sha256\": \"aa\", \"snapshot_path\": \"recipe.shards.yaml\", "
+    "\"whole_sha256\": \"bb\", \"global\": {\"snapshot_path\": \"recipe.global.yaml\", "
+    "\"sha256\": \"cc\", \"operators\": [\"document_deduplicator\", \"topk_selector\"], "
+    "\"shard_operators\": 12, \"executor_type\": \"default\"}},\n";
+
+static char *
+with_global(const char *from, const char *to)
+{
+    const char *at = strstr(GOOD, " \"shards\"");
+    char *g = xstrdup(GLOBAL_RECIPE), *t;
+
+    if (from) {
+        char *p = strstr(g, from);
+
+        ck_assert_ptr_nonnull(p);
+        t = xasprintf("%.*s%s%s", (int)(p - g), g, to, p + strlen(from));
+        free(g);
+        g = t;
+    }
+    t = xasprintf("%.*s%s%s", (int)(at - GOOD), GOOD, g, at);
+    free(g);
+    return t;
+}
+
+START_TEST(test_global)
+{
+    static const struct {
+        const char *from, *to, *msg;
+    } refused[] = {
+        { "\"recipe.global.yaml\"", "\"../x.yaml\"", "recipe.global.snapshot_path" },
+        { "\"recipe.global.yaml\"", "\"/etc/x.yaml\"", "recipe.global.snapshot_path" },
+        { "\"cc\"", "\"zz\"", "recipe.global.sha256" },
+        { "\"default\"", "\"spark\"", "recipe.global.executor_type" },
+        { "[\"document_deduplicator\", \"topk_selector\"]", "[]", "recipe.global.operators" },
+        { "[\"document_deduplicator\", \"topk_selector\"]", "[1]", "recipe.global.operators" },
+        { "12", "\"12\"", "recipe.global.shard_operators" },
+        { "\"bb\"", "3", "recipe.whole_sha256" },
+        { "\"global\": {", "\"global\": 5, \"g\": {", "recipe.global is not an object" },
+    };
+    struct manifest m, back;
+    struct manifest_reader rd;
+    struct esd_err err;
+    struct buf b;
+    char *text = with_global(NULL, NULL);
+
+    ck_assert_msg(load(text, &m, &err) == 0, "%s", err.msg);
+    free(text);
+    ck_assert_str_eq(m.global_snapshot, "recipe.global.yaml");
+    ck_assert_str_eq(m.global_sha256, "cc");
+    ck_assert_str_eq(m.global_executor, "default");
+    ck_assert_str_eq(m.global_ops_json, "[\"document_deduplicator\",\"topk_selector\"]");
+    ck_assert_int_eq(m.global_shard_ops, 12);
+    ck_assert_str_eq(m.recipe_whole_sha256, "bb");
+    ck_assert_str_eq(m.recipe_snapshot, "recipe.shards.yaml");
+    buf_init(&b);
+    manifest_compact(&m, &b);
+    manifest_reader_init(&rd);
+    ck_assert_int_eq(manifest_reader_feed(&rd, b.p, b.len, &err), 0);
+    ck_assert_msg(manifest_reader_finish(&rd, m.job_dir, &back, &err) == 0, "%s", err.msg);
+    manifest_reader_free(&rd);
+    ck_assert_str_eq(back.global_snapshot, "recipe.global.yaml");
+    ck_assert_str_eq(back.global_ops_json, m.global_ops_json);
+    ck_assert_str_eq(back.global_executor, "default");
+    ck_assert_int_eq(back.global_shard_ops, 12);
+    manifest_free(&back);
+    manifest_free(&m);
+    buf_free(&b);
+    /* without recipe.global: no global stage */
+    ck_assert_msg(load(GOOD, &m, &err) == 0, "%s", err.msg);
+    ck_assert_ptr_null(m.global_snapshot);
+    ck_assert_ptr_null(m.recipe_whole_sha256);
+    manifest_free(&m);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        text = with_global(refused[i].from, refused[i].to);
+        ck_assert_int_eq(load(text, &m, &err), -EINVAL);
+        ck_assert_msg(strstr(err.msg, refused[i].msg) && strstr(err.msg, "manifest.json"),
+                      "%zu: %s", i, err.msg);
+        free(text);
+    }
+}
+END_TEST
+
 /* A compact form that is cut short, lies about its count, or holds an
  * unusable shard id is refused. */
 START_TEST(test_compact_refused)
 {
     static const char *const cut[] = {
         "",
-        "H\t2\t60\t0\t20\t=j\t=local\t\t\t\t\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\n",
-        "H\t1\t60\t0\t20\t=j\t=local\t\t\t\t\nS\t0\t1\t-1\t=../a\t=shards/a.jsonl\t\n",
-        "H\t1\t60\t0\t20\t=j\t\t\t\t\t\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\n",
-        "H\tx\t60\t0\t20\t=j\t=local\t\t\t\t\n",
-        "H\t1\t60\t0\t20\t=j\t=local\t\t\t\t\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\nS\t1",
+        "H\t2\t60\t0\t20\t=j\t=local\t\t\t\t\t\t\t\t\t\t0\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\n",
+        "H\t1\t60\t0\t20\t=j\t=local\t\t\t\t\t\t\t\t\t\t0\nS\t0\t1\t-1\t=../a\t=shards/a.jsonl\t\n",
+        "H\t1\t60\t0\t20\t=j\t\t\t\t\t\t\t\t\t\t\t0\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\n",
+        "H\tx\t60\t0\t20\t=j\t=local\t\t\t\t\t\t\t\t\t\t0\n",
+        "H\t1\t60\t0\t20\t=j\t=local\t\t\t\t\t\t\t\t\t\t0\nS\t0\t1\t-1\t=a\t=shards/a.jsonl\t\nS\t1",
     };
     struct manifest_reader rd;
     struct manifest m;
@@ -359,6 +444,7 @@ manifest_suite(void)
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_size_and_type);
     tcase_add_test(tc, test_compact_round_trip);
+    tcase_add_test(tc, test_global);
     tcase_add_loop_test(tc, test_compact_refused, 0, 6);
     suite_add_tcase(s, tc);
     return s;
