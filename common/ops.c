@@ -680,6 +680,12 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
         }
         *ret = merge_json(&res, NULL);
         json_add_bool(*ret, "merged_output_checked", res.checked_output);
+        if (res.global) {
+            cJSON *g = cJSON_AddObjectToObject(*ret, "global");
+
+            json_add_int(g, "rows", (long long)res.global_rows);
+            json_add_str(g, "sha256", res.global_sha256);
+        }
         merge_result_free(&res);
         return 0;
     }

@@ -434,6 +434,7 @@ static int
 render_verify(struct call *c, const cJSON *args, const cJSON *res)
 {
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(res, "owners");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(res, "global");
     size_t n;
     const cJSON **owners = sorted_members(o, &n);
 
@@ -442,7 +443,14 @@ render_verify(struct call *c, const cJSON *args, const cJSON *res)
         printf("  %s: %lld shard(s)\n", owners[i]->string, num(o, owners[i]->string));
     printf("PASS: %lld shards were completed by %zu node(s); %lld rows, sha256 %s%s\n",
            num(res, "num_shards"), n, num(res, "rows"), str(res, "sha256"),
-           flag(res, "merged_output_checked") ? "; merged output matches merge.json" : "");
+           g                                    ? ""
+           : flag(res, "merged_output_checked") ? "; merged output matches merge.json"
+                                                : "");
+    if (g)
+        printf("PASS: the global stage read them in order (state/esd/global/input.jsonl) and gave "
+               "%lld rows, sha256 %s%s\n",
+               num(g, "rows"), str(g, "sha256"),
+               flag(res, "merged_output_checked") ? "; final output matches merge.json" : "");
     free(owners);
     return EXIT_OK;
 }
