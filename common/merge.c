@@ -680,7 +680,7 @@ check_global_result(const struct manifest *m, const struct jsonl_limits *lim,
                                                       : "no last_error recorded");
         else
             r = err_set(err, -EAGAIN,
-                        "Cannot verify the global stage: %s is missing (it has not finished)",
+                        "cannot verify the global stage: %s is missing (it has not finished)",
                         path);
         goto out;
     }
@@ -784,7 +784,7 @@ verify_global(struct ctx *c, struct merge_result *res, struct esd_err *err)
     res->global = true;
     if (lstat(prefix, &st) < 0) {
         r = err_set(err, -EAGAIN,
-                    "Cannot verify the global stage: %s is missing (the shards' outputs are not "
+                    "cannot verify the global stage: %s is missing (the shards' outputs are not "
                     "merged for it yet)",
                     prefix);
         goto out;
