@@ -201,6 +201,26 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
                   : last   ? last
                            : "");
     }
+    if ((x = cJSON_GetObjectItemCaseSensitive(res, "global")) && cJSON_IsObject(x)) {
+        const char *state = str(x, "status"), *owner = json_get_str(x, "owner");
+        char rows[32] = "", age[32] = "", who[320] = "";
+        double secs;
+        long long pid;
+
+        if (all || !strcmp(state, "running") || !strcmp(state, "stale") ||
+            !strcmp(state, "failed") || flag(x, "metadata_error")) {
+            if (cJSON_GetObjectItemCaseSensitive(x, "rows"))
+                snprintf(rows, sizeof(rows), "%lld", num(x, "rows"));
+            if (json_get_num(x, "lock_age_secs", &secs) == 0)
+                fmt_duration(secs, age);
+            if (owner && json_get_int(x, "pid", &pid) == 0)
+                snprintf(who, sizeof(who), "%s:%lld", owner, pid);
+            else if (owner)
+                snprintf(who, sizeof(who), "%s", owner);
+            table_add(&t, out_color(c, state), "_global", state, rows, who, age,
+                      flag(x, "metadata_error") ? "unreadable metadata" : str(x, "error"));
+        }
+    }
     if (t.nrows > 1) {
         putchar('\n');
         table_print(c, &t);
@@ -224,36 +244,44 @@ fmt_clock(double t, char out[32])
              &tm);
 }
 
-/* status --all: every listed shard's attempts, one line each (sacct's). */
+/* The attempts of one shard entry x (a shard's or "_global"'s) into t. */
+static void
+attempt_rows(struct call *c, struct table *t, const cJSON *x)
+{
+    const cJSON *a;
+
+    cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(x, "attempts"))
+    {
+        const char *outcome = str(a, "outcome");
+        char n[24], start[32], end[32], el[32] = "", rows[24] = "";
+        double v;
+
+        snprintf(n, sizeof(n), "%lld", num(a, "attempt"));
+        fmt_clock(json_get_num(a, "start", &v) == 0 ? v : 0, start);
+        fmt_clock(json_get_num(a, "end", &v) == 0 ? v : 0, end);
+        if (json_get_num(a, "elapsed_secs", &v) == 0)
+            fmt_duration(v, el);
+        if (cJSON_GetObjectItemCaseSensitive(a, "rows"))
+            snprintf(rows, sizeof(rows), "%lld", num(a, "rows"));
+        table_add(t, out_color(c, !strcmp(outcome, "taken over") ? "stale" : outcome),
+                  str(x, "shard_id"), n, str(a, "node"), start, end, el, outcome,
+                  str(a, "failure_class"), rows, str(a, "error"));
+    }
+}
+
+/* status --all: every listed shard's attempts, one line each (sacct's),
+ * then those of the global stage's "_global". */
 static void
 attempts_table(struct call *c, const cJSON *res)
 {
-    const cJSON *x, *a;
+    const cJSON *x;
     struct table t;
 
     table_init(&t, 10);
     table_add(&t, NULL, "SHARD", "ATTEMPT", "NODE", "START", "END", "ELAPSED", "OUTCOME", "CLASS",
               "ROWS", "ERROR");
-    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))
-    {
-        cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(x, "attempts"))
-        {
-            const char *outcome = str(a, "outcome");
-            char n[24], start[32], end[32], el[32] = "", rows[24] = "";
-            double v;
-
-            snprintf(n, sizeof(n), "%lld", num(a, "attempt"));
-            fmt_clock(json_get_num(a, "start", &v) == 0 ? v : 0, start);
-            fmt_clock(json_get_num(a, "end", &v) == 0 ? v : 0, end);
-            if (json_get_num(a, "elapsed_secs", &v) == 0)
-                fmt_duration(v, el);
-            if (cJSON_GetObjectItemCaseSensitive(a, "rows"))
-                snprintf(rows, sizeof(rows), "%lld", num(a, "rows"));
-            table_add(&t, out_color(c, !strcmp(outcome, "taken over") ? "stale" : outcome),
-                      str(x, "shard_id"), n, str(a, "node"), start, end, el, outcome,
-                      str(a, "failure_class"), rows, str(a, "error"));
-        }
-    }
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards")) attempt_rows(c, &t, x);
+    attempt_rows(c, &t, cJSON_GetObjectItemCaseSensitive(res, "global"));
     if (t.nrows > 1) {
         putchar('\n');
         table_print(c, &t);
@@ -319,6 +347,53 @@ refusal_lines(const cJSON *res)
         printf("  node %s refuses the job: %s\n", str(x, "node"), str(x, "why"));
 }
 
+/* The phase of a job with a global stage and its progress: "  phase:
+ * global (running on node-b, 3 m)", after the operators it runs once. */
+static void
+global_line(const cJSON *res)
+{
+    const char *phase = json_get_str(res, "phase");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(res, "global"), *op;
+    const char *state = str(g, "status"), *who = json_get_str(g, "node");
+    char age[32] = "", dur[32] = "", attempt[40] = "";
+    struct buf ops;
+    double v;
+    size_t n = 0;
+
+    if (!phase || !cJSON_IsObject(g))
+        return;
+    if (!who)
+        who = json_get_str(g, "owner");
+    buf_init(&ops);
+    cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(g, "operators"))
+    {
+        if (cJSON_IsString(op))
+            buf_printf(&ops, "%s%s", n++ ? ", " : "", op->valuestring);
+    }
+    printf("  global stage: %lld operators per shard, then %zu once (%s): %s\n",
+           num(g, "shard_operators"), n, str(g, "executor_type"), ops.p ? ops.p : "");
+    buf_free(&ops);
+    if (json_get_num(g, "lock_age_secs", &v) == 0)
+        fmt_duration(v, age);
+    if (json_get_num(g, "duration_secs", &v) == 0)
+        fmt_duration(v, dur);
+    if (num(g, "last_attempt") > 0)
+        snprintf(attempt, sizeof(attempt), ", attempt %lld", num(g, "last_attempt"));
+    if (!strcmp(phase, "global") && (!strcmp(state, "running") || !strcmp(state, "stale")))
+        printf("  phase: global (%s on %s, %s%s)\n", state, who ? who : "unknown node", age,
+               attempt);
+    else if (!strcmp(phase, "global"))
+        printf("  phase: global (%s, %lld input rows)\n", state, num(g, "input_rows"));
+    else if (!strcmp(phase, "failed") && !strcmp(state, "failed"))
+        printf("  phase: failed (the global stage failed%s%s: %s)\n", who ? " on " : "",
+               who ? who : "", str(g, "error"));
+    else if (!strcmp(phase, "final merge") || !strcmp(phase, "complete"))
+        printf("  phase: %s (the global stage gave %lld of %lld rows%s%s)\n", phase, num(g, "rows"),
+               num(g, "input_rows"), *dur ? " in " : "", dur);
+    else
+        printf("  phase: %s\n", phase);
+}
+
 static int
 render_job_status(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -334,11 +409,13 @@ render_job_status(struct call *c, const cJSON *args, const cJSON *res)
     buf_free(&b);
     printf("  %lld of %lld shards done, %lld of %lld input rows%s%s\n", num(counts, "done"),
            num(res, "total"), num(res, "rows_done"), num(res, "total_rows"),
-           flag(res, "complete")   ? "; complete"
-           : flag(res, "terminal") ? "; terminal with failures"
-                                   : "",
+           flag(res, "complete") && json_get_str(res, "phase") ? "; all shards done"
+           : flag(res, "complete")                             ? "; complete"
+           : flag(res, "terminal")                             ? "; terminal with failures"
+                                                               : "",
            age_note(res));
     pace_line(res);
+    global_line(res);
     merge_line(cJSON_GetObjectItemCaseSensitive(res, "merge"));
     refusal_lines(res);
     nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
