@@ -347,6 +347,28 @@ refusal_lines(const cJSON *res)
         printf("  node %s refuses the job: %s\n", str(x, "node"), str(x, "why"));
 }
 
+/* ", global running on node-b" for a job with a global stage in esctl
+ * list (its phase, and the state of the stage while it is its phase),
+ * else "". The text is static: one at a time. */
+static const char *
+phase_note(const cJSON *x)
+{
+    static char out[160];
+    const char *phase = json_get_str(x, "phase");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(x, "global");
+
+    out[0] = '\0';
+    if (!phase)
+        return out;
+    if (!strcmp(phase, "global") && json_get_str(g, "node"))
+        snprintf(out, sizeof(out), ", global %s on %s", str(g, "status"), str(g, "node"));
+    else if (!strcmp(phase, "global"))
+        snprintf(out, sizeof(out), ", global %s", str(g, "status"));
+    else
+        snprintf(out, sizeof(out), ", %s", phase);
+    return out;
+}
+
 /* The phase of a job with a global stage and its progress: "  phase:
  * global (running on node-b, 3 m)", after the operators it runs once. */
 static void
@@ -448,14 +470,15 @@ render_daemon_status(struct call *c, const cJSON *res)
     {
         const char *err = json_get_str(x, "error");
         const char *id = json_get_str(x, "job_id");
-        char d[64], h[64];
+        char d[256], h[64];
 
         if (!err)
             err = json_get_str(x, "load_error");
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(d, sizeof(d), "-");
         else
-            snprintf(d, sizeof(d), "%lld/%lld%s", num(x, "done"), num(x, "shards"), age_note(x));
+            snprintf(d, sizeof(d), "%lld/%lld%s%s", num(x, "done"), num(x, "shards"), phase_note(x),
+                     age_note(x));
         snprintf(h, sizeof(h), "%lld done, %lld running", num(x, "done_here"),
                  num(x, "running_here"));
         table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"), d, h,
@@ -566,15 +589,15 @@ render_list(struct call *c, const cJSON *args, const cJSON *res)
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "jobs"))
     {
         const char *id = json_get_str(x, "job_id");
-        char done[64], rate[32] = "-", eta[32] = "-";
+        char done[256], rate[32] = "-", eta[32] = "-";
         double v;
 
         /* a job esd has not read since it started: its counts are unknown */
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(done, sizeof(done), "-");
         else
-            snprintf(done, sizeof(done), "%lld/%lld%s%s", num(x, "done"), num(x, "shards"),
-                     num(x, "failed") ? " !" : "", age_note(x));
+            snprintf(done, sizeof(done), "%lld/%lld%s%s%s", num(x, "done"), num(x, "shards"),
+                     num(x, "failed") ? " !" : "", phase_note(x), age_note(x));
         if (json_get_num(x, "rows_per_sec", &v) == 0)
             out_count(v, rate);
         if (json_get_num(x, "eta_secs", &v) == 0)
@@ -692,6 +715,15 @@ node_details(const cJSON *x)
                num(l, "stale"));
     cJSON_ArrayForEach(y, cJSON_GetObjectItemCaseSensitive(x, "paused"))
         printf("  %s does not claim from %s: %s\n", node, str(y, "job_id"), str(y, "why"));
+    cJSON_ArrayForEach(y, cJSON_GetObjectItemCaseSensitive(x, "global_stage"))
+    {
+        char held[32] = "";
+
+        if (json_get_num(y, "lock_age_secs", &secs) == 0)
+            fmt_duration(secs, held);
+        printf("  %s runs the global stage of %s (%s, %s)\n", node, str(y, "job_id"),
+               str(y, "state"), held);
+    }
 }
 
 static int
@@ -733,7 +765,8 @@ render_nodes(struct call *c, const cJSON *args, const cJSON *res)
         bool more = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "attempts")) > 1;
 
         if (strcmp(str(x, "state"), "running") || more || json_get_str(x, "reason") ||
-            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "paused")))
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "paused")) ||
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "global_stage")))
             node_details(x);
     }
     cJSON_ArrayForEach(x, bad) printf("invalid: %s: %s\n", str(x, "file"), str(x, "error"));
