@@ -29,6 +29,7 @@ struct result {
     long long rows;
     char sha256[SHA256_HEX_LEN + 1];
     uint64_t size;
+    bool no_nl; /* its last line has no newline (verify of a global stage) */
 };
 
 struct ctx {
@@ -192,6 +193,8 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
         jsonl_reader_close(&rd);
         if (r == 0 && sink.r < 0)
             r = err_sys(err, sink.r, "cannot write %s", c->out_tmp);
+        if (r == 0 && !nl && rows > 0)
+            x->no_nl = true;
         if (r == 0 && !nl) {
             /* The output gets the missing newline; the shard digest not:
              * the done record's sha256 is of processed.jsonl as it is
@@ -532,6 +535,38 @@ out:
     return 0;
 }
 
+/* merge.json's top-level record against rows and sha (what gives them:
+ * what), and the file it names against sha when it is there. */
+static int
+check_record_output(const char *path, const cJSON *j, uint64_t want_rows, const char *want_sha,
+                    const char *what, struct merge_result *res, struct esd_err *err)
+{
+    const char *out = json_get_str(j, "output_path"), *sha = json_get_str(j, "sha256");
+    long long rows;
+    struct stat st;
+    int r;
+
+    if (!out || !sha || json_get_int(j, "rows", &rows) < 0)
+        return err_set(err, -EINVAL, "malformed %s: needs output_path, rows and sha256", path);
+    if ((uint64_t)rows != want_rows || strcmp(sha, want_sha) != 0)
+        return err_set(err, -EINVAL,
+                       "%s does not match %s: it records %lld rows and sha256 %s, "
+                       "the results give %llu rows and sha256 %s",
+                       path, what, rows, sha, (unsigned long long)want_rows, want_sha);
+    if (stat(out, &st) == 0) {
+        char hex[SHA256_HEX_LEN + 1];
+
+        if ((r = sha256_file(out, hex, err)) < 0)
+            return r;
+        if (strcmp(hex, sha) != 0)
+            return err_set(err, -EINVAL,
+                           "merged output %s does not match %s: sha256 %s, expected %s", out, path,
+                           hex, sha);
+        res->checked_output = true;
+    }
+    return 0;
+}
+
 /* Checks the file merge.json names against it, if both exist. merge.json
  * is compared with the results just streamed, so a record left by an
  * earlier merge of other results is caught; an output that is not there
@@ -542,43 +577,252 @@ check_merged_output(const struct manifest *m, struct merge_result *res, struct e
 {
     char *path = fs_join(m->job_dir, "merge.json");
     cJSON *j = NULL;
-    const char *out, *sha;
-    long long rows;
     struct stat st;
     int r = 0;
 
-    if (lstat(path, &st) < 0)
-        goto done;
-    if ((r = json_load_object(path, 1 << 20, &j, err)) < 0)
-        goto done;
-    out = json_get_str(j, "output_path");
-    sha = json_get_str(j, "sha256");
-    if (!out || !sha || json_get_int(j, "rows", &rows) < 0) {
-        r = err_set(err, -EINVAL, "malformed %s: needs output_path, rows and sha256", path);
-        goto done;
-    }
-    if ((uint64_t)rows != res->rows || strcmp(sha, res->sha256) != 0) {
-        r = err_set(err, -EINVAL,
-                    "%s does not match the shard results: it records %lld rows and sha256 %s, "
-                    "the results give %llu rows and sha256 %s",
-                    path, rows, sha, (unsigned long long)res->rows, res->sha256);
-        goto done;
-    }
-    if (stat(out, &st) == 0) {
-        char hex[SHA256_HEX_LEN + 1];
-
-        if ((r = sha256_file(out, hex, err)) < 0)
-            goto done;
-        if (strcmp(hex, sha) != 0) {
-            r = err_set(err, -EINVAL, "merged output %s does not match %s: sha256 %s, expected %s",
-                        out, path, hex, sha);
-            goto done;
-        }
-        res->checked_output = true;
-    }
-done:
+    if (lstat(path, &st) == 0 && (r = json_load_object(path, 1 << 20, &j, err)) == 0)
+        r = check_record_output(path, j, res->rows, res->sha256, "the shard results", res, err);
     cJSON_Delete(j);
     free(path);
+    return r;
+}
+
+/* ---- verify of a job with a global stage (issue 17) ---- */
+
+/* rows and sha256 of the record j (path names it), which must match
+ * want_rows and want_sha (what gives them); also read into the
+ * optional ret_rows. */
+static int
+check_rows_sha(const char *path, const cJSON *j, uint64_t want_rows, const char *want_sha,
+               const char *what, struct esd_err *err)
+{
+    const char *sha = json_get_str(j, "sha256");
+    long long rows;
+
+    if (!cJSON_IsObject(j) || !sha || json_get_int(j, "rows", &rows) < 0)
+        return err_set(err, -EINVAL, "malformed %s: needs rows and sha256", path);
+    if ((uint64_t)rows != want_rows || strcmp(sha, want_sha) != 0)
+        return err_set(err, -EINVAL,
+                       "%s does not match %s: it records %lld rows and sha256 %s, "
+                       "%s has %llu rows and sha256 %s",
+                       path, what, rows, sha, what, (unsigned long long)want_rows, want_sha);
+    return 0;
+}
+
+/* state/esd/global/input.jsonl against the shards' results, in manifest
+ * order: each shard's rows and digest, then nothing more. */
+static int
+check_global_input(struct ctx *c, const char *path, const struct jsonl_limits *lim,
+                   struct esd_err *err)
+{
+    struct jsonl_reader rd;
+    struct jsonl_record rec;
+    const char *line;
+    size_t len;
+    bool nl = true;
+    int r;
+
+    if ((r = jsonl_reader_open(&rd, path, lim->max_line, err)) < 0)
+        return r;
+    jsonl_record_init(&rec, false);
+    for (size_t i = 0; i < c->m->nshards && r >= 0; i++) {
+        const struct result *x = &c->res[i];
+        unsigned long long first = rd.lineno + 1;
+        struct sha256 sh;
+        char hex[SHA256_HEX_LEN + 1];
+        long long rows = 0;
+
+        sha256_init(&sh);
+        while (rows < x->rows && (r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
+            if (jsonl_check(&rec, line, len, lim) < 0) {
+                r = jsonl_error(&rec, lim, path, rd.lineno, err);
+                break;
+            }
+            sha256_update(&sh, line, len);
+            rows++;
+            /* the shard's own last newline, if its result had one */
+            if (nl && !(rows == x->rows && x->no_nl))
+                sha256_update(&sh, "\n", 1);
+        }
+        if (r < 0) {
+            sha256_abort(&sh);
+            break;
+        }
+        sha256_final(&sh, hex);
+        if (rows != x->rows || strcmp(hex, x->sha256) != 0)
+            r = err_set(err, -EINVAL,
+                        "%s does not hold the result of %s at line %llu: %lld rows and sha256 %s "
+                        "there, the done record says %lld rows and sha256 %s",
+                        path, x->id, first, rows, hex, x->rows, x->sha256);
+    }
+    if (r >= 0 && (r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1)
+        r = err_set(err, -EINVAL, "%s has more rows than the shards' results, from line %llu", path,
+                    rd.lineno);
+    jsonl_record_free(&rec);
+    jsonl_reader_close(&rd);
+    return r < 0 ? r : 0;
+}
+
+/* The result the "_global" done record names: its lines valid, its rows
+ * and digest the record's. */
+static int
+check_global_result(const struct manifest *m, const struct jsonl_limits *lim,
+                    struct merge_result *res, struct esd_err *err)
+{
+    char *path = manifest_state_path(m, "done", STATUS_GLOBAL_ID, ".json"), *out = NULL;
+    char *failed = manifest_state_path(m, "failed", STATUS_GLOBAL_ID, ".json");
+    struct jsonl_reader rd;
+    struct jsonl_record rec;
+    const char *rel, *sha, *line;
+    char hex[SHA256_HEX_LEN + 1];
+    long long want, rows = 0;
+    cJSON *d = NULL;
+    struct stat st;
+    size_t len;
+    bool nl;
+    int r;
+
+    if (lstat(path, &st) < 0) {
+        if (json_load_object(failed, 1 << 20, &d, NULL) == 0)
+            r = err_set(err, -EINVAL, "the global stage failed (%s): %s", failed,
+                        json_get_str(d, "last_error") ? json_get_str(d, "last_error")
+                                                      : "no last_error recorded");
+        else
+            r = err_set(err, -EAGAIN,
+                        "cannot verify the global stage: %s is missing (it has not finished)",
+                        path);
+        goto out;
+    }
+    if ((r = json_load_object(path, 1 << 20, &d, err)) < 0)
+        goto out;
+    rel = json_get_str(d, "output_path");
+    sha = json_get_str(d, "sha256");
+    if (!rel || !sha || strlen(sha) != SHA256_HEX_LEN || json_get_int(d, "rows", &want) < 0) {
+        r = err_set(err, -EINVAL, "malformed done record %s: needs output_path, rows and sha256",
+                    path);
+        goto out;
+    }
+    if ((r = pypath_join_inside(m->job_dir, rel, &out, err)) < 0 ||
+        (r = sha256_file(out, hex, err)) < 0 ||
+        (r = jsonl_reader_open(&rd, out, lim->max_line, err)) < 0)
+        goto out;
+    jsonl_record_init(&rec, false);
+    while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
+        if (jsonl_check(&rec, line, len, lim) < 0) {
+            r = jsonl_error(&rec, lim, out, rd.lineno, err);
+            break;
+        }
+        rows++;
+    }
+    jsonl_record_free(&rec);
+    jsonl_reader_close(&rd);
+    if (r == 0 && (rows != want || strcmp(hex, sha) != 0))
+        r = err_set(err, -EINVAL,
+                    "Result checksum or row count mismatch for %s: %s has %lld rows and sha256 "
+                    "%s, the done record %s says %lld rows and sha256 %s",
+                    STATUS_GLOBAL_ID, out, rows, hex, path, want, sha);
+    if (r == 0) {
+        res->global_rows = (uint64_t)want;
+        memcpy(res->global_sha256, sha, SHA256_HEX_LEN + 1);
+    }
+out:
+    cJSON_Delete(d);
+    free(out);
+    free(path);
+    free(failed);
+    return r;
+}
+
+/* merge.json of a job with a global stage: its "stages" (the shards' merge
+ * and the global stage's result) and its top level (the final output) =
+ * the global stage's. One without "stages" is a merge of the shards alone
+ * (the reference's, spec §11), checked as such. Absent: not merged yet. */
+static int
+check_global_merge_json(const struct manifest *m, struct merge_result *res, struct esd_err *err)
+{
+    char *path = fs_join(m->job_dir, "merge.json");
+    const cJSON *stages, *sh;
+    cJSON *j = NULL;
+    struct stat st;
+    long long n;
+    int r = 0;
+
+    if (lstat(path, &st) < 0 || (r = json_load_object(path, 1 << 20, &j, err)) < 0)
+        goto out;
+    if (!(stages = cJSON_GetObjectItemCaseSensitive(j, "stages"))) {
+        r = check_record_output(path, j, res->rows, res->sha256, "the shard results", res, err);
+        goto out;
+    }
+    sh = cJSON_GetObjectItemCaseSensitive(stages, "shards");
+    if (!cJSON_IsObject(stages) ||
+        !cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(stages, "global"))) {
+        r = err_set(err, -EINVAL, "malformed %s: stages needs the objects shards and global", path);
+        goto out;
+    }
+    if ((r = check_rows_sha(path, sh, res->rows, res->sha256, "the shard results", err)) < 0 ||
+        (r = check_rows_sha(path, cJSON_GetObjectItemCaseSensitive(stages, "global"),
+                            res->global_rows, res->global_sha256, "the global stage's result",
+                            err)) < 0)
+        goto out;
+    if (json_get_int(sh, "num_shards", &n) == 0 && n != (long long)m->nshards) {
+        r = err_set(err, -EINVAL, "%s records %lld shards in stages.shards, the manifest has %zu",
+                    path, n, m->nshards);
+        goto out;
+    }
+    r = check_record_output(path, j, res->global_rows, res->global_sha256,
+                            "the global stage's result", res, err);
+out:
+    cJSON_Delete(j);
+    free(path);
+    return r;
+}
+
+/* Both stages: the shards' merge the global stage read (prefix.json and
+ * input.jsonl), its result ("_global"'s done record), merge.json. */
+static int
+verify_global(struct ctx *c, struct merge_result *res, struct esd_err *err)
+{
+    const struct manifest *m = c->m;
+    char *prefix = fs_join(m->job_dir, STATUS_GLOBAL_PREFIX), *input = NULL;
+    char hex[SHA256_HEX_LEN + 1];
+    cJSON *p = NULL;
+    struct stat st;
+    long long n;
+    int r;
+
+    res->global = true;
+    if (lstat(prefix, &st) < 0) {
+        r = err_set(err, -EAGAIN,
+                    "cannot verify the global stage: %s is missing (the shards' outputs are not "
+                    "merged for it yet)",
+                    prefix);
+        goto out;
+    }
+    if ((r = json_load_object(prefix, 1 << 20, &p, err)) < 0 ||
+        (r = check_rows_sha(prefix, p, res->rows, res->sha256, "the shard results", err)) < 0)
+        goto out;
+    if (json_get_int(p, "num_shards", &n) == 0 && n != (long long)m->nshards) {
+        r = err_set(err, -EINVAL, "%s records %lld shards, the manifest has %zu", prefix, n,
+                    m->nshards);
+        goto out;
+    }
+    input = fs_join(m->job_dir, STATUS_GLOBAL_INPUT);
+    if ((r = check_global_input(c, input, &c->lim, err)) < 0)
+        goto out;
+    if ((r = sha256_file(input, hex, err)) < 0)
+        goto out;
+    if (strcmp(hex, res->sha256) != 0) {
+        r = err_set(err, -EINVAL, "%s does not match %s: sha256 %s, expected %s", input, prefix,
+                    hex, res->sha256);
+        goto out;
+    }
+    if ((r = check_global_result(m, &c->lim, res, err)) < 0)
+        goto out;
+    r = check_global_merge_json(m, res, err);
+out:
+    cJSON_Delete(p);
+    free(prefix);
+    free(input);
     return r;
 }
 
@@ -596,7 +840,7 @@ merge_verify(const struct manifest *m, const struct merge_opts *o, struct merge_
     if (r == 0) {
         hashq_sync(c.hq);
         sha256_final(&c.out_sha, res.sha256);
-        r = check_merged_output(m, &res, err);
+        r = m->global_snapshot ? verify_global(&c, &res, err) : check_merged_output(m, &res, err);
     }
     ctx_free(&c);
     if (r < 0) {

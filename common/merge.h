@@ -75,6 +75,11 @@ struct merge_result {
     size_t nowners;
     /* verify only: merge.json was present and its output checked */
     bool checked_output;
+    /* verify of a job with a global stage: both stages checked, and the
+     * global stage's result ("_global"'s done record) */
+    bool global;
+    uint64_t global_rows;
+    char global_sha256[SHA256_HEX_LEN + 1];
 };
 
 /*
@@ -100,7 +105,13 @@ int merge_run(const struct manifest *m, const struct merge_opts *o, struct merge
 /*
  * Verify: the same checks without writing anything; if merge.json exists
  * and its output file too, that file's rows and SHA-256 are checked
- * against it as well.
+ * against it as well. A job with a global stage (m->global_snapshot) is
+ * checked in both stages: state/esd/global/prefix.json (rows, sha256,
+ * num_shards) and input.jsonl against the shards' results, each shard's
+ * rows and digest in manifest order; the "_global" done record against
+ * its output; merge.json's "stages" and its top level (= the global
+ * stage's result) and the final output. A stage not yet finished is
+ * -EAGAIN, a failed or mismatching one -EINVAL, naming the file.
  */
 int merge_verify(const struct manifest *m, const struct merge_opts *o, struct merge_result *ret,
                  struct esd_err *err);

@@ -17,9 +17,14 @@
 
 #include "fsutil.h"
 #include "json.h"
+#include "tries.h"
 
 const char *const status_state_name[ST__COUNT] = {
     "pending", "running", "stale", "done", "failed",
+};
+
+const char *const status_phase_name[PHASE__COUNT] = {
+    "shards", "merging", "global", "final merge", "complete", "failed",
 };
 
 /* A copy of obj[key], or JSON null when it is missing. The raw value, not
@@ -33,14 +38,18 @@ value_or_null(const cJSON *obj, const char *key)
     return v ? cJSON_Duplicate(v, true) : cJSON_CreateNull();
 }
 
+/* rel below the job directory jobfd as a JSON object, or NULL (a job
+ * file: no link followed, no FIFO, at most max bytes). */
+static cJSON *load_at(int dirfd, const char *rel, size_t max, size_t *ret_len);
+
 /* Reads a done or failed record, or a lock: owner (and pid, error). */
 static cJSON *
-read_record(const char *path, struct shard_status *s, bool want_error)
+read_record(int jobfd, const char *rel, struct shard_status *s, bool want_error)
 {
-    cJSON *j = NULL;
+    cJSON *j = load_at(jobfd, rel, 1 << 20, NULL);
     const char *h;
 
-    if (json_load_object(path, 1 << 20, &j, NULL) < 0) {
+    if (!j) {
         s->metadata_error = true;
         return NULL;
     }
@@ -55,6 +64,86 @@ read_record(const char *path, struct shard_status *s, bool want_error)
     return j;
 }
 
+/*
+ * One shard's state into s, from what the listings found of id (done,
+ * failed, locked) and, with details, its records; the lock is always read
+ * (its age and lease). A shard's and the global stage's pseudo-shard
+ * "_global" alike. With ret_done, the done record read (details) is handed
+ * over instead of freed.
+ */
+static void
+shard_read(int jobfd, const char *id, bool done, bool failed, bool locked, long long lock_timeout,
+           bool details, const struct timespec *now, struct shard_status *s, cJSON **ret_done)
+{
+    char *rel;
+
+    /* spec §9's precedence, first match wins: done, failed, lock */
+    if (done) {
+        s->state = ST_DONE;
+        if (details) {
+            cJSON *j;
+
+            rel = xasprintf("state/done/%s.json", id);
+            j = read_record(jobfd, rel, s, false);
+            if (ret_done)
+                *ret_done = j;
+            else
+                cJSON_Delete(j);
+            free(rel);
+        }
+    } else if (failed) {
+        s->state = ST_FAILED;
+        if (details) {
+            rel = xasprintf("state/failed/%s.json", id);
+            cJSON_Delete(read_record(jobfd, rel, s, true));
+            free(rel);
+        }
+    } else if (locked) {
+        struct stat sb;
+        long long timeout = lock_timeout;
+        cJSON *lock = NULL;
+        long long v;
+
+        rel = xasprintf("state/locks/%s.lock", id);
+        if (fstatat(jobfd, rel, &sb, 0) < 0) {
+            /* released between the listing and now */
+            s->state = ST_PENDING;
+            free(rel);
+            return;
+        }
+        s->lock_age = (double)(now->tv_sec - sb.st_mtim.tv_sec) +
+                      (double)(now->tv_nsec - sb.st_mtim.tv_nsec) / 1e9;
+        if (s->lock_age < 0)
+            s->lock_age = 0;
+        s->has_age = true;
+        if ((lock = read_record(jobfd, rel, s, false))) {
+            s->pid_value = value_or_null(lock, "pid");
+            if (json_get_int(lock, "pid", &s->pid) == 0)
+                s->has_pid = true;
+            /* an esd lock carries its own lease; a reference lock
+             * has none and goes by the job's lock timeout (claim.h) */
+            if (json_get_int(lock, "lease_secs", &v) == 0 && v > 0)
+                timeout = v;
+        }
+        cJSON_Delete(lock);
+        free(rel);
+        s->state = s->lock_age > (double)timeout ? ST_STALE : ST_RUNNING;
+    } else {
+        s->state = ST_PENDING;
+    }
+}
+
+static void
+shard_status_free(struct shard_status *s)
+{
+    free(s->owner);
+    free(s->node);
+    free(s->error);
+    cJSON_Delete(s->owner_value);
+    cJSON_Delete(s->pid_value);
+    memset(s, 0, sizeof(*s));
+}
+
 int
 status_compute(const struct manifest *m, long long lock_timeout, bool details,
                struct job_status *ret, struct esd_err *err)
@@ -64,7 +153,7 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
     bool *failed = xcalloc(m->nshards, sizeof(bool));
     bool *locked = xcalloc(m->nshards, sizeof(bool));
     struct timespec now;
-    int r;
+    int r, jobfd = -1;
 
     if (lock_timeout <= 0)
         lock_timeout = m->lock_timeout_secs;
@@ -77,6 +166,11 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
         (r = manifest_list_state(m, "failed", ".json", failed, err)) < 0 ||
         (r = manifest_list_state(m, "locks", ".lock", locked, err)) < 0)
         goto out;
+    jobfd = open(m->job_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (jobfd < 0) {
+        r = err_sys(err, -errno, "cannot open %s", m->job_dir);
+        goto out;
+    }
     /* Lock ages on this machine's wall clock against the server's mtime,
      * as the reference's status does (spec §9). Claims judge staleness on
      * the server's clock (claimer_now); status only displays "stale" and
@@ -84,84 +178,186 @@ status_compute(const struct manifest *m, long long lock_timeout, bool details,
     clock_gettime(CLOCK_REALTIME, &now);
     st.total = m->nshards;
     st.shards = xcalloc(m->nshards, sizeof(*st.shards));
-    for (size_t i = 0; i < m->nshards; i++) {
-        struct shard_status *s = &st.shards[i];
-        const char *id = m->shards[i].id;
-        char *path;
-
-        /* spec §9's precedence, first match wins: done, failed, lock */
-        if (done[i]) {
-            s->state = ST_DONE;
-            if (details) {
-                path = manifest_state_path(m, "done", id, ".json");
-                cJSON_Delete(read_record(path, s, false));
-                free(path);
-            }
-        } else if (failed[i]) {
-            s->state = ST_FAILED;
-            if (details) {
-                path = manifest_state_path(m, "failed", id, ".json");
-                cJSON_Delete(read_record(path, s, true));
-                free(path);
-            }
-        } else if (locked[i]) {
-            struct stat sb;
-            long long timeout = lock_timeout;
-            cJSON *lock = NULL;
-            long long v;
-
-            path = manifest_state_path(m, "locks", id, ".lock");
-            if (stat(path, &sb) < 0) {
-                /* released between the listing and now */
-                s->state = ST_PENDING;
-                free(path);
-                continue;
-            }
-            s->lock_age = (double)(now.tv_sec - sb.st_mtim.tv_sec) +
-                          (double)(now.tv_nsec - sb.st_mtim.tv_nsec) / 1e9;
-            if (s->lock_age < 0)
-                s->lock_age = 0;
-            s->has_age = true;
-            if ((lock = read_record(path, s, false))) {
-                s->pid_value = value_or_null(lock, "pid");
-                if (json_get_int(lock, "pid", &s->pid) == 0)
-                    s->has_pid = true;
-                /* an esd lock carries its own lease; a reference lock
-                 * has none and goes by the job's lock timeout (claim.h) */
-                if (json_get_int(lock, "lease_secs", &v) == 0 && v > 0)
-                    timeout = v;
-            }
-            cJSON_Delete(lock);
-            free(path);
-            s->state = s->lock_age > (double)timeout ? ST_STALE : ST_RUNNING;
-        } else {
-            s->state = ST_PENDING;
-        }
-    }
+    for (size_t i = 0; i < m->nshards; i++)
+        shard_read(jobfd, m->shards[i].id, done[i], failed[i], locked[i], lock_timeout, details,
+                   &now, &st.shards[i], NULL);
     for (size_t i = 0; i < m->nshards; i++)
         st.counts[st.shards[i].state]++;
     st.complete = st.counts[ST_DONE] == st.total;
     st.terminal = st.counts[ST_DONE] + st.counts[ST_FAILED] == st.total;
+    if (m->global_snapshot) {
+        st.global = xcalloc(1, sizeof(*st.global));
+        status_global_read(jobfd, m, lock_timeout, st.counts, st.global);
+    }
     *ret = st;
     st.shards = NULL;
 out:
+    if (jobfd >= 0)
+        close(jobfd);
     free(done);
     free(failed);
     free(locked);
     return r;
 }
 
+/* Whether rel exists below jobfd (a name: a link counts, as a listing
+ * would show it). */
+static bool
+present_at(int jobfd, const char *rel)
+{
+    struct stat sb;
+
+    return fstatat(jobfd, rel, &sb, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* The last attempt number in use under attempts/_global/, as tries_count
+ * numbers them (the highest well-formed name, or their count if more),
+ * from the names alone: a status reads no attempt.json. */
+static long long
+global_attempts(int jobfd)
+{
+    int fd = fs_open_dir_beneath(jobfd, "attempts/" STATUS_GLOBAL_ID, NULL, NULL);
+    long long high = 0, n = 0, k;
+    struct dirent *e;
+    DIR *d;
+
+    if (fd < 0)
+        return 0;
+    if (!(d = fdopendir(fd))) {
+        close(fd);
+        return 0;
+    }
+    /* bounded as tries_count bounds it */
+    for (size_t seen = 0; seen < 8192 && (e = readdir(d)); seen++)
+        if ((k = tries_name_number(e->d_name)) >= 0) {
+            n++;
+            if (k > high)
+                high = k;
+        }
+    closedir(d);
+    return high > n ? high : n;
+}
+
+void
+status_global_read(int jobfd, const struct manifest *m, long long lock_timeout,
+                   const size_t counts[ST__COUNT], struct global_status *ret)
+{
+    struct global_status g = { 0 };
+    struct timespec now;
+    cJSON *done = NULL, *j;
+    const char *x;
+    bool all_done = counts[ST_DONE] == m->nshards;
+
+    g.input_rows = g.rows = -1;
+    g.duration = -1;
+    clock_gettime(CLOCK_REALTIME, &now);
+    /* the pseudo-shard exactly as a shard, with details */
+    shard_read(jobfd, STATUS_GLOBAL_ID, present_at(jobfd, "state/done/" STATUS_GLOBAL_ID ".json"),
+               present_at(jobfd, "state/failed/" STATUS_GLOBAL_ID ".json"),
+               present_at(jobfd, "state/locks/" STATUS_GLOBAL_ID ".lock"), lock_timeout, true, &now,
+               &g.s, &done);
+    if (done) {
+        json_get_int(done, "rows", &g.rows);
+        if ((x = json_get_str(done, "sha256")))
+            g.sha256 = xstrdup(x);
+        if (json_get_num(done, "duration_secs", &g.duration) < 0 || g.duration < 0)
+            g.duration = -1;
+        cJSON_Delete(done);
+    }
+    g.attempts = global_attempts(jobfd);
+    if ((g.prefix = present_at(jobfd, STATUS_GLOBAL_PREFIX)) &&
+        (j = load_at(jobfd, STATUS_GLOBAL_PREFIX, (1 << 20), NULL))) {
+        json_get_int(j, "rows", &g.input_rows);
+        cJSON_Delete(j);
+    }
+    if ((j = load_at(jobfd, "merge.json", (1 << 20), NULL))) {
+        g.stages = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "stages"));
+        cJSON_Delete(j);
+    }
+    if ((j = load_at(jobfd, "state/esd/finalize.json", (1 << 20), NULL))) {
+        if ((x = json_get_str(j, "status")))
+            g.final_status = xstrdup(x);
+        cJSON_Delete(j);
+    }
+    /* the phases of the contract, the later ones first */
+    if (g.s.state == ST_FAILED)
+        g.phase = PHASE_FAILED;
+    else if (!all_done)
+        g.phase = PHASE_SHARDS;
+    else if (g.final_status && !strcmp(g.final_status, "failed"))
+        g.phase = PHASE_FAILED;
+    else if (g.s.state == ST_DONE &&
+             (g.stages || (g.final_status && !strcmp(g.final_status, "complete"))))
+        g.phase = PHASE_COMPLETE;
+    else if (g.s.state == ST_DONE)
+        g.phase = PHASE_FINAL;
+    else if (g.prefix)
+        g.phase = PHASE_GLOBAL;
+    else
+        g.phase = PHASE_MERGING;
+    *ret = g;
+}
+
+void
+status_global_free(struct global_status *g)
+{
+    shard_status_free(&g->s);
+    free(g->sha256);
+    free(g->final_status);
+    memset(g, 0, sizeof(*g));
+}
+
+void
+status_global_json(const struct manifest *m, const struct global_status *g, cJSON *o)
+{
+    const struct shard_status *s = &g->s;
+    cJSON *x, *ops;
+
+    json_add_str(o, "phase", status_phase_name[g->phase]);
+    x = cJSON_AddObjectToObject(o, "global");
+    json_add_str(x, "shard_id", STATUS_GLOBAL_ID);
+    json_add_str(x, "status", status_state_name[s->state]);
+    if (s->owner)
+        json_add_str(x, "owner", s->owner);
+    if (s->node)
+        json_add_str(x, "node", s->node);
+    if (s->has_pid)
+        json_add_int(x, "pid", s->pid);
+    if (s->has_age)
+        json_add_float(x, "lock_age_secs", s->lock_age);
+    if (s->state == ST_FAILED) {
+        if (s->error)
+            json_add_str(x, "error", s->error);
+        else
+            cJSON_AddNullToObject(x, "error");
+    }
+    if (s->metadata_error)
+        json_add_bool(x, "metadata_error", true);
+    if (g->rows >= 0)
+        json_add_int(x, "rows", g->rows);
+    if (g->sha256)
+        json_add_str(x, "sha256", g->sha256);
+    if (g->duration >= 0)
+        json_add_float(x, "duration_secs", g->duration);
+    if (g->input_rows >= 0)
+        json_add_int(x, "input_rows", g->input_rows);
+    json_add_int(x, "last_attempt", g->attempts);
+    ops = m->global_ops_json ? cJSON_Parse(m->global_ops_json) : NULL;
+    cJSON_AddItemToObject(x, "operators", ops ? ops : cJSON_CreateArray());
+    json_add_int(x, "shard_operators", m->global_shard_ops);
+    if (m->global_executor)
+        json_add_str(x, "executor_type", m->global_executor);
+}
+
 void
 status_free(struct job_status *st)
 {
-    for (size_t i = 0; st->shards && i < st->total; i++) {
-        free(st->shards[i].owner);
-        free(st->shards[i].node);
-        free(st->shards[i].error);
-        cJSON_Delete(st->shards[i].owner_value);
-        cJSON_Delete(st->shards[i].pid_value);
-    }
+    for (size_t i = 0; st->shards && i < st->total; i++)
+        shard_status_free(&st->shards[i]);
     free(st->shards);
+    if (st->global)
+        status_global_free(st->global);
+    free(st->global);
     memset(st, 0, sizeof(*st));
 }
 
@@ -216,6 +412,8 @@ status_json(const struct manifest *m, const struct job_status *st)
     json_add_bool(o, "complete", st->complete);
     json_add_bool(o, "terminal", st->terminal);
     status_merge_json(m, o);
+    if (st->global)
+        status_global_json(m, st->global, o);
     shards = cJSON_AddArrayToObject(o, "shards");
     for (size_t i = 0; i < st->total; i++) {
         const struct shard_status *s = &st->shards[i];
@@ -322,6 +520,9 @@ status_view_free(struct status_view *v)
         free(v->nodes[i].name);
     free(v->nodes);
     details_free(v->details, v->ndetails);
+    if (v->global)
+        status_global_free(v->global);
+    free(v->global);
     for (size_t i = 0; i < v->nnames; i++)
         free(v->names[i]);
     free(v->names);
@@ -601,6 +802,15 @@ view_publish(struct status_view *v, const struct manifest *m)
     v->next_ndetails = 0;
     v->read_wall = v->start_wall;
     v->valid = true;
+    /* the global stage's few records with the listings' counts, below
+     * the same descriptor and identity */
+    if (m->global_snapshot) {
+        if (v->global)
+            status_global_free(v->global);
+        else
+            v->global = xcalloc(1, sizeof(*v->global));
+        status_global_read(v->jobfd, m, v->lock_timeout, v->counts, v->global);
+    }
 }
 
 /* Opens the listing of the phase's directory; a missing one is empty. */
@@ -849,6 +1059,8 @@ status_view_json(const struct status_view *v, const struct manifest *m, bool all
     json_add_bool(o, "complete", v->counts[ST_DONE] == v->nshards);
     json_add_bool(o, "terminal", v->counts[ST_DONE] + v->counts[ST_FAILED] == v->nshards);
     status_merge_json(m, o);
+    if (v->global)
+        status_global_json(m, v->global, o);
     json_add_str(o, "source", "view");
     {
         struct timespec ts = { .tv_sec = (time_t)v->read_wall,

@@ -41,12 +41,71 @@ struct shard_status {
     cJSON *pid_value;
 };
 
+/* ---- the global stage (issue 17) ----
+ *
+ * A job whose manifest has a global stage (m->global_snapshot) goes
+ * through phases of its own: its shards, the merge of their outputs into
+ * the global stage's input (state/esd/global/input.jsonl, recorded by
+ * prefix.json), the pseudo-shard "_global" that runs the rest of the
+ * recipe once, the final merge, and the end. "_global" is read exactly as
+ * a shard is (its lock, done and failed records), and is never one of the
+ * manifest's shards nor of their counts. */
+#define STATUS_GLOBAL_ID "_global"
+#define STATUS_GLOBAL_PREFIX "state/esd/global/prefix.json"
+#define STATUS_GLOBAL_INPUT "state/esd/global/input.jsonl"
+
+enum job_phase {
+    PHASE_SHARDS,   /* some manifest shard is not done */
+    PHASE_MERGING,  /* all are, no prefix.json yet */
+    PHASE_GLOBAL,   /* prefix.json, "_global" neither done nor failed */
+    PHASE_FINAL,    /* "_global" done, the final output not yet published */
+    PHASE_COMPLETE, /* merge.json with its "stages", or finalize.json complete */
+    PHASE_FAILED,   /* "_global" failed, or the finalizer's record says failed */
+    PHASE__COUNT
+};
+
+/* "shards", "merging", "global", "final merge", "complete", "failed". */
+extern const char *const status_phase_name[PHASE__COUNT];
+
+struct global_status {
+    enum job_phase phase;
+    struct shard_status s; /* "_global"'s state, as a shard's (with details) */
+    bool prefix;           /* prefix.json exists */
+    long long input_rows;  /* its rows; -1: unknown */
+    long long rows;        /* the done record's rows; -1: none */
+    char *sha256;          /* the done record's; NULL: none */
+    double duration;       /* the done record's duration_secs; -1: none */
+    long long attempts;    /* attempts/_global/ in use (the last number) */
+    bool stages;           /* merge.json records the two stages */
+    char *final_status;    /* finalize.json's "status"; NULL: none */
+};
+
+/*
+ * The global stage of m from the job directory jobfd (opened by the
+ * caller, who reads as the job's owner): "_global"'s lock, done and failed
+ * records as status_compute reads a shard's with details (lock_timeout as
+ * there, > 0), prefix.json, the attempts' names, merge.json's "stages",
+ * finalize.json; counts are those of the manifest's shards, for the phase.
+ * Unreadable records leave their fields unknown (s.metadata_error). The
+ * caller frees with status_global_free.
+ */
+void status_global_read(int jobfd, const struct manifest *m, long long lock_timeout,
+                        const size_t counts[ST__COUNT], struct global_status *ret);
+void status_global_free(struct global_status *g);
+
+/* "phase" and "global" of a status object, into o: {"shard_id": "_global",
+ * "status", "owner", "node", "pid", "lock_age_secs", "error", "rows",
+ * "sha256", "duration_secs", "input_rows", "last_attempt", "operators",
+ * "shard_operators", "executor_type", "metadata_error"} (those known). */
+void status_global_json(const struct manifest *m, const struct global_status *g, cJSON *o);
+
 struct job_status {
     size_t total;
     size_t counts[ST__COUNT];
-    bool complete;               /* every shard done */
-    bool terminal;               /* every shard done or failed */
-    struct shard_status *shards; /* manifest order */
+    bool complete;                /* every shard done */
+    bool terminal;                /* every shard done or failed */
+    struct shard_status *shards;  /* manifest order */
+    struct global_status *global; /* NULL: the job has no global stage */
 };
 
 /*
@@ -60,7 +119,8 @@ int status_compute(const struct manifest *m, long long lock_timeout, bool detail
                    struct job_status *ret, struct esd_err *err);
 void status_free(struct job_status *st);
 
-/* The status --json object of spec §5.9 (caller deletes). */
+/* The status --json object of spec §5.9 (caller deletes); with a global
+ * stage, "phase" and "global" too (status_global_json). */
 cJSON *status_json(const struct manifest *m, const struct job_status *st);
 
 /* "pending=… running=… stale=… done=… failed=…" into out. */
@@ -124,6 +184,7 @@ struct status_view {
     size_t nnames;
     struct status_detail *details; /* the last reading's, by shard index */
     size_t ndetails;
+    struct global_status *global; /* the last reading's; NULL: no global stage */
     /* the reading in progress */
     int phase; /* 0: none */
     int jobfd;
@@ -177,7 +238,8 @@ enum shard_state status_view_shard(const struct status_view *v, size_t i, const 
  * status_json (total, counts, complete, terminal, merge, nodes, total_rows,
  * rows_done, ray_address) plus "read_at" (the reading's time), "read_age_secs"
  * (now - read_wall), "shards_per_sec", "rows_per_sec", "eta_secs" and
- * "source": "view". "shards" is bounded: every shard of a job of at most
+ * "source": "view"; with a global stage "phase" and "global" of the
+ * reading. "shards" is bounded: every shard of a job of at most
  * STATUS_VIEW_DETAILS shards; of a larger one, with all the first
  * STATUS_VIEW_DETAILS in manifest order, without it the detailed shards
  * (locks and failures, at most STATUS_VIEW_DETAILS); "shards_omitted"

@@ -228,6 +228,26 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
                   : last   ? last
                            : "");
     }
+    if ((x = cJSON_GetObjectItemCaseSensitive(res, "global")) && cJSON_IsObject(x)) {
+        const char *state = str(x, "status"), *owner = json_get_str(x, "owner");
+        char rows[32] = "", age[32] = "", who[320] = "";
+        double secs;
+        long long pid;
+
+        if (all || !strcmp(state, "running") || !strcmp(state, "stale") ||
+            !strcmp(state, "failed") || flag(x, "metadata_error")) {
+            if (cJSON_GetObjectItemCaseSensitive(x, "rows"))
+                snprintf(rows, sizeof(rows), "%lld", num(x, "rows"));
+            if (json_get_num(x, "lock_age_secs", &secs) == 0)
+                fmt_duration(secs, age);
+            if (owner && json_get_int(x, "pid", &pid) == 0)
+                snprintf(who, sizeof(who), "%s:%lld", owner, pid);
+            else if (owner)
+                snprintf(who, sizeof(who), "%s", owner);
+            table_add(&t, out_color(c, state), "_global", state, rows, who, age,
+                      flag(x, "metadata_error") ? "unreadable metadata" : str(x, "error"));
+        }
+    }
     if (t.nrows > 1) {
         putchar('\n');
         table_print(c, &t);
@@ -251,36 +271,44 @@ fmt_clock(double t, char out[32])
              &tm);
 }
 
-/* status --all: every listed shard's attempts, one line each (sacct's). */
+/* The attempts of one shard entry x (a shard's or "_global"'s) into t. */
+static void
+attempt_rows(struct call *c, struct table *t, const cJSON *x)
+{
+    const cJSON *a;
+
+    cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(x, "attempts"))
+    {
+        const char *outcome = str(a, "outcome");
+        char n[24], start[32], end[32], el[32] = "", rows[24] = "";
+        double v;
+
+        snprintf(n, sizeof(n), "%lld", num(a, "attempt"));
+        fmt_clock(json_get_num(a, "start", &v) == 0 ? v : 0, start);
+        fmt_clock(json_get_num(a, "end", &v) == 0 ? v : 0, end);
+        if (json_get_num(a, "elapsed_secs", &v) == 0)
+            fmt_duration(v, el);
+        if (cJSON_GetObjectItemCaseSensitive(a, "rows"))
+            snprintf(rows, sizeof(rows), "%lld", num(a, "rows"));
+        table_add(t, out_color(c, !strcmp(outcome, "taken over") ? "stale" : outcome),
+                  str(x, "shard_id"), n, str(a, "node"), start, end, el, outcome,
+                  str(a, "failure_class"), rows, str(a, "error"));
+    }
+}
+
+/* status --all: every listed shard's attempts, one line each (sacct's),
+ * then those of the global stage's "_global". */
 static void
 attempts_table(struct call *c, const cJSON *res)
 {
-    const cJSON *x, *a;
+    const cJSON *x;
     struct table t;
 
     table_init(&t, 10);
     table_add(&t, NULL, "SHARD", "ATTEMPT", "NODE", "START", "END", "ELAPSED", "OUTCOME", "CLASS",
               "ROWS", "ERROR");
-    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))
-    {
-        cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(x, "attempts"))
-        {
-            const char *outcome = str(a, "outcome");
-            char n[24], start[32], end[32], el[32] = "", rows[24] = "";
-            double v;
-
-            snprintf(n, sizeof(n), "%lld", num(a, "attempt"));
-            fmt_clock(json_get_num(a, "start", &v) == 0 ? v : 0, start);
-            fmt_clock(json_get_num(a, "end", &v) == 0 ? v : 0, end);
-            if (json_get_num(a, "elapsed_secs", &v) == 0)
-                fmt_duration(v, el);
-            if (cJSON_GetObjectItemCaseSensitive(a, "rows"))
-                snprintf(rows, sizeof(rows), "%lld", num(a, "rows"));
-            table_add(&t, out_color(c, !strcmp(outcome, "taken over") ? "stale" : outcome),
-                      str(x, "shard_id"), n, str(a, "node"), start, end, el, outcome,
-                      str(a, "failure_class"), rows, str(a, "error"));
-        }
-    }
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards")) attempt_rows(c, &t, x);
+    attempt_rows(c, &t, cJSON_GetObjectItemCaseSensitive(res, "global"));
     if (t.nrows > 1) {
         putchar('\n');
         table_print(c, &t);
@@ -346,6 +374,75 @@ refusal_lines(const cJSON *res)
         printf("  node %s refuses the job: %s\n", str(x, "node"), str(x, "why"));
 }
 
+/* ", global running on node-b" for a job with a global stage in esctl
+ * list (its phase, and the state of the stage while it is its phase),
+ * else "". The text is static: one at a time. */
+static const char *
+phase_note(const cJSON *x)
+{
+    static char out[160];
+    const char *phase = json_get_str(x, "phase");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(x, "global");
+
+    out[0] = '\0';
+    if (!phase)
+        return out;
+    if (!strcmp(phase, "global") && json_get_str(g, "node"))
+        snprintf(out, sizeof(out), ", global %s on %s", str(g, "status"), str(g, "node"));
+    else if (!strcmp(phase, "global"))
+        snprintf(out, sizeof(out), ", global %s", str(g, "status"));
+    else
+        snprintf(out, sizeof(out), ", %s", phase);
+    return out;
+}
+
+/* The phase of a job with a global stage and its progress: "  phase:
+ * global (running on node-b, 3 m)", after the operators it runs once. */
+static void
+global_line(const cJSON *res)
+{
+    const char *phase = json_get_str(res, "phase");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(res, "global"), *op;
+    const char *state = str(g, "status"), *who = json_get_str(g, "node");
+    char age[32] = "", dur[32] = "", attempt[40] = "";
+    struct buf ops;
+    double v;
+    size_t n = 0;
+
+    if (!phase || !cJSON_IsObject(g))
+        return;
+    if (!who)
+        who = json_get_str(g, "owner");
+    buf_init(&ops);
+    cJSON_ArrayForEach(op, cJSON_GetObjectItemCaseSensitive(g, "operators"))
+    {
+        if (cJSON_IsString(op))
+            buf_printf(&ops, "%s%s", n++ ? ", " : "", op->valuestring);
+    }
+    printf("  global stage: %lld operators per shard, then %zu once (%s): %s\n",
+           num(g, "shard_operators"), n, str(g, "executor_type"), ops.p ? ops.p : "");
+    buf_free(&ops);
+    if (json_get_num(g, "lock_age_secs", &v) == 0)
+        fmt_duration(v, age);
+    if (json_get_num(g, "duration_secs", &v) == 0)
+        fmt_duration(v, dur);
+    if (num(g, "last_attempt") > 0)
+        snprintf(attempt, sizeof(attempt), ", attempt %lld", num(g, "last_attempt"));
+    if (!strcmp(phase, "global") && (!strcmp(state, "running") || !strcmp(state, "stale")))
+        printf("  phase: global (%s on %s, %s%s)\n", state, who ? who : "unknown node", age,
+               attempt);
+    else if (!strcmp(phase, "global"))
+        printf("  phase: global (%s, %lld input rows)\n", state, num(g, "input_rows"));
+    else if (!strcmp(phase, "failed") && !strcmp(state, "failed"))
+        printf("  phase: failed (the global stage failed%s%s: %s)\n", who ? " on " : "",
+               who ? who : "", str(g, "error"));
+    else if (!strcmp(phase, "final merge") || !strcmp(phase, "complete"))
+        printf("  phase: %s (the global stage gave %lld of %lld rows%s%s)\n", phase, num(g, "rows"),
+               num(g, "input_rows"), *dur ? " in " : "", dur);
+    else
+        printf("  phase: %s\n", phase);
+}
+
 static int
 render_job_status(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -361,11 +458,13 @@ render_job_status(struct call *c, const cJSON *args, const cJSON *res)
     buf_free(&b);
     printf("  %lld of %lld shards done, %lld of %lld input rows%s%s\n", num(counts, "done"),
            num(res, "total"), num(res, "rows_done"), num(res, "total_rows"),
-           flag(res, "complete")   ? "; complete"
-           : flag(res, "terminal") ? "; terminal with failures"
-                                   : "",
+           flag(res, "complete") && json_get_str(res, "phase") ? "; all shards done"
+           : flag(res, "complete")                             ? "; complete"
+           : flag(res, "terminal")                             ? "; terminal with failures"
+                                                               : "",
            age_note(res));
     pace_line(res);
+    global_line(res);
     merge_line(cJSON_GetObjectItemCaseSensitive(res, "merge"));
     refusal_lines(res);
     nodes_table(c, cJSON_GetObjectItemCaseSensitive(res, "nodes"));
@@ -398,14 +497,15 @@ render_daemon_status(struct call *c, const cJSON *res)
     {
         const char *err = json_get_str(x, "error");
         const char *id = json_get_str(x, "job_id");
-        char d[64], h[64];
+        char d[256], h[64];
 
         if (!err)
             err = json_get_str(x, "load_error");
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(d, sizeof(d), "-");
         else
-            snprintf(d, sizeof(d), "%lld/%lld%s", num(x, "done"), num(x, "shards"), age_note(x));
+            snprintf(d, sizeof(d), "%lld/%lld%s%s", num(x, "done"), num(x, "shards"), phase_note(x),
+                     age_note(x));
         snprintf(h, sizeof(h), "%lld done, %lld running", num(x, "done_here"),
                  num(x, "running_here"));
         table_add(&t, out_color(c, str(x, "state")), id ? id : str(x, "key"), str(x, "state"), d, h,
@@ -461,6 +561,7 @@ static int
 render_verify(struct call *c, const cJSON *args, const cJSON *res)
 {
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(res, "owners");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(res, "global");
     size_t n;
     const cJSON **owners = sorted_members(o, &n);
 
@@ -469,7 +570,14 @@ render_verify(struct call *c, const cJSON *args, const cJSON *res)
         printf("  %s: %lld shard(s)\n", owners[i]->string, num(o, owners[i]->string));
     printf("PASS: %lld shards were completed by %zu node(s); %lld rows, sha256 %s%s\n",
            num(res, "num_shards"), n, num(res, "rows"), str(res, "sha256"),
-           flag(res, "merged_output_checked") ? "; merged output matches merge.json" : "");
+           g                                    ? ""
+           : flag(res, "merged_output_checked") ? "; merged output matches merge.json"
+                                                : "");
+    if (g)
+        printf("PASS: the global stage read them in order (state/esd/global/input.jsonl) and gave "
+               "%lld rows, sha256 %s%s\n",
+               num(g, "rows"), str(g, "sha256"),
+               flag(res, "merged_output_checked") ? "; final output matches merge.json" : "");
     free(owners);
     return EXIT_OK;
 }
@@ -508,15 +616,15 @@ render_list(struct call *c, const cJSON *args, const cJSON *res)
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "jobs"))
     {
         const char *id = json_get_str(x, "job_id");
-        char done[64], rate[32] = "-", eta[32] = "-";
+        char done[256], rate[32] = "-", eta[32] = "-";
         double v;
 
         /* a job esd has not read since it started: its counts are unknown */
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(x, "loaded")))
             snprintf(done, sizeof(done), "-");
         else
-            snprintf(done, sizeof(done), "%lld/%lld%s%s", num(x, "done"), num(x, "shards"),
-                     num(x, "failed") ? " !" : "", age_note(x));
+            snprintf(done, sizeof(done), "%lld/%lld%s%s%s", num(x, "done"), num(x, "shards"),
+                     num(x, "failed") ? " !" : "", phase_note(x), age_note(x));
         if (json_get_num(x, "rows_per_sec", &v) == 0)
             out_count(v, rate);
         if (json_get_num(x, "eta_secs", &v) == 0)
@@ -634,6 +742,15 @@ node_details(const cJSON *x)
                num(l, "stale"));
     cJSON_ArrayForEach(y, cJSON_GetObjectItemCaseSensitive(x, "paused"))
         printf("  %s does not claim from %s: %s\n", node, str(y, "job_id"), str(y, "why"));
+    cJSON_ArrayForEach(y, cJSON_GetObjectItemCaseSensitive(x, "global_stage"))
+    {
+        char held[32] = "";
+
+        if (json_get_num(y, "lock_age_secs", &secs) == 0)
+            fmt_duration(secs, held);
+        printf("  %s runs the global stage of %s (%s, %s)\n", node, str(y, "job_id"),
+               str(y, "state"), held);
+    }
 }
 
 static int
@@ -675,7 +792,8 @@ render_nodes(struct call *c, const cJSON *args, const cJSON *res)
         bool more = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "attempts")) > 1;
 
         if (strcmp(str(x, "state"), "running") || more || json_get_str(x, "reason") ||
-            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "paused")))
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "paused")) ||
+            cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(x, "global_stage")))
             node_details(x);
     }
     cJSON_ArrayForEach(x, bad) printf("invalid: %s: %s\n", str(x, "file"), str(x, "error"));

@@ -176,14 +176,17 @@ report_load(struct report *r, const char *dir, long long lock_timeout, struct es
     if ((rc = status_compute(&r->m, lock_timeout, true, &r->st, err)) < 0)
         return rc;
     r->h = xcalloc(r->m.nshards + 1, sizeof(*r->h));
-    for (size_t i = 0; i < r->m.nshards; i++) {
+    /* the shards, then a global stage's pseudo-shard (its attempts drawn
+     * as a shard's) */
+    for (size_t i = 0; i < r->m.nshards + (r->st.global ? 1 : 0); i++) {
         struct history_shard *h = &r->h[i];
+        const char *id = i < r->m.nshards ? r->m.shards[i].id : STATUS_GLOBAL_ID;
 
         if (r->n >= REPORT_MAX_ATTEMPTS) {
             r->omitted++; /* shards not read */
             continue;
         }
-        if ((rc = history_read(&r->m, r->m.shards[i].id, h, err)) < 0)
+        if ((rc = history_read(&r->m, id, h, err)) < 0)
             return rc;
         r->nh = i + 1;
         for (size_t k = 0; k < h->n; k++) {
@@ -197,7 +200,7 @@ report_load(struct report *r, const char *dir, long long lock_timeout, struct es
                 r->v = xrealloc(r->v, cap * sizeof(*r->v));
             }
             x = &r->v[r->n++];
-            x->shard = r->m.shards[i].id;
+            x->shard = id;
             x->a = a;
             x->start = a->start;
             x->end = a->end > 0                                   ? a->end
@@ -490,6 +493,32 @@ summary(struct buf *b, const struct report *r)
                : r->st.terminal ? " (terminal, with failures)"
                                 : "",
                rows_done, r->m.total_rows);
+    if (r->st.global) {
+        const struct global_status *g = r->st.global;
+
+        buf_printf(b, "<tr><th>phase</th><td>%s</td></tr>\n<tr><th>global stage</th><td>",
+                   status_phase_name[g->phase]);
+        html_text(b, status_state_name[g->s.state], REPORT_TEXT_MAX);
+        if (g->s.node || g->s.owner) {
+            buf_puts(b, " on ");
+            html_text(b, g->s.node ? g->s.node : g->s.owner, REPORT_TEXT_MAX);
+        }
+        buf_printf(b, "; %lld operators per shard, then once: ", r->m.global_shard_ops);
+        html_text(b, r->m.global_ops_json ? r->m.global_ops_json : "", REPORT_TEXT_MAX);
+        if (g->input_rows >= 0)
+            buf_printf(b, "; %lld rows in", g->input_rows);
+        if (g->rows >= 0)
+            buf_printf(b, ", %lld out", g->rows);
+        if (g->duration >= 0) {
+            fmt_duration(g->duration, d);
+            buf_printf(b, " in %s", d);
+        }
+        if (g->s.error) {
+            buf_puts(b, "; ");
+            html_text(b, g->s.error, REPORT_TEXT_MAX);
+        }
+        buf_puts(b, "</td></tr>\n");
+    }
     buf_printf(b, "<tr><th>attempts</th><td>%zu on %zu nodes", r->n, r->nnodes);
     if (r->omitted)
         buf_printf(b, " (%zu shards not drawn: more than %d attempts)", r->omitted,

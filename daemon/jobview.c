@@ -340,6 +340,17 @@ jobview_jobs_json(void)
         json_set(o, "stale", json_int((long long)v->counts[ST_STALE]));
         json_set(o, "pending", json_int((long long)v->counts[ST_PENDING]));
         json_set(o, "rows_done", json_int(v->rows_done));
+        if (v->global) {
+            cJSON *g = cJSON_CreateObject();
+
+            json_set(o, "phase", cJSON_CreateString(status_phase_name[v->global->phase]));
+            json_add_str(g, "status", status_state_name[v->global->s.state]);
+            if (v->global->s.node || v->global->s.owner)
+                json_add_str(g, "node", v->global->s.node ? v->global->s.node : v->global->s.owner);
+            if (v->global->s.has_age)
+                json_add_float(g, "lock_age_secs", v->global->s.lock_age);
+            json_set(o, "global", g);
+        }
         {
             struct timespec ts = { .tv_sec = (time_t)v->read_wall };
 

@@ -115,6 +115,52 @@ label(struct buf *b, const char *s)
     buf_putc(b, '"');
 }
 
+static void help(struct buf *b, const char *name, const char *type, const char *text);
+
+/* The global stage of the jobs that have one (issue 17), from their
+ * views: esd_job_phase{phase} 1 and esd_job_global_stage{state} 1, the
+ * state of the pseudo-shard _global. Nothing (not even the help) while no
+ * job has a global stage. */
+static void
+global_metrics(struct buf *b)
+{
+    bool any = false;
+
+    for (struct job *j = jobs_first(); j && !any; j = j->next) {
+        const struct status_view *v = jobview_get(j);
+
+        any = v && v->global;
+    }
+    if (!any)
+        return;
+    help(b, "esd_job_phase", "gauge",
+         "1 for the phase of each job with a global stage: shards, merging, global, "
+         "final merge, complete or failed");
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        const struct status_view *v = jobview_get(j);
+
+        if (!v || !v->global)
+            continue;
+        job_label(b, "esd_job_phase", j);
+        buf_puts(b, ",phase=");
+        label(b, status_phase_name[v->global->phase]);
+        buf_puts(b, "} 1\n");
+    }
+    help(b, "esd_job_global_stage", "gauge",
+         "1 for the state of each job's global stage (its pseudo-shard _global): pending, "
+         "running, stale, done or failed");
+    for (struct job *j = jobs_first(); j; j = j->next) {
+        const struct status_view *v = jobview_get(j);
+
+        if (!v || !v->global)
+            continue;
+        job_label(b, "esd_job_global_stage", j);
+        buf_puts(b, ",state=");
+        label(b, status_state_name[v->global->s.state]);
+        buf_puts(b, "} 1\n");
+    }
+}
+
 static void
 help(struct buf *b, const char *name, const char *type, const char *text)
 {
@@ -212,6 +258,7 @@ metrics_render(void)
         job_label(&b, "esd_job_eta_seconds", j);
         buf_printf(&b, "} %.0f\n", eta);
     }
+    global_metrics(&b);
     help(&b, "esd_job_state", "gauge", "1 for each job's state on this node");
     for (struct job *j = jobs_first(); j; j = j->next) {
         job_label(&b, "esd_job_state", j);

@@ -439,6 +439,18 @@ lockcount_slot(struct lockcount *lc, const char *name)
     return lc->names.n - 1;
 }
 
+/* The node whose lock holds v's global stage (esd's node name, else the
+ * host name), or NULL: not running, or not known. */
+static const char *
+global_node(const struct status_view *v)
+{
+    const struct shard_status *s = &v->global->s;
+
+    if (s->state != ST_RUNNING && s->state != ST_STALE)
+        return NULL;
+    return s->node ? s->node : s->owner;
+}
+
 static void
 lockcount_read(struct lockcount *lc)
 {
@@ -454,6 +466,38 @@ lockcount_read(struct lockcount *lc)
             lc->running[k] += v->nodes[i].running;
             lc->stale[k] += v->nodes[i].stale;
         }
+        /* the lock of a global stage (_global) is one its node holds */
+        if (v && v->global && global_node(v)) {
+            size_t k = lockcount_slot(lc, global_node(v));
+
+            if (v->global->s.state == ST_RUNNING)
+                lc->running[k]++;
+            else if (v->global->s.state == ST_STALE)
+                lc->stale[k]++;
+        }
+    }
+}
+
+/* The jobs whose global stage the node runs (its _global lock), as
+ * "global_stage": [{"job_id", "state", "lock_age_secs"}] in entry. */
+static void
+global_add(cJSON *entry, const char *node)
+{
+    cJSON *a = NULL;
+
+    for (struct job *j = jobs_first(); j && node; j = j->next) {
+        const struct status_view *v = jobview_get(j);
+        cJSON *x;
+
+        if (!v || !v->global || !global_node(v) || strcmp(global_node(v), node))
+            continue;
+        if (!a)
+            a = cJSON_AddArrayToObject(entry, "global_stage");
+        x = cJSON_CreateObject();
+        json_add_str(x, "job_id", j->m.job_id);
+        json_add_str(x, "state", status_state_name[v->global->s.state]);
+        json_add_float(x, "lock_age_secs", v->global->s.lock_age);
+        cJSON_AddItemToArray(a, x);
     }
 }
 
@@ -895,6 +939,7 @@ nodes_json(void)
     list = cJSON_AddArrayToObject(r, "nodes");
     for (size_t i = 0; i < nv; i++) {
         lockcount_add(&lc, v[i], json_get_str(v[i], "node"));
+        global_add(v[i], json_get_str(v[i], "node"));
         cJSON_AddItemToArray(list, v[i]);
     }
     if (omitted)

@@ -908,6 +908,187 @@ START_TEST(test_cancel)
 }
 END_TEST
 
+/* ---- verify of a job with a global stage (issue 17) ---- */
+
+#define GLOBAL_OUT_REL "attempts/_global/0001-0123456789abcdef0123456789abcdef/processed.jsonl"
+
+static const char *const G_SHARDS[] = { "{\"t\":\"a\"}\n{\"t\":\"b\"}\n", "{\"t\":\"c\"}\n",
+                                        "{\"t\":\"d\"}" /* no final newline */ };
+static const char *G_INPUT = "{\"t\":\"a\"}\n{\"t\":\"b\"}\n{\"t\":\"c\"}\n{\"t\":\"d\"}\n";
+static const char *G_FINAL = "{\"t\":\"a\"}\n{\"t\":\"d\"}\n";
+
+static void
+put_job_text(const char *rel, const char *text)
+{
+    free(tu_write(M.job_dir, rel, text, (size_t)-1));
+}
+
+/* A record {rows, sha256 of text, more...} as JSON text (caller frees). */
+static char *
+rows_sha(const char *text, const char *more)
+{
+    char hex[SHA256_HEX_LEN + 1];
+
+    sha256_buf(text, strlen(text), hex);
+    return xasprintf("{\"rows\": %lld, \"sha256\": \"%s\"%s}", count_rows(text), hex, more);
+}
+
+/* A job whose global stage is finished and merged, by hand, as the
+ * runtime writes it (prefix.json, input.jsonl, _global's done record and
+ * output, the final output and merge.json with its stages). */
+static void
+global_job(bool final)
+{
+    char *t, *shards, *glob, *more;
+
+    M.global_snapshot = "recipe.global.yaml";
+    M.global_sha256 = "cc";
+    M.global_executor = "default";
+    M.global_ops_json = "[\"document_deduplicator\"]";
+    M.global_shard_ops = 1;
+    for (size_t i = 0; i < 3; i++)
+        put_done(i, "h", G_SHARDS[i]);
+    put_job_text("state/esd/global/input.jsonl", G_INPUT);
+    t = rows_sha(G_INPUT, ", \"status\": \"complete\", \"num_shards\": 3, \"input_path\": "
+                          "\"state/esd/global/input.jsonl\"");
+    put_job_text("state/esd/global/prefix.json", t);
+    free(t);
+    put_job_text(GLOBAL_OUT_REL, G_FINAL);
+    t = rows_sha(G_FINAL, ", \"shard_id\": \"_global\", \"status\": \"done\", \"hostname\": "
+                          "\"h\", \"output_path\": \"" GLOBAL_OUT_REL "\"");
+    put_job_text("state/done/_global.json", t);
+    free(t);
+    if (!final)
+        return;
+    free(tu_write(OUT_DIR, "merged.jsonl", G_FINAL, (size_t)-1));
+    shards = rows_sha(G_INPUT, ", \"num_shards\": 3, \"operators\": 1");
+    glob = rows_sha(G_FINAL, ", \"operators\": [\"document_deduplicator\"]");
+    more = xasprintf(", \"output_path\": \"%s\", \"num_shards\": 3, \"stages\": {\"shards\": %s, "
+                     "\"global\": %s}",
+                     OUT, shards, glob);
+    t = rows_sha(G_FINAL, more);
+    put_job_text("merge.json", t);
+    free(t);
+    free(more);
+    free(shards);
+    free(glob);
+}
+
+START_TEST(test_verify_global_both_stages)
+{
+    struct merge_result res;
+    struct esd_err err;
+    char hex[SHA256_HEX_LEN + 1];
+
+    global_job(true);
+    ck_assert_msg(do_verify(&res, &err) == 0, "%s", err.msg);
+    ck_assert(res.global);
+    ck_assert(res.checked_output);
+    ck_assert_uint_eq(res.rows, 4);
+    ck_assert_uint_eq(res.global_rows, 2);
+    sha256_buf(G_FINAL, strlen(G_FINAL), hex);
+    ck_assert_str_eq(res.global_sha256, hex);
+    sha256_buf(G_INPUT, strlen(G_INPUT), hex);
+    ck_assert_str_eq(res.sha256, hex);
+    merge_result_free(&res);
+}
+END_TEST
+
+/* Before the final merge: both stages, no merge.json to check yet. */
+START_TEST(test_verify_global_before_final)
+{
+    struct merge_result res;
+    struct esd_err err;
+
+    global_job(false);
+    ck_assert_msg(do_verify(&res, &err) == 0, "%s", err.msg);
+    ck_assert(res.global);
+    ck_assert(!res.checked_output);
+    merge_result_free(&res);
+}
+END_TEST
+
+START_TEST(test_verify_global_tampered_input)
+{
+    struct merge_result res;
+    struct esd_err err;
+
+    global_job(true);
+    /* shard 1's record changed in the global stage's input */
+    put_job_text("state/esd/global/input.jsonl",
+                 "{\"t\":\"a\"}\n{\"t\":\"b\"}\n{\"t\":\"X\"}\n{\"t\":\"d\"}\n");
+    ck_assert_int_eq(do_verify(&res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "state/esd/global/input.jsonl does not hold the result of") &&
+                      strstr(err.msg, id(1)) && strstr(err.msg, "at line 3"),
+                  "%s", err.msg);
+    /* a row too many */
+    put_job_text("state/esd/global/input.jsonl",
+                 "{\"t\":\"a\"}\n{\"t\":\"b\"}\n{\"t\":\"c\"}\n{\"t\":\"d\"}\n{\"t\":\"e\"}\n");
+    ck_assert_int_eq(do_verify(&res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "more rows than the shards' results, from line 5"), "%s",
+                  err.msg);
+    /* prefix.json that records other rows */
+    put_job_text("state/esd/global/input.jsonl", G_INPUT);
+    put_job_text("state/esd/global/prefix.json", "{\"rows\": 3, \"sha256\": \"00\"}");
+    ck_assert_int_eq(do_verify(&res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "prefix.json does not match the shard results"), "%s", err.msg);
+}
+END_TEST
+
+START_TEST(test_verify_global_tampered_final)
+{
+    struct merge_result res;
+    struct esd_err err;
+
+    global_job(true);
+    free(tu_write(OUT_DIR, "merged.jsonl", "{\"t\":\"a\"}\n{\"t\":\"Z\"}\n", (size_t)-1));
+    ck_assert_int_eq(do_verify(&res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "merged output") && strstr(err.msg, "merge.json"), "%s", err.msg);
+    /* the global stage's own output changed */
+    free(tu_write(OUT_DIR, "merged.jsonl", G_FINAL, (size_t)-1));
+    put_job_text(GLOBAL_OUT_REL, "{\"t\":\"a\"}\n");
+    ck_assert_int_eq(do_verify(&res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "mismatch for _global") && strstr(err.msg, "_global.json"), "%s",
+                  err.msg);
+    /* a merge.json whose stages disagree with _global's done record */
+    put_job_text(GLOBAL_OUT_REL, G_FINAL);
+    {
+        char *t = rows_sha(G_FINAL, ", \"output_path\": \"/nonexistent\", \"stages\": {\"shards\": "
+                                    "{\"rows\": 4, \"sha256\": \"00\"}, \"global\": {}}");
+
+        put_job_text("merge.json", t);
+        free(t);
+    }
+    ck_assert_int_eq(do_verify(&res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "merge.json does not match the shard results"), "%s", err.msg);
+}
+END_TEST
+
+START_TEST(test_verify_global_unfinished_or_failed)
+{
+    struct merge_result res;
+    struct esd_err err;
+    char *path;
+
+    global_job(true);
+    path = fs_join(M.job_dir, "state/done/_global.json");
+    ck_assert_int_eq(unlink(path), 0);
+    free(path);
+    ck_assert_int_eq(do_verify(&res, &err), -EAGAIN);
+    ck_assert_msg(strstr(err.msg, "state/done/_global.json is missing"), "%s", err.msg);
+    put_job_text("state/failed/_global.json", "{\"status\": \"failed\", \"last_error\": \"oom\"}");
+    ck_assert_int_eq(do_verify(&res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, "the global stage failed") && strstr(err.msg, "oom") &&
+                      strstr(err.msg, "state/failed/_global.json"),
+                  "%s", err.msg);
+    path = fs_join(M.job_dir, "state/esd/global/prefix.json");
+    ck_assert_int_eq(unlink(path), 0);
+    free(path);
+    ck_assert_int_eq(do_verify(&res, &err), -EAGAIN);
+    ck_assert_msg(strstr(err.msg, "state/esd/global/prefix.json is missing"), "%s", err.msg);
+}
+END_TEST
+
 static Suite *
 merge_suite(void)
 {
@@ -947,6 +1128,11 @@ merge_suite(void)
     tcase_add_test(tc, test_verify_detects_changed_merged_output);
     tcase_add_test(tc, test_verify_detects_results_changed_after_merge);
     tcase_add_test(tc, test_verify_refuses_incomplete_and_bad_results);
+    tcase_add_test(tc, test_verify_global_both_stages);
+    tcase_add_test(tc, test_verify_global_before_final);
+    tcase_add_test(tc, test_verify_global_tampered_input);
+    tcase_add_test(tc, test_verify_global_tampered_final);
+    tcase_add_test(tc, test_verify_global_unfinished_or_failed);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -812,6 +812,180 @@ START_TEST(test_parse_time)
 }
 END_TEST
 
+/* ---- the global stage (issue 17) ---- */
+
+/* M made a job with a global stage (the fields manifest_load would set). */
+static void
+make_global(void)
+{
+    M.global_snapshot = "recipe.global.yaml";
+    M.global_sha256 = "cc";
+    M.global_executor = "default";
+    M.global_ops_json = "[\"document_deduplicator\"]";
+    M.global_shard_ops = 1;
+}
+
+static long long
+gint(const cJSON *o, const char *key)
+{
+    double v = -1;
+
+    json_get_num(o, key, &v);
+    return (long long)v;
+}
+
+static void
+put_job_file(const char *rel, const char *text)
+{
+    free(tu_write(M.job_dir, rel, text, (size_t)-1));
+}
+
+/* The status object of M now, and its "phase". */
+static cJSON *
+global_json(const char **ret_phase)
+{
+    struct job_status st = compute(0, true);
+    cJSON *j = status_json(&M, &st);
+
+    status_free(&st);
+    *ret_phase = json_get_str(j, "phase");
+    return j;
+}
+
+START_TEST(test_global_phases)
+{
+    const char *phase;
+    const cJSON *g;
+    cJSON *j;
+    char *lock;
+    struct job_status st;
+
+    /* a job without a global stage: no new key */
+    j = global_json(&phase);
+    ck_assert_ptr_null(phase);
+    ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(j, "global"));
+    cJSON_Delete(j);
+
+    make_global();
+    j = global_json(&phase);
+    ck_assert_str_eq(phase, "shards");
+    g = cJSON_GetObjectItemCaseSensitive(j, "global");
+    ck_assert_str_eq(json_get_str(g, "shard_id"), "_global");
+    ck_assert_str_eq(json_get_str(g, "status"), "pending");
+    ck_assert_str_eq(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(g, "operators"), 0)->valuestring,
+        "document_deduplicator");
+    ck_assert_str_eq(json_get_str(g, "executor_type"), "default");
+    cJSON_Delete(j);
+
+    for (size_t i = 0; i < 3; i++)
+        put_done(i, "h");
+    j = global_json(&phase);
+    ck_assert_str_eq(phase, "merging");
+    cJSON_Delete(j);
+
+    put_job_file("state/esd/global/prefix.json",
+                 "{\"status\": \"complete\", \"rows\": 5, \"sha256\": \"ab\", \"num_shards\": 3}");
+    j = global_json(&phase);
+    ck_assert_str_eq(phase, "global");
+    g = cJSON_GetObjectItemCaseSensitive(j, "global");
+    ck_assert_str_eq(json_get_str(g, "status"), "pending");
+    ck_assert_int_eq(gint(g, "input_rows"), 5);
+    cJSON_Delete(j);
+
+    /* its lock, an attempt directory: running on node-b, then stale */
+    put_job_file("state/locks/_global.lock",
+                 "{\"shard_id\": \"_global\", \"hostname\": \"hb\", \"node\": \"node-b\", "
+                 "\"pid\": 42, \"lease_secs\": 60}\n");
+    tu_mkdir_at(M.job_dir, "attempts/_global/0002-0123456789abcdef0123456789abcdef");
+    lock = fs_join(M.job_dir, "state/locks/_global.lock");
+    set_age(lock, 30);
+    j = global_json(&phase);
+    ck_assert_str_eq(phase, "global");
+    g = cJSON_GetObjectItemCaseSensitive(j, "global");
+    ck_assert_str_eq(json_get_str(g, "status"), "running");
+    ck_assert_str_eq(json_get_str(g, "owner"), "hb");
+    ck_assert_str_eq(json_get_str(g, "node"), "node-b");
+    ck_assert_int_eq(gint(g, "pid"), 42);
+    ck_assert_int_eq(gint(g, "last_attempt"), 2);
+    ck_assert(gint(g, "lock_age_secs") >= 29);
+    cJSON_Delete(j);
+    set_age(lock, 120);
+    j = global_json(&phase);
+    ck_assert_str_eq(json_get_str(cJSON_GetObjectItemCaseSensitive(j, "global"), "status"),
+                     "stale");
+    cJSON_Delete(j);
+    /* the counts stay the manifest shards' */
+    st = compute(0, false);
+    ck_assert_uint_eq(st.counts[ST_DONE], 3);
+    ck_assert_uint_eq(st.counts[ST_RUNNING] + st.counts[ST_STALE], 0);
+    ck_assert_int_eq(st.global->phase, PHASE_GLOBAL);
+    status_free(&st);
+
+    /* done: the final merge, then complete with merge.json's stages */
+    unlink(lock);
+    put_job_file("state/done/_global.json",
+                 "{\"shard_id\": \"_global\", \"status\": \"done\", \"hostname\": \"hb\", "
+                 "\"rows\": 4, \"sha256\": \"cd\", \"duration_secs\": 180.5}");
+    j = global_json(&phase);
+    ck_assert_str_eq(phase, "final merge");
+    g = cJSON_GetObjectItemCaseSensitive(j, "global");
+    ck_assert_int_eq(gint(g, "rows"), 4);
+    ck_assert_str_eq(json_get_str(g, "sha256"), "cd");
+    cJSON_Delete(j);
+    put_job_file("merge.json", "{\"rows\": 4, \"sha256\": \"cd\", \"stages\": {}}");
+    j = global_json(&phase);
+    ck_assert_str_eq(phase, "complete");
+    cJSON_Delete(j);
+    free(lock);
+}
+END_TEST
+
+START_TEST(test_global_failed)
+{
+    const char *phase;
+    cJSON *j;
+
+    make_global();
+    for (size_t i = 0; i < 3; i++)
+        put_done(i, "h");
+    put_job_file("state/esd/global/prefix.json", "{\"rows\": 5}");
+    put_job_file("state/failed/_global.json",
+                 "{\"shard_id\": \"_global\", \"status\": \"failed\", \"last_error\": \"oom\"}");
+    j = global_json(&phase);
+    ck_assert_str_eq(phase, "failed");
+    ck_assert_str_eq(json_get_str(cJSON_GetObjectItemCaseSensitive(j, "global"), "error"), "oom");
+    cJSON_Delete(j);
+}
+END_TEST
+
+/* A daemon's view shows the same phase and "_global" state. */
+START_TEST(test_global_view)
+{
+    struct status_view v;
+    struct esd_err err;
+    cJSON *j;
+    int r;
+
+    make_global();
+    for (size_t i = 0; i < 3; i++)
+        put_done(i, "h");
+    put_job_file("state/esd/global/prefix.json", "{\"rows\": 5}");
+    put_job_file("state/locks/_global.lock", "{\"hostname\": \"hb\", \"pid\": 7}\n");
+    status_view_init(&v, &M);
+    while ((r = status_view_step(&v, &M, 0, 1000, &err)) == 0)
+        ;
+    ck_assert_msg(r == 1, "%s", err.msg);
+    j = status_view_json(&v, &M, false);
+    ck_assert_str_eq(json_get_str(j, "phase"), "global");
+    ck_assert_str_eq(json_get_str(cJSON_GetObjectItemCaseSensitive(j, "global"), "status"),
+                     "running");
+    ck_assert_int_eq(gint(j, "total"), 3);
+    cJSON_Delete(j);
+    status_view_free(&v);
+}
+END_TEST
+
 static Suite *
 status_suite(void)
 {
@@ -845,6 +1019,9 @@ status_suite(void)
     tcase_add_test(tc, test_view_json_bounded_and_dated);
     tcase_add_test(tc, test_json_bound_keeps_attention_first);
     tcase_add_test(tc, test_parse_time);
+    tcase_add_test(tc, test_global_phases);
+    tcase_add_test(tc, test_global_failed);
+    tcase_add_test(tc, test_global_view);
     suite_add_tcase(s, tc);
     return s;
 }
