@@ -108,6 +108,18 @@ print("prefix %d rows, global %d rows, attempts %s" % (pre["rows"], m["rows"],
       [a["status"] for a in ats]))
 PY
 ok "both stages recorded: $(cat "$W/verdict")"
+run "$ESCTL" --json status --local "$W/job"
+check "status of the finished job" 0
+python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["phase"] == "complete", d["phase"]; assert d["global"]["status"] == "done" and d["global"]["rows"] == 40, d["global"]' <"$W/stdout" ||
+    fail "status shows the phase and the global stage" "$OUT"
+ok "status: phase complete, the global stage done with 40 rows"
+run "$ESCTL" verify --local "$W/job"
+check "verify checks both stages" 0 "PASS"
+cp "$W/job/state/esd/global/input.jsonl" "$W/input.keep"
+sed -i '1s/document/Document/' "$W/job/state/esd/global/input.jsonl"
+run "$ESCTL" verify --local "$W/job"
+check "verify refuses a tampered global-stage input" 2 "" "input.jsonl"
+cp "$W/input.keep" "$W/job/state/esd/global/input.jsonl"
 grep -q "the global stage runs next" "$W/n1/log" "$W/n2/log" ||
     fail "esd logs the global stage" "$(tail -n 30 "$W/n1/log")"
 ok "esd logged the global stage"
