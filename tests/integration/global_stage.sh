@@ -39,8 +39,8 @@ Y
 run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
     --job-dir "$W/job" --num-shards 4
 check "prepare splits the recipe" 0 "2 operators per shard, then 1 once: document_deduplicator"
-[ -f "$W/job/recipe.shards.yaml" ] && [ -f "$W/job/recipe.global.yaml" ] &&
-    cmp -s "$W/recipe.yaml" "$W/job/recipe.yaml" ||
+{ [ -f "$W/job/recipe.shards.yaml" ] && [ -f "$W/job/recipe.global.yaml" ] &&
+    cmp -s "$W/recipe.yaml" "$W/job/recipe.yaml"; } ||
     fail "recipe.yaml is the user's, beside its two halves" "$(ls "$W/job")"
 ok "recipe.yaml is the user's recipe; recipe.shards.yaml and recipe.global.yaml beside it"
 run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
