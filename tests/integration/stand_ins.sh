@@ -142,9 +142,9 @@ dj_args "$SHARD0" "$W/flags" auto
 run "$MINI" "${ARGS[@]}"
 check "a --ray_address that is neither local nor host:port exits 2" 2 "" "unsupported --ray_address"
 dj_args "$SHARD0" "$W/flags"
-ARGS[6]=--executor_type=default
+ARGS[6]=--executor_type=spark
 run "$MINI" "${ARGS[@]}"
-check "--executor_type other than ray exits 2" 2 "" "--executor_type must be ray"
+check "--executor_type other than ray or default exits 2" 2 "" "--executor_type must be ray or default"
 [ ! -e "$W/flags" ] || fail "flag errors create nothing" "$(ls -R "$W/flags")"
 ok "flag errors create nothing"
 
@@ -265,11 +265,11 @@ cmp -s "$A2" "$W/expected2.jsonl" ||
     fail "filter then mapper, max_len 17" "$(diff "$A2" "$W/expected2.jsonl")"
 ok "operators run in recipe order (filter on the raw text first); max_len 17 keeps exactly 17 code points"
 
-printf 'process:\n  - whitespace_normalization_mapper:\n  - document_deduplicator:\n' >"$W/dedup.yaml"
+printf 'process:\n  - whitespace_normalization_mapper:\n  - topk_specified_field_selector:\n' >"$W/dedup.yaml"
 dj_args "$SHARD0" "$W/a3"
 ARGS[1]="$W/dedup.yaml"
 run "$MINI" "${ARGS[@]}"
-check "an unsupported operator exits 2" 2 "" "mini-dj: unsupported operator document_deduplicator"
+check "an unsupported operator exits 2" 2 "" "mini-dj: unsupported operator topk_specified_field_selector"
 printf 'process: [\n' >"$W/broken.yaml"
 ARGS[1]="$W/broken.yaml"
 run "$MINI" "${ARGS[@]}"
