@@ -42,6 +42,7 @@
 #include "engine.h"
 #include "finalize.h"
 #include "fsutil.h"
+#include "gstage.h"
 #include "helper.h"
 #include "jobs.h"
 #include "jobview.h"
@@ -1472,6 +1473,13 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
         return;
     default:
         break;
+    }
+    if (j->loaded && gstage_has(&j->m)) {
+        /* (esd run's phases end with the merge of the shards) */
+        abort_run(EXIT_FAILED, "esd run does not run a recipe's global stage yet: submit the job "
+                               "to the esd daemons (esctl submit), or prepare it with "
+                               "--no-global-stage");
+        return;
     }
     if (R.phase == P_WAITING && elect_judge(&R.fin) == 1) {
         phase_set(P_WORK);
