@@ -47,6 +47,39 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (!err.msg[0] || err.code >= 0) {
         abort();
     }
+    /* the split: both halves are recipes again (pyyaml_emit's text reads
+     * back), the shards' half with no global stage left */
+    pol.global_stage = true;
+    if (recipe_parse((const char *)data, size, "fuzz.yaml", &pol, &r, &err) == 0) {
+        if (r.split > r.nprocess || (r.split < r.nprocess) != (r.shards_yaml != NULL))
+            abort();
+        if (r.shards_yaml) {
+            struct recipe h;
+            struct esd_err herr;
+
+            pol.global_stage = false;
+            /* (-ENOMEM: the node budget, which text with its aliases
+             * expanded may pass) */
+            if (recipe_parse(r.shards_yaml, strlen(r.shards_yaml), "shards.yaml", &pol, &h, &herr) <
+                0) {
+                if (herr.code != -ENOMEM)
+                    abort();
+            } else {
+                recipe_free(&h);
+            }
+            pol.global_stage = true;
+            if (recipe_parse(r.global_yaml, strlen(r.global_yaml), "global.yaml", &pol, &h, &herr) <
+                0) {
+                if (herr.code != -ENOMEM)
+                    abort();
+            } else {
+                if (h.split != 0)
+                    abort();
+                recipe_free(&h);
+            }
+        }
+        recipe_free(&r);
+    }
     /* the name rule on arbitrary bytes */
     memcpy(name, data, n);
     name[n] = '\0';
