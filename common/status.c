@@ -307,6 +307,25 @@ status_global_free(struct global_status *g)
     memset(g, 0, sizeof(*g));
 }
 
+/* What a shard's (or the global stage's) entry says of its lock and records
+ * beside its owner and pid. */
+static void
+shard_state_json(const struct shard_status *s, cJSON *x)
+{
+    if (s->node)
+        json_add_str(x, "node", s->node);
+    if (s->has_age)
+        json_add_float(x, "lock_age_secs", s->lock_age);
+    if (s->state == ST_FAILED) {
+        if (s->error)
+            json_add_str(x, "error", s->error);
+        else
+            cJSON_AddNullToObject(x, "error");
+    }
+    if (s->metadata_error)
+        json_add_bool(x, "metadata_error", true);
+}
+
 void
 status_global_json(const struct manifest *m, const struct global_status *g, cJSON *o)
 {
@@ -319,20 +338,9 @@ status_global_json(const struct manifest *m, const struct global_status *g, cJSO
     json_add_str(x, "status", status_state_name[s->state]);
     if (s->owner)
         json_add_str(x, "owner", s->owner);
-    if (s->node)
-        json_add_str(x, "node", s->node);
     if (s->has_pid)
         json_add_int(x, "pid", s->pid);
-    if (s->has_age)
-        json_add_float(x, "lock_age_secs", s->lock_age);
-    if (s->state == ST_FAILED) {
-        if (s->error)
-            json_add_str(x, "error", s->error);
-        else
-            cJSON_AddNullToObject(x, "error");
-    }
-    if (s->metadata_error)
-        json_add_bool(x, "metadata_error", true);
+    shard_state_json(s, x);
     if (g->rows >= 0)
         json_add_int(x, "rows", g->rows);
     if (g->sha256)
@@ -426,18 +434,7 @@ status_json(const struct manifest *m, const struct job_status *st)
             cJSON_AddItemToObject(x, "owner", cJSON_Duplicate(s->owner_value, true));
         if (s->pid_value)
             cJSON_AddItemToObject(x, "pid", cJSON_Duplicate(s->pid_value, true));
-        if (s->node)
-            json_add_str(x, "node", s->node);
-        if (s->has_age)
-            json_add_float(x, "lock_age_secs", s->lock_age);
-        if (s->state == ST_FAILED) {
-            if (s->error)
-                json_add_str(x, "error", s->error);
-            else
-                cJSON_AddNullToObject(x, "error");
-        }
-        if (s->metadata_error)
-            json_add_bool(x, "metadata_error", true);
+        shard_state_json(s, x);
         cJSON_AddItemToArray(shards, x);
     }
     return o;
