@@ -458,6 +458,11 @@ worker_run(struct call *c)
         }
         if (idle.complete) {
             printf("All %zu shards completed\n", m.nshards);
+            if (m.global_snapshot)
+                printf("The recipe's global stage (%s) is not a worker's: it runs once, after "
+                       "the merge of the shards, on an esd daemon the job is submitted to or "
+                       "in esd run\n",
+                       m.global_snapshot);
             break;
         }
         if (idle.terminal) {

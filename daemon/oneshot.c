@@ -1392,7 +1392,19 @@ shard_estimate(struct job *j)
 static bool
 may_claim(struct job *j)
 {
-    if (j != R.job || R.stopping || R.phase != P_WORK)
+    if (j != R.job || R.stopping)
+        return false;
+    if (j->gstage) {
+        /* A whole recipe's global stage: run by the finalize coordinator
+         * after its merge of the shards, or, in a run that finds the
+         * shards merged already, by whichever node claims it first (its
+         * lock decides, as a shard's does); past the walltime it is not
+         * begun. */
+        if (R.phase == P_WAITING || (R.phase == P_MERGING && !R.fin.held))
+            return false;
+        return !(R.deadline > 0 && time_wall() + DEADLINE_SLACK >= R.deadline);
+    }
+    if (R.phase != P_WORK)
         return false;
     if (R.cap && (long long)(j->done_here + j->running) >= R.cap) {
         if (!R.said_cap)
@@ -1474,19 +1486,12 @@ tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
     default:
         break;
     }
-    if (j->loaded && gstage_has(&j->m)) {
-        /* (esd run's phases end with the merge of the shards) */
-        abort_run(EXIT_FAILED, "esd run does not run a recipe's global stage yet: submit the job "
-                               "to the esd daemons (esctl submit), or prepare it with "
-                               "--no-global-stage");
-        return;
-    }
     if (R.phase == P_WAITING && elect_judge(&R.fin) == 1) {
         phase_set(P_WORK);
         end_begin(j);
         return;
     }
-    if (R.phase == P_WORK && j->loaded) {
+    if (R.phase == P_WORK && j->loaded && !j->gstage) {
         /* The end of the job, also while this node makes no claim passes
          * that would see it (capped, past its walltime, paused after
          * failures): the records are counted when a failed one appeared,

@@ -8,6 +8,8 @@
 # attempt fails (MINI_DJ_EXIT=3 on its input only, once) and is retried,
 # and the final output is the per-record result of every shard, in order,
 # with each text's first record only. merge.json records both stages.
+# Then `esd run` runs the same job on two one-shot nodes, the node in the
+# global stage killed (-9) and taken over.
 set -euo pipefail
 export LC_ALL=C
 # shellcheck source=tests/integration/lib.bash
@@ -127,4 +129,43 @@ for n in n1 n2; do
     stop_daemon "$n"
     [ "$DRC" -eq 0 ] || fail "esd $n exits 0" "status $DRC"
 done
+
+# ---- esd run: the same whole recipe on two one-shot nodes; the node
+# running the global stage is killed (-9) in it, and the other takes the
+# finalize election and the stage over after their leases ----
+unset_knobs PAI_JOB_ID DLC_JOB_ID JOB_ID SLURM_JOB_ID SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID \
+    TORCHELASTIC_RUN_ID JOB_COMPLETION_INDEX WORLD_SIZE RANK SLURM_JOB_END_TIME
+printf 'attempt_env: [LANG, "MINI_DJ_*"]\npoll_interval_secs: 1\n' >"$W/run.yaml"
+declare -A RPID=()
+for n in r1 r2; do
+    MINI_DJ_SLEEP_MS=150 MINI_DJ_ONLY=global/input.jsonl MINI_DJ_FAIL_ONCE="$W/once-run" \
+        "$ESD" run --job-dir "$W/job-run" --node "$n" --state-dir "$W/state.$n" --run-id whole \
+        --processor "$MINI" --ray-mode off --lease-secs 3 --poll-interval-secs 0.3 \
+        --esd-config "$W/run.yaml" --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+        --num-shards 4 >"$W/$n.out" 2>"$W/$n.err" &
+    RPID[$n]=$!
+    BG+=("$!")
+done
+holder() { grep -o '"node": *"r[12]"' "$W/job-run/state/locks/_global.lock" 2>/dev/null | grep -o 'r[12]'; }
+has_holder() { [ -n "$(holder)" ]; }
+wait_for "esd run: a node runs the global stage" 60 has_holder
+H=$(holder)
+O=r1
+[ "$H" = r2 ] || O=r2
+{
+    kill -KILL "${RPID[$H]}"
+    wait "${RPID[$H]}"
+} 2>/dev/null || true
+wait_for "esd run $O ends" 90 dead "${RPID[$O]}"
+RC=0
+wait "${RPID[$O]}" || RC=$?
+[ "$RC" -eq 0 ] || fail "esd run: $O exits 0 after $H died in the global stage" "exit $RC" \
+    "$(cat "$W/$O.out")" "$(tail -n 20 "$W/$O.err")"
+cmp -s "$W/job/merged.jsonl" "$W/job-run/merged.jsonl" ||
+    fail "esd run: the output is the daemons' output of the same job" "$(cat "$W/$O.out")"
+grep -qF "elected as finalize coordinator" "$W/$O.out" ||
+    fail "esd run: $O took the finalize over" "$(cat "$W/$O.out")"
+[ "$(py 'j["stages"]["global"]["rows"]' "$W/job-run/merge.json")" = 40 ] ||
+    fail "esd run: merge.json records the global stage" "$(cat "$W/job-run/merge.json")"
+ok "esd run: $H killed in the global stage, $O took it over and exited 0 with the same output"
 summary
