@@ -18,6 +18,7 @@
 #include "attempt.h"
 #include "djversion.h"
 #include "fsutil.h"
+#include "gstage.h"
 #include "history.h"
 #include "json.h"
 #include "jsonl.h"
@@ -585,6 +586,53 @@ op_status(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_e
     return 0;
 }
 
+/*
+ * The global stage's failed record, requeued as a shard's is: with
+ * --all-failed once the shards are merged, or named by its id, which is
+ * taken out of ids. 0 or a negative errno.
+ */
+static int
+retry_global(const struct manifest *m, bool all, struct strv *ids, struct strv *done,
+             struct esd_err *err)
+{
+    struct gstage_prefix p;
+    struct manifest gm;
+    struct strv one;
+    bool named = false;
+    int r;
+
+    for (size_t i = 0; i < ids->n; i++)
+        if (gstage_is(ids->v[i])) {
+            named = true;
+            free(ids->v[i]);
+            ids->v[i--] = ids->v[--ids->n];
+        }
+    if (!named && !all)
+        return 0;
+    if (!gstage_has(m)) {
+        if (named)
+            return err_set(err, -EINVAL, "%s: the job's recipe has no global stage", GSTAGE_ID);
+        return 0;
+    }
+    if ((r = gstage_prefix_load(m, &p, err)) < 0)
+        return r;
+    if (r == 0) {
+        if (named)
+            return err_set(err, -EINVAL,
+                           "%s: the shards are not merged yet, so the global stage has not run",
+                           GSTAGE_ID);
+        return 0;
+    }
+    gstage_manifest(m, &p, &gm);
+    strv_init(&one);
+    if (named)
+        strv_push(&one, GSTAGE_ID);
+    r = retry_run(&gm, all, &one, done, err);
+    strv_free(&one);
+    manifest_free(&gm);
+    return r;
+}
+
 static int
 op_retry(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_err *err)
 {
@@ -605,7 +653,9 @@ op_retry(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_er
         return r;
     }
     strv_init(&done);
-    r = retry_run(&m, all, &ids, &done, err);
+    r = retry_global(&m, all, &ids, &done, err);
+    if (r == 0 && (all || ids.n))
+        r = retry_run(&m, all, &ids, &done, err);
     manifest_free(&m);
     strv_free(&ids);
     if (r < 0) {

@@ -125,6 +125,38 @@ cp "$W/input.keep" "$W/job/state/esd/global/input.jsonl"
 grep -q "the global stage runs next" "$W/n1/log" "$W/n2/log" ||
     fail "esd logs the global stage" "$(tail -n 30 "$W/n1/log")"
 ok "esd logged the global stage"
+# a global stage that failed for good (no retry allowed; its input's first
+# run fails, as above) is requeued by esctl retry, which names it, and the
+# job, submitted again, completes with the same output
+run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+    --job-dir "$W/job3" --num-shards 4 --max-retries 0
+check "prepare of a job with no retries" 0
+give_job "$W/job3"
+run "$ESCTL" --socket "$(dsock n1)" submit "$W/job3"
+check "submit of the job with no retries" 0
+failed() { [ "$(job_state n1 "$W/job3")" = failed ]; }
+wait_for "its global stage fails for good" 40 failed
+run "$ESCTL" --json status --local "$W/job3"
+py 'j["phase"] + " " + j["global"]["status"]' "$W/stdout" | grep -qx "failed failed" ||
+    fail "status: the global stage failed" "$OUT"
+run "$ESCTL" retry --local "$W/job3" --shard-id part-00000-of-00004
+check "retry of a done shard requeues nothing" 0
+run "$ESCTL" --json retry --local "$W/job3" --all-failed
+check "retry --all-failed requeues the global stage" 0 '"_global"'
+run "$ESCTL" --socket "$(dsock n1)" submit "$W/job3"
+check "the retried job submitted again" 0
+complete3() { [ "$(job_state n1 "$W/job3")" = complete ]; }
+wait_for "the job completes after the retry" 40 complete3
+cmp -s "$W/job/merged.jsonl" "$W/job3/merged.jsonl" ||
+    fail "the retried global stage gives the same output" "$(head -c 300 "$W/job3/merged.jsonl")"
+ok "a failed global stage, requeued by esctl retry, completes the job with the same output"
+head -n 7 "$W/recipe.yaml" >"$W/shards-only.yaml"
+run "$ESCTL" prepare --local --config "$W/shards-only.yaml" --dataset-path "$W/data.jsonl" \
+    --job-dir "$W/job4" --num-shards 2
+check "prepare of a recipe without a global stage" 0
+run "$ESCTL" retry --local "$W/job4" --shard-id _global
+check "retry of _global in a job without one" 2 "" "_global"
+
 for n in n1 n2; do
     stop_daemon "$n"
     [ "$DRC" -eq 0 ] || fail "esd $n exits 0" "status $DRC"
