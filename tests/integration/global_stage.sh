@@ -8,8 +8,10 @@
 # attempt fails (MINI_DJ_EXIT=3 on its input only, once) and is retried,
 # and the final output is the per-record result of every shard, in order,
 # with each text's first record only. merge.json records both stages.
-# Then `esd run` runs the same job on two one-shot nodes, the node in the
-# global stage killed (-9) and taken over.
+# The metrics show the phase and the stage; a global stage that failed for
+# good is requeued by esctl retry. Then `esd run` runs the same job on two
+# one-shot nodes: status shows the stage running, and the node in it is
+# killed (-9) and taken over.
 set -euo pipefail
 export LC_ALL=C
 # shellcheck source=tests/integration/lib.bash
@@ -52,7 +54,7 @@ check "--no-global-stage refuses the recipe as before" 2 "" "whole-dataset seman
 give_job "$W/job"
 mkdir -m 1777 "$W/once" # (the attempts run as the job's owner)
 for n in n1 n2; do
-    daemon_conf "$n"
+    daemon_conf "$n" metrics.path="$W/$n.prom" metrics.interval_secs=1
     start_daemon "$n" MINI_DJ_EXIT=3 MINI_DJ_ONLY=global/input.jsonl MINI_DJ_FAIL_ONCE="$W/once"
 done
 run "$ESCTL" --socket "$(dsock n1)" submit "$W/job"
@@ -125,6 +127,12 @@ cp "$W/input.keep" "$W/job/state/esd/global/input.jsonl"
 grep -q "the global stage runs next" "$W/n1/log" "$W/n2/log" ||
     fail "esd logs the global stage" "$(tail -n 30 "$W/n1/log")"
 ok "esd logged the global stage"
+prom_done() {
+    grep -q '^esd_job_phase{esd_job="[0-9a-f]*",phase="complete"} 1$' "$W/n1.prom" &&
+        grep -q '^esd_job_global_stage{esd_job="[0-9a-f]*",state="done"} 1$' "$W/n1.prom"
+}
+wait_for "the metrics show the phase and the global stage" 20 prom_done
+ok "metrics: esd_job_phase complete, esd_job_global_stage done"
 # a global stage that failed for good (no retry allowed; its input's first
 # run fails, as above) is requeued by esctl retry, which names it, and the
 # job, submitted again, completes with the same output
@@ -182,6 +190,14 @@ holder() { grep -o '"node": *"r[12]"' "$W/job-run/state/locks/_global.lock" 2>/d
 has_holder() { [ -n "$(holder)" ]; }
 wait_for "esd run: a node runs the global stage" 60 has_holder
 H=$(holder)
+# (the stage runs 160 rows x 150 ms: status sees it running)
+run "$ESCTL" --json status --local "$W/job-run"
+py 'j["phase"], j["global"]["status"], j["global"]["node"], j["global"]["input_rows"]' \
+    "$W/stdout" | grep -qx "('global', 'running', '$H', 160)" ||
+    fail "status while the global stage runs" "$OUT"
+run "$ESCTL" status --local "$W/job-run"
+grep -qi "global" "$W/stdout" || fail "status's text shows the global stage" "$OUT"
+ok "status while the global stage runs: phase global, running on $H, 160 input rows"
 O=r1
 [ "$H" = r2 ] || O=r2
 {
