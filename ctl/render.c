@@ -193,6 +193,37 @@ nodes_table(struct call *c, const cJSON *nodes)
     free(v);
 }
 
+/* A row of the shard table: x a shard's status (a done one has rows), or
+ * the global stage's (id "_global", rows once it has them); without all
+ * only one that needs attention. */
+static void
+shard_row(struct call *c, struct table *t, const cJSON *x, const char *id, bool global, bool all)
+{
+    const char *state = str(x, "status"), *owner = json_get_str(x, "owner");
+    const char *error = json_get_str(x, "error"), *last = json_get_str(x, "last_error");
+    bool bad_meta = flag(x, "metadata_error");
+    char rows[32] = "", age[32] = "", who[320] = "";
+    double secs;
+    long long pid;
+
+    if (!all && strcmp(state, "running") && strcmp(state, "stale") && strcmp(state, "failed") &&
+        !bad_meta)
+        return;
+    if (cJSON_GetObjectItemCaseSensitive(x, "rows") || !global)
+        snprintf(rows, sizeof(rows), "%lld", num(x, "rows"));
+    if (json_get_num(x, "lock_age_secs", &secs) == 0)
+        fmt_duration(secs, age);
+    if (owner && json_get_int(x, "pid", &pid) == 0)
+        snprintf(who, sizeof(who), "%s:%lld", owner, pid);
+    else if (owner)
+        snprintf(who, sizeof(who), "%s", owner);
+    table_add(t, out_color(c, state), id, state, rows, who, age,
+              bad_meta ? "unreadable metadata"
+              : error  ? error
+              : last   ? last
+                       : "");
+}
+
 static void
 shards_table(struct call *c, const cJSON *args, const cJSON *res)
 {
@@ -204,50 +235,10 @@ shards_table(struct call *c, const cJSON *args, const cJSON *res)
     table_add(&t, NULL, "SHARD", "STATE", "ROWS", "OWNER", "LOCK AGE", "ERROR");
     cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(res, "shards"))
     {
-        const char *state = str(x, "status"), *owner = json_get_str(x, "owner");
-        const char *error = json_get_str(x, "error"), *last = json_get_str(x, "last_error");
-        bool bad_meta = flag(x, "metadata_error");
-        char rows[32], age[32] = "", who[320] = "";
-        double secs;
-        long long pid;
-
-        /* Without --all only the shards that need attention. */
-        if (!all && strcmp(state, "running") && strcmp(state, "stale") && strcmp(state, "failed") &&
-            !bad_meta)
-            continue;
-        snprintf(rows, sizeof(rows), "%lld", num(x, "rows"));
-        if (json_get_num(x, "lock_age_secs", &secs) == 0)
-            fmt_duration(secs, age);
-        if (owner && json_get_int(x, "pid", &pid) == 0)
-            snprintf(who, sizeof(who), "%s:%lld", owner, pid);
-        else if (owner)
-            snprintf(who, sizeof(who), "%s", owner);
-        table_add(&t, out_color(c, state), str(x, "shard_id"), state, rows, who, age,
-                  bad_meta ? "unreadable metadata"
-                  : error  ? error
-                  : last   ? last
-                           : "");
+        shard_row(c, &t, x, str(x, "shard_id"), false, all);
     }
-    if ((x = cJSON_GetObjectItemCaseSensitive(res, "global")) && cJSON_IsObject(x)) {
-        const char *state = str(x, "status"), *owner = json_get_str(x, "owner");
-        char rows[32] = "", age[32] = "", who[320] = "";
-        double secs;
-        long long pid;
-
-        if (all || !strcmp(state, "running") || !strcmp(state, "stale") ||
-            !strcmp(state, "failed") || flag(x, "metadata_error")) {
-            if (cJSON_GetObjectItemCaseSensitive(x, "rows"))
-                snprintf(rows, sizeof(rows), "%lld", num(x, "rows"));
-            if (json_get_num(x, "lock_age_secs", &secs) == 0)
-                fmt_duration(secs, age);
-            if (owner && json_get_int(x, "pid", &pid) == 0)
-                snprintf(who, sizeof(who), "%s:%lld", owner, pid);
-            else if (owner)
-                snprintf(who, sizeof(who), "%s", owner);
-            table_add(&t, out_color(c, state), "_global", state, rows, who, age,
-                      flag(x, "metadata_error") ? "unreadable metadata" : str(x, "error"));
-        }
-    }
+    if ((x = cJSON_GetObjectItemCaseSensitive(res, "global")) && cJSON_IsObject(x))
+        shard_row(c, &t, x, "_global", true, all);
     if (t.nrows > 1) {
         putchar('\n');
         table_print(c, &t);

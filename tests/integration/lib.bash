@@ -402,6 +402,59 @@ real_stack_as_nobody() {
     export DAEMON_AS=nobody
 }
 
+# ---- daemons on the real stack ----
+# free_ports N: N distinct free TCP ports of 127.0.0.1 into PORTS (all
+# bound at once, so distinct; free when chosen), for the ports a Ray head
+# would otherwise take at fixed defaults that two heads would fight over.
+free_ports() {
+    read -r -a PORTS <<<"$(python3 -c '
+import socket, sys
+ss = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    ss.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1")"
+}
+# real_conf NAME I [KEY=V...]: daemon_conf for a daemon with a persistent
+# head of the real Ray on PORTS[I..I+5] and Data-Juicer as its processor;
+# KEY=V as daemon_conf's, after these.
+real_conf() {
+    local n=$1 p=("${PORTS[@]:$2:6}")
+    shift 2
+    daemon_conf "$n" ray.mode=persistent "ray.port=${p[0]}" "ray.command=$RAY" \
+        "ray.args=[--dashboard-port=${p[1]}, --dashboard-agent-listen-port=${p[2]},\
+ --dashboard-agent-grpc-port=${p[3]}, --runtime-env-agent-port=${p[4]},\
+ --metrics-export-port=${p[5]}]" "processor=$DJ" "$@"
+}
+# start_real NAME: start_daemon, with the home of real_stack_as_nobody's
+# user when the daemons run as one.
+start_real() {
+    if [ -n "${DAEMON_AS:-}" ]; then
+        start_daemon "$1" HOME="$W/home"
+    else
+        start_daemon "$1"
+    fi
+}
+# head_pgid NAME: the process group of NAME's head (its `ray start`), from
+# its log.
+head_pgid() {
+    sed -n 's/.*starting the ray head on .* (pid \([0-9]*\), temp dir .*/\1/p' "$W/$1/log"
+}
+real_ray_up() {
+    dstatus "$1"
+    [ "$(py 'j["ray"]["state"]' "$W/$1/status.json")" = up ]
+}
+# heads_up NODE...: waits for each NODE's head to come up, its process
+# group then left for cleanup to end (STRAYS).
+heads_up() {
+    local n
+    for n in "$@"; do
+        wait_for "esd $n's Ray head comes up" 120 real_ray_up "$n"
+        STRAYS+=("$(head_pgid "$n")")
+    done
+}
+
 # ---- the real Ray dying under load ----
 # ray_heads_up NODE: how many times esd NODE logged its Ray head up.
 ray_heads_up() { grep -c 'ray head up on' "$W/$1/log" || true; }

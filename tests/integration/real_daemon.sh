@@ -50,25 +50,13 @@ NODES=(a b)
 # take at fixed defaults (8265, 52365), which two heads on one
 # machine (or another test's head) would fight over. All bound at once, so
 # they are distinct; free when chosen.
-read -r -a PORTS <<<"$(python3 -c '
-import socket
-ss = []
-for _ in range(12):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    ss.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in ss))')"
+free_ports 12
 declare -A PORT=()
 i=0
 for n in "${NODES[@]}"; do
-    p=("${PORTS[@]:i:6}")
+    PORT[$n]=${PORTS[i]}
+    real_conf "$n" "$i" slots=1 lease_secs=30 poll_interval_secs=1
     i=$((i + 6))
-    PORT[$n]=${p[0]}
-    daemon_conf "$n" ray.mode=persistent "ray.port=${p[0]}" "ray.command=$RAY" \
-        "ray.args=[--dashboard-port=${p[1]}, --dashboard-agent-listen-port=${p[2]},\
- --dashboard-agent-grpc-port=${p[3]}, --runtime-env-agent-port=${p[4]},\
- --metrics-export-port=${p[5]}]" \
-        "processor=$DJ" slots=1 lease_secs=30 poll_interval_secs=1
 done
 
 # ---- the job, registered before the heads are up: claims wait for them ----
@@ -77,29 +65,11 @@ done
     fail "prepare the sample into 4 shards" "$(cat "$W/prepare.out")"
 give_job "$JOB"
 ok "prepared $(wc -l <"$SAMPLE") records into 4 shards (owner $(stat -c %U "$JOB"))"
-for n in "${NODES[@]}"; do
-    if [ -n "${DAEMON_AS:-}" ]; then
-        start_daemon "$n" HOME="$W/home"
-    else
-        start_daemon "$n"
-    fi
-done
+for n in "${NODES[@]}"; do start_real "$n"; done
 spool_job "$JOB"
 ok "esd a and b answer ping; the job is in the spool"
 
-# head_pgid NAME: the process group of NAME's head (its `ray start`), from
-# its log.
-head_pgid() {
-    sed -n 's/.*starting the ray head on .* (pid \([0-9]*\), temp dir .*/\1/p' "$W/$1/log"
-}
-ray_up() {
-    dstatus "$1"
-    [ "$(py 'j["ray"]["state"]' "$W/$1/status.json")" = up ]
-}
-for n in "${NODES[@]}"; do
-    wait_for "esd $n's Ray head comes up" 120 ray_up "$n"
-    STRAYS+=("$(head_pgid "$n")")
-done
+heads_up "${NODES[@]}"
 ok "both heads are up ($(($(date +%s) - T0)) s after the start)"
 
 # ---- the job completes ----

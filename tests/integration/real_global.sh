@@ -60,41 +60,15 @@ give_job "$W/job"
     >"$W/unsharded.log" 2>&1) || fail "dj-process runs the whole recipe" "$(tail -n 20 "$W/unsharded.log")"
 ok "dj-process ran the whole recipe unsharded ($(wc -l <"$W/unsharded.jsonl") records)"
 
-read -r -a PORTS <<<"$(python3 -c '
-import socket
-ss = []
-for _ in range(12):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    ss.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in ss))')"
+free_ports 12
 i=0
 for n in a b; do
-    p=("${PORTS[@]:i:6}")
+    real_conf "$n" "$i" slots=1 lease_secs=8 poll_interval_secs=1 "spool_dir=$W/$n/spool"
     i=$((i + 6))
-    daemon_conf "$n" ray.mode=persistent "ray.port=${p[0]}" "ray.command=$RAY" \
-        "ray.args=[--dashboard-port=${p[1]}, --dashboard-agent-listen-port=${p[2]},\
- --dashboard-agent-grpc-port=${p[3]}, --runtime-env-agent-port=${p[4]},\
- --metrics-export-port=${p[5]}]" \
-        "processor=$DJ" slots=1 lease_secs=8 poll_interval_secs=1 "spool_dir=$W/$n/spool"
     mkdir -p "$W/$n/spool"
-    if [ -n "${DAEMON_AS:-}" ]; then
-        start_daemon "$n" HOME="$W/home"
-    else
-        start_daemon "$n"
-    fi
+    start_real "$n"
 done
-head_pgid() {
-    sed -n 's/.*starting the ray head on .* (pid \([0-9]*\), temp dir .*/\1/p' "$W/$1/log"
-}
-ray_up() {
-    dstatus "$1"
-    [ "$(py 'j["ray"]["state"]' "$W/$1/status.json")" = up ]
-}
-for n in a b; do
-    wait_for "esd $n's Ray head comes up" 120 ray_up "$n"
-    STRAYS+=("$(head_pgid "$n")")
-done
+heads_up a b
 ok "esd a and esd b are up, each on its own head"
 T0=$(date +%s)
 for n in a b; do

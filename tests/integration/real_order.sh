@@ -96,44 +96,18 @@ done
 ok "prepared 8,000 records into 2 shards, and two fresh copies of the job"
 
 # ---- two daemons, each with its own persistent head ----
-read -r -a PORTS <<<"$(python3 -c '
-import socket
-ss = []
-for _ in range(12):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    ss.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in ss))')"
+free_ports 12
 declare -A SLOTS=([a]=1 [b]=2)
 i=0
 for n in a b; do
-    p=("${PORTS[@]:i:6}")
-    i=$((i + 6))
     # b has a spool of its own: it sees only the jobs given to it (run 2)
-    daemon_conf "$n" ray.mode=persistent "ray.port=${p[0]}" "ray.command=$RAY" \
-        "ray.args=[--dashboard-port=${p[1]}, --dashboard-agent-listen-port=${p[2]},\
- --dashboard-agent-grpc-port=${p[3]}, --runtime-env-agent-port=${p[4]},\
- --metrics-export-port=${p[5]}]" \
-        "processor=$DJ" "slots=${SLOTS[$n]}" lease_secs=30 poll_interval_secs=1 \
+    real_conf "$n" "$i" "slots=${SLOTS[$n]}" lease_secs=30 poll_interval_secs=1 \
         "spool_dir=$W/$n/spool"
+    i=$((i + 6))
     mkdir -p "$W/$n/spool"
-    if [ -n "${DAEMON_AS:-}" ]; then
-        start_daemon "$n" HOME="$W/home"
-    else
-        start_daemon "$n"
-    fi
+    start_real "$n"
 done
-head_pgid() {
-    sed -n 's/.*starting the ray head on .* (pid \([0-9]*\), temp dir .*/\1/p' "$W/$1/log"
-}
-ray_up() {
-    dstatus "$1"
-    [ "$(py 'j["ray"]["state"]' "$W/$1/status.json")" = up ]
-}
-for n in a b; do
-    wait_for "esd $n's Ray head comes up" 120 ray_up "$n"
-    STRAYS+=("$(head_pgid "$n")")
-done
+heads_up a b
 ok "esd a (slots 1) and esd b (slots 2) are up, each on its own head ($(($(date +%s) - T0)) s)"
 
 # give JOB NODE...: registers JOB with each NODE (through its spool).
