@@ -161,10 +161,8 @@ fin_apply(struct fin *f)
      * its global stage. A merge of the shards that failed for good still
      * ends the job through finalize.json, below. */
     if (gstage_has(&j->m) && !j->gstage) {
-        int r = jobs_global_enter(j, &err);
+        int r = jobs_global_enter(j, &err); /* (a broken record logged there) */
 
-        if (r < 0)
-            log_warning(&f->ctx, "%s", err.msg);
         if (r == 1) {
             fin_free(f);
             jobs_set_state(j, JOB_ACTIVE, NULL);

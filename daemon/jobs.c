@@ -236,6 +236,18 @@ jobs_global_enter(struct job *j, struct esd_err *err)
             r = 1;
     }
     jobs_fs_restore(prev);
+    if (r < 0 && (!j->gstage_error || strcmp(j->gstage_error, err->msg))) {
+        log_warning(&(struct log_ctx){ .job = &j->log },
+                    "cannot enter the global stage: %s; looked at again at each poll "
+                    "(the finalize winner merges the shards again)",
+                    err->msg);
+        free(j->gstage_error);
+        j->gstage_error = xstrdup(err->msg);
+    }
+    if (r >= 0) {
+        free(j->gstage_error);
+        j->gstage_error = NULL;
+    }
     if (r == 1) {
         j->gstage = true;
         j->idle_valid = false;
@@ -279,6 +291,7 @@ job_free(struct job *j)
     free(j->reg_path);
     free(j->error);
     free(j->load_error);
+    free(j->gstage_error);
     free(j);
 }
 
@@ -1624,10 +1637,8 @@ load_done(struct job *j)
         tell_view_changed();
         log_info(&(struct log_ctx){ .job = &j->log }, "working job %s: %zu shards", j->job_dir,
                  j->m.nshards);
-        if (gstage_has(&j->m) && jobs_global_enter(j, &err) < 0)
-            log_warning(&(struct log_ctx){ .job = &j->log },
-                        "cannot enter the global stage: %s; looked at again at the next poll",
-                        err.msg);
+        if (gstage_has(&j->m))
+            (void)jobs_global_enter(j, &err); /* (a broken record logged there) */
         prev = jobs_fs_owner(j);
         recover_claims(j);
         jobs_fs_restore(prev);

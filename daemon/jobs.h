@@ -86,6 +86,7 @@ struct job {
     bool gstage;
     struct manifest gm;
     struct claimer gclaimer;
+    char *gstage_error;      /* the last reason it could not be entered, logged once */
     uid_t uid;               /* owner of the job directory, bound at submit */
     gid_t gid;               /* the owner's primary group (user database) */
     ino_t ino;               /* the directory bound at submit ... */
@@ -140,7 +141,8 @@ void jobs_attempt_ended(struct job *j, const struct attempt_final *fin);
  * The global stage of j (a loaded job whose manifest has one): entered
  * once its prefix.json is there, read as the job's owner. 1 entered (or
  * already in it), 0 not yet (the shards' outputs are not merged), or a
- * negative errno with err set (a broken record).
+ * negative errno with err set (a broken record: logged here, once while
+ * the reason stays the same, since every poll of a waiting node asks).
  */
 int jobs_global_enter(struct job *j, struct esd_err *err);
 /* The manifest and claimer that j's claims go through now: the global

@@ -158,6 +158,24 @@ wait_for "the job completes after the retry" 40 complete3
 cmp -s "$W/job/merged.jsonl" "$W/job3/merged.jsonl" ||
     fail "the retried global stage gives the same output" "$(head -c 300 "$W/job3/merged.jsonl")"
 ok "a failed global stage, requeued by esctl retry, completes the job with the same output"
+# a broken prefix.json (there before the shards are merged): said once,
+# and the finalize winner merges the shards again over it
+run "$ESCTL" prepare --local --config "$W/recipe.yaml" --dataset-path "$W/data.jsonl" \
+    --job-dir "$W/job5" --num-shards 4
+check "prepare of a job with a broken prefix record" 0
+mkdir -p "$W/job5/state/esd/global"
+echo '{"rows": "many"' >"$W/job5/state/esd/global/prefix.json"
+give_job "$W/job5"
+run "$ESCTL" --socket "$(dsock n1)" submit "$W/job5"
+check "submit of the job with a broken prefix record" 0
+complete5() { [ "$(job_state n1 "$W/job5")" = complete ]; }
+wait_for "the job with a broken prefix record completes" 40 complete5
+cmp -s "$W/job/merged.jsonl" "$W/job5/merged.jsonl" ||
+    fail "the job with a broken prefix record gives the same output"
+n=$(grep -c "job5.*cannot enter the global stage" "$W/n1/log" || true)
+[ "$n" -eq 1 ] || fail "the broken prefix record is logged once" "$n lines" \
+    "$(grep "job5.*global" "$W/n1/log" | tail -n 5)"
+ok "a broken prefix.json: logged once, merged again over it, the same output"
 head -n 7 "$W/recipe.yaml" >"$W/shards-only.yaml"
 run "$ESCTL" prepare --local --config "$W/shards-only.yaml" --dataset-path "$W/data.jsonl" \
     --job-dir "$W/job4" --num-shards 2
