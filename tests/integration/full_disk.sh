@@ -2,6 +2,8 @@
 # A full disk during prepare and during merge (a small tmpfs): esctl exits 2
 # naming the file and ENOSPC, leaves no job directory, no staging directory,
 # no output and no temporary file behind, and an existing output survives.
+# A whole recipe's global stage without room for it fails at once as an
+# infrastructure failure, and completes once room is made.
 # Needs root for the mount; runs in a private mount namespace so nothing is
 # visible outside it, and skips with a notice otherwise.
 # The conditions below are quoted on purpose: expect() evaluates them.
@@ -58,4 +60,36 @@ rc=0
 "$ESCTL" merge --local "$tmp/job" --output "$small/out/merged.jsonl" >/dev/null 2>"$tmp/err" || rc=$?
 expect "merge into a new path on a full disk leaves nothing" \
     '[ "$rc" -eq 2 ] && [ -z "$(find "$small" -type f)" ]'
+
+# A whole recipe's global stage on a disk without room for it (three
+# times its input and 64 MiB): its attempt fails at once, as an
+# infrastructure failure that says so; with room made, the stage requeued
+# and the job submitted again, it completes.
+need_daemon_tools
+mid=$tmp/mid
+mkdir -p "$mid"
+mount -t tmpfs -o size=40m tmpfs "$mid"
+trap 'umount "$small" "$mid" 2>/dev/null || true; cleanup' EXIT
+printf 'process:\n  - whitespace_normalization_mapper:\n  - document_deduplicator:\n' \
+    >"$tmp/whole.yaml"
+"$ESCTL" prepare --local --config "$tmp/whole.yaml" --dataset-path "$tmp/data.jsonl" \
+    --job-dir "$mid/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err"
+give_job "$mid/job"
+daemon_conf d max_infra_failures=1
+start_daemon d
+"$ESCTL" --socket "$(dsock d)" submit "$mid/job" >"$tmp/out" 2>"$tmp/err"
+wait_for "the global stage fails for want of space" 60 eval '[ "$(job_state d "$mid/job")" = failed ]'
+"$ESCTL" --json status --local "$mid/job" >"$tmp/err" || true
+expect "the global stage failed, saying why" \
+    'py "j[\"global\"][\"status\"] + \" \" + j[\"global\"][\"error\"]" "$tmp/err" |
+        grep -q "^failed .*not enough free space for the global stage in $mid/job"'
+expect "as an infrastructure failure" \
+    'py "j[\"failure_class\"]" "$mid/job/state/failed/_global.json" | grep -qx infrastructure'
+expect "the shards' results are all there" '[ "$(find "$mid/job/state/done" -name "part-*" | wc -l)" -eq 4 ]'
+mount -o remount,size=200m "$mid"
+"$ESCTL" retry --local "$mid/job" --all-failed >"$tmp/out" 2>"$tmp/err"
+"$ESCTL" --socket "$(dsock d)" submit "$mid/job" >"$tmp/out" 2>"$tmp/err"
+wait_for "the job completes with room" 60 eval '[ "$(job_state d "$mid/job")" = complete ]'
+expect "the output is the one deduplicated record" '[ "$(wc -l <"$mid/job/merged.jsonl")" -eq 1 ]'
+stop_daemon d
 summary
