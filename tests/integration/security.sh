@@ -1257,7 +1257,8 @@ attack_8_output_flood() {
     /usr/bin/head -c 26214400 /dev/zero | /usr/bin/tr '\\0' F; echo ;;
 esac"
     prep "$MAL" "$m/job" 1 || { nok "mal prepares" "$(cat "$AW/prep.out")"; return; }
-    nconf n1 processor="$AW/proc" log.level=info
+    # (two slots: alice's job runs while the flood does, not after it)
+    nconf n1 processor="$AW/proc" log.level=info slots=2
     nstart n1 || return
     ping_watch n1
     local before
