@@ -28,7 +28,8 @@
 struct prepare_progress {
     int phase;            /* 1: scan, 2: write */
     uint64_t bytes_done;  /* input bytes read in this phase */
-    uint64_t bytes_total; /* input bytes (sum of file sizes) */
+    uint64_t bytes_total; /* input bytes: in the scan the sum of file sizes, in the write
+                             pass the same with a compressed file's decompressed size */
     uint64_t rows;        /* records so far in this phase */
     double elapsed;       /* seconds since prepare started */
 };
