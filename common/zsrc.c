@@ -24,7 +24,7 @@
  * IN_BYTES. Memory: ENTRIES * ENT_BYTES + IN_BYTES, and the decoders'
  * windows: 32 KiB for gzip, a zstd frame's own (zstd's default limit,
  * 128 MiB, that of `zstd --long`; zstd -3 writes 2 MiB). */
-enum { ENTRIES = 6, ENT_BYTES = 1 << 20, IN_BYTES = 256 << 10 };
+enum { ENTRIES = 6, ENT_BYTES = 1 << 20, IN_BYTES = 256 << 10, ZSTD_SLICE = 64 << 10 };
 
 enum ent_type { ENT_RAW, ENT_TEXT };
 
@@ -310,8 +310,10 @@ run_zstd(struct zsrc *z)
             r = -ECANCELED;
             break;
         }
+        /* in slices: an error leaves in.pos where it was, so the offset
+         * named is the end of the slice the fault was found in */
         in.src = z->in;
-        in.size = z->in_len;
+        in.size = z->in_len - z->in_pos < ZSTD_SLICE ? z->in_len : z->in_pos + ZSTD_SLICE;
         in.pos = z->in_pos;
         out.dst = e->data;
         out.size = ENT_BYTES;
@@ -321,10 +323,10 @@ run_zstd(struct zsrc *z)
         e->len = out.pos;
         full = out.pos == out.size;
         if (ZSTD_isError(zr)) {
-            r = err_set(&z->perr, ZSTD_getErrorCode(zr) == ZSTD_error_memory_allocation ? -ENOMEM
-                                                                                          : -EINVAL,
-                        "%s: corrupt zstd data at byte %llu: %s", z->name,
-                        (unsigned long long)at(z), ZSTD_getErrorName(zr));
+            r = err_set(
+                &z->perr, ZSTD_getErrorCode(zr) == ZSTD_error_memory_allocation ? -ENOMEM : -EINVAL,
+                "%s: corrupt zstd data at byte %llu: %s", z->name,
+                (unsigned long long)(z->raw_total - (z->in_len - in.size)), ZSTD_getErrorName(zr));
             break;
         }
         /* 0: the frame is decoded and flushed; the next starts afresh */
@@ -341,7 +343,9 @@ zsrc_main(void *arg)
     struct zsrc *z = arg;
     int r = z->kind == ZSRC_GZIP ? run_gzip(z) : run_zstd(z);
 
-    if (r >= 0)
+    /* the text before a fault too: the reader's line count then names
+     * the line the fault is in */
+    if (r != -ECANCELED)
         text_flush(z);
     pthread_mutex_lock(&z->mu);
     z->status = r < 0 ? r : 0;
