@@ -72,7 +72,7 @@ static void
 zst_skippable(struct buf *out, unsigned variant, size_t len)
 {
     unsigned char h[8] = { (unsigned char)(0x50 + variant), 0x2a, 0x4d, 0x18, (unsigned char)len,
-                           (unsigned char)(len >> 8), 0, 0 };
+                           (unsigned char)(len >> 8),       0,    0 };
 
     buf_append(out, (const char *)h, 8);
     for (size_t i = 0; i < len; i++)
@@ -334,14 +334,14 @@ START_TEST(test_faults)
     bad.len = 0;
     buf_append(&bad, gz.p, gz.len);
     buf_append(&bad, "\0\0\0\0", 4);
-    snprintf(want, sizeof(want), "trailing garbage after the last gzip member at byte %zu (line 4001)",
-             gz.len);
+    snprintf(want, sizeof(want),
+             "trailing garbage after the last gzip member at byte %zu (line 4001)", gz.len);
     expect_fault(dir, "g.jsonl.gz", &bad, want, 4000);
     bad.len = 0;
     buf_append(&bad, zs.p, zs.len);
     buf_append(&bad, "junk", 4);
-    snprintf(want, sizeof(want), "trailing garbage after the last zstd frame at byte %zu (line 4001)",
-             zs.len);
+    snprintf(want, sizeof(want),
+             "trailing garbage after the last zstd frame at byte %zu (line 4001)", zs.len);
     expect_fault(dir, "g.jsonl.zst", &bad, want, 4000);
 
     /* corrupt data: the check value of the first member, a byte inside
