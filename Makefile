@@ -298,6 +298,7 @@ fuzz: fuzz-build
 bench: all tools $(BENCH_BINS)
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/prepare
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/merge
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ZCAT=$(CURDIR)/$(BUILD)/bench/zcat bench/compressed
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) CLAIMER=$(CURDIR)/$(BUILD)/bench/claimer bench/claim
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/daemon
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/fleet
