@@ -9,6 +9,9 @@
  * it trusts the scan's validation, because a fast 64-bit hash of the raw
  * bytes, compared at the end of the file, proves the bytes did not change
  * in between (the reference rehashes with SHA-256 for the same purpose).
+ * A compressed input is decompressed once, in the scan, on a thread of its
+ * own (zsrc); its text is spooled into the staging directory for the write
+ * pass, which reads the spool as it would a plain file (struct spool).
  *
  * What a shard costs, for jobs of 100,000 shards: one create, a write a
  * MiB and one close, no sync (the staging directory is made durable at
