@@ -46,10 +46,11 @@ else
 Q := @
 endif
 
-# libcjson, yaml-0.1 and libcrypto have .pc files; libev does not on Debian.
-PKGS := libcjson yaml-0.1 libcrypto
+# libcjson, yaml-0.1, libcrypto, zlib and libzstd (prepare's compressed
+# inputs) have .pc files; libev does not on Debian.
+PKGS := libcjson yaml-0.1 libcrypto zlib libzstd
 PKG_CFLAGS := $(shell $(PKG_CONFIG) --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null || echo -lcjson -lyaml -lcrypto)
+PKG_LIBS   := $(shell $(PKG_CONFIG) --libs $(PKGS) 2>/dev/null || echo -lcjson -lyaml -lcrypto -lz -lzstd)
 CHECK_CFLAGS := $(shell $(PKG_CONFIG) --cflags check 2>/dev/null)
 CHECK_LIBS   := $(shell $(PKG_CONFIG) --libs check 2>/dev/null || echo -lcheck -lsubunit -lm -lrt -lpthread)
 EV_LIBS      := $(shell $(PKG_CONFIG) --libs libev 2>/dev/null || echo -lev)
@@ -297,6 +298,7 @@ fuzz: fuzz-build
 bench: all tools $(BENCH_BINS)
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/prepare
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) bench/merge
+	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ZCAT=$(CURDIR)/$(BUILD)/bench/zcat bench/compressed
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) CLAIMER=$(CURDIR)/$(BUILD)/bench/claimer bench/claim
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/daemon
 	$(Q)ESCTL=$(CURDIR)/$(ESCTL) ESD=$(CURDIR)/$(ESD) TOOLS=$(CURDIR)/$(BUILD)/tools bench/fleet

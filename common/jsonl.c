@@ -8,6 +8,7 @@
 #include "jsonl.h"
 
 #include "fsutil.h"
+#include "zsrc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -700,12 +701,21 @@ enum { READ_CHUNK = 4 << 20 };
 int
 jsonl_reader_open(struct jsonl_reader *r, const char *path, size_t max_line, struct esd_err *err)
 {
+    return jsonl_reader_open_as(r, path, ZSRC_PLAIN, max_line, err);
+}
+
+int
+jsonl_reader_open_as(struct jsonl_reader *r, const char *path, int compression, size_t max_line,
+                     struct esd_err *err)
+{
     /* (a FIFO or a device in place of an input or a result is refused) */
     int fd = fs_open_file(path, O_RDONLY, 0, NULL, err);
 
     if (fd < 0)
         return fd;
     jsonl_reader_open_fd(r, fd, path, max_line);
+    if (compression != ZSRC_PLAIN)
+        r->z = zsrc_new(fd, (enum zsrc_kind)compression, path);
     return 0;
 }
 
@@ -726,6 +736,8 @@ void
 jsonl_reader_close(struct jsonl_reader *r)
 {
     /* buf is set from open to close only: a second close is harmless */
+    zsrc_free(r->z);
+    r->z = NULL;
     if (r->fd >= 0 && r->buf)
         close(r->fd);
     free(r->buf);
@@ -754,7 +766,8 @@ jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len
             *ret_nl = true;
             r->beg = r->scan = (size_t)(nl - r->buf) + 1;
             r->lineno++;
-            r->offset += len + 1;
+            if (!r->z)
+                r->offset += len + 1;
             return 1;
         }
         /* No "\n" yet: a partial record over the bound fails now, before
@@ -769,7 +782,8 @@ jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len
             *ret_line = r->buf + r->beg;
             *ret_len = r->end - r->beg;
             *ret_nl = false;
-            r->offset += r->end - r->beg;
+            if (!r->z)
+                r->offset += r->end - r->beg;
             r->beg = r->scan = r->end;
             r->lineno++;
             return 1;
@@ -790,20 +804,34 @@ jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len
                 r->cap = want;
             }
         }
-        ssize_t got = read(r->fd, r->buf + r->end, r->cap - r->end);
-        if (got < 0) {
-            if (errno == EINTR)
-                continue;
-            return err_sys(err, -errno, "cannot read %s", r->path);
+        ssize_t got;
+
+        if (r->z) {
+            struct esd_err zerr;
+
+            got = zsrc_read(r->z, r->buf + r->end, r->cap - r->end, r->on_data, r->on_data_ctx,
+                            &r->offset, &zerr);
+            /* the line reached in the text, after the file's offset */
+            if (got < 0)
+                return err_set(err, (int)got, "%s (line %llu)", zerr.msg, r->lineno + 1);
+        } else {
+            got = read(r->fd, r->buf + r->end, r->cap - r->end);
+            if (got < 0) {
+                if (errno == EINTR)
+                    continue;
+                return err_sys(err, -errno, "cannot read %s", r->path);
+            }
+            /* Every byte as read, before any is split: on_data sees the
+             * file exactly, final line without "\n" included. */
+            if (got > 0 && r->on_data)
+                r->on_data(r->on_data_ctx, r->buf + r->end, (size_t)got);
         }
         if (got == 0) {
             r->eof = true;
             continue;
         }
-        /* Every byte as read, before any is split: on_data sees the file
-         * exactly, final line without "\n" included. */
-        if (r->on_data)
-            r->on_data(r->on_data_ctx, r->buf + r->end, (size_t)got);
+        if (r->on_text)
+            r->on_text(r->on_text_ctx, r->buf + r->end, (size_t)got);
         r->end += (size_t)got;
     }
 }

@@ -102,8 +102,12 @@ void jsonl_utf8_clean(const char *p, size_t n, struct buf *out);
  * Streaming line reader over a file: yields records split on "\n" only,
  * with 1-based line numbers, in bounded memory (a record longer than
  * max_line is an error, never a larger buffer). Every raw byte read is
- * passed, in order, to on_data when set (raw SHA-256 of the file, …).
+ * passed, in order, to on_data when set (raw SHA-256 of the file, …), and
+ * every byte of the text, as read, to on_text when set. A compressed file
+ * (zsrc) is read as its decompressed text: lines and line numbers are the
+ * text's, on_data sees the compressed bytes, on_text the text.
  */
+struct zsrc;
 struct jsonl_reader {
     int fd;
     char *path;
@@ -111,17 +115,27 @@ struct jsonl_reader {
     size_t cap, beg, end, scan;
     bool eof;
     unsigned long long lineno;
-    uint64_t offset; /* raw bytes consumed by returned lines */
+    uint64_t offset; /* bytes of the file consumed: those of the returned lines, or for a
+                        compressed file the raw bytes read so far */
     size_t max_line;
     void (*on_data)(void *ctx, const char *p, size_t n);
     void *on_data_ctx;
+    void (*on_text)(void *ctx, const char *p, size_t n);
+    void *on_text_ctx;
+    struct zsrc *z; /* a compressed file's decompressor, or NULL */
 };
 
 /* Opens path for reading (O_CLOEXEC): a regular file, a link to one (a
  * FIFO or a device is refused, never waited on); max_line 0 means the
- * default. */
+ * default. The file is read as it is (a ".gz" too): see
+ * jsonl_reader_open_as. */
 int jsonl_reader_open(struct jsonl_reader *r, const char *path, size_t max_line,
                       struct esd_err *err);
+/* The same, reading the file as compression says (zsrc.h's enum zsrc_kind,
+ * as an int: 0 is plain): a gzip or zstd file is decompressed as it is
+ * read, on a thread of its own. */
+int jsonl_reader_open_as(struct jsonl_reader *r, const char *path, int compression, size_t max_line,
+                         struct esd_err *err);
 /* The same over fd, any readable descriptor (standard input), which the
  * reader then owns; name is shown in messages. */
 void jsonl_reader_open_fd(struct jsonl_reader *r, int fd, const char *name, size_t max_line);
@@ -129,7 +143,8 @@ void jsonl_reader_open_fd(struct jsonl_reader *r, int fd, const char *name, size
  * Next record: 1 with *ret_line and *ret_len (without "\n"; valid until the
  * next call) and *ret_nl (whether a "\n" ended it), 0 at end of file, or a
  * negative errno with err set ("JSONL record longer than N bytes at f:l",
- * "cannot read f: …").
+ * "cannot read f: …", for a compressed file "f: truncated gzip stream at
+ * byte 1234 (line 56)", the line being the one reached in the text).
  */
 int jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len, bool *ret_nl,
                       struct esd_err *err);

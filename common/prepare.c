@@ -9,6 +9,9 @@
  * it trusts the scan's validation, because a fast 64-bit hash of the raw
  * bytes, compared at the end of the file, proves the bytes did not change
  * in between (the reference rehashes with SHA-256 for the same purpose).
+ * A compressed input is decompressed once, in the scan, on a thread of its
+ * own (zsrc); its text is spooled into the staging directory for the write
+ * pass, which reads the spool as it would a plain file (struct spool).
  *
  * What a shard costs, for jobs of 100,000 shards: one create, a write a
  * MiB and one close, no sync (the staging directory is made durable at
@@ -50,6 +53,7 @@
 #include "sha256.h"
 #include "spawn.h"
 #include "suggest.h"
+#include "zsrc.h"
 
 /* Tests define it (prepare.h); in programs the weak reference is NULL. */
 extern void prepare_test_hook(enum prepare_step step, int parent_fd, const char *staging,
@@ -142,8 +146,10 @@ struct infile {
     long long mtime_ns;
     uint64_t rows;
     uint64_t norm_bytes;
-    uint64_t fast; /* fasthash of the raw bytes, scan pass */
-    bool edited;   /* some record needed a normalisation edit */
+    uint64_t fast;       /* fasthash of the text (the raw bytes of a plain file), scan pass */
+    uint64_t text_size;  /* bytes of the text: size, or a compressed file's decompressed size */
+    enum zsrc_kind kind; /* as its name says */
+    bool edited;         /* some record needed a normalisation edit */
     char sha256[SHA256_HEX_LEN + 1];
     struct sha256 sha; /* in flight during the scan */
 };
@@ -180,15 +186,26 @@ files_add(struct files *f, const char *path, const char *rel, const struct stat 
     x->rel = xstrdup(rel);
     x->size = (uint64_t)st->st_size;
     x->mtime_ns = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+    x->kind = zsrc_kind_of_name(fs_basename(path));
 }
 
-/* Python's Path.suffix, lower-cased, equals ".jsonl". */
+/* Python's Path.suffix, lower-cased, equals ".jsonl"; or, compressed, the
+ * last two of its suffixes are one of these (files_add says which). */
 static bool
 is_jsonl_name(const char *name)
 {
+    static const char *const zipped[] = { ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst" };
     const char *dot = strrchr(name, '.');
     size_t len = strlen(name);
 
+    for (size_t i = 0; i < sizeof(zipped) / sizeof(zipped[0]); i++) {
+        size_t n = strlen(zipped[i]);
+
+        /* a stem of dots only has no suffixes there (".jsonl.gz" is a
+         * hidden file whose suffix is ".gz") */
+        if (len > n && !strcasecmp(name + len - n, zipped[i]))
+            return strspn(name, ".") < len - n;
+    }
     if (!dot || dot == name || (size_t)(dot - name) >= len - 1)
         return false;
     return strcasecmp(dot, ".jsonl") == 0;
@@ -404,6 +421,7 @@ struct job {
     struct record_ctx rctx;
     struct strv warnings;
     uint64_t total_raw;
+    uint64_t total_text; /* what the write pass reads: the spools of compressed files */
     uint64_t rows;
     uint64_t bytes;
     double t0;
@@ -423,7 +441,7 @@ report(struct job *j, int phase, uint64_t done, uint64_t rows, bool force)
     j->progress_next = done + (8u << 20);
     p.phase = phase;
     p.bytes_done = done;
-    p.bytes_total = j->total_raw;
+    p.bytes_total = phase == 2 ? j->total_text : j->total_raw;
     p.rows = rows;
     p.elapsed = time_mono() - j->t0;
     j->o->progress(j->o->progress_ctx, &p);
@@ -667,8 +685,11 @@ matches_existing(struct job *j, int parent_fd, bool *ret_match, struct esd_err *
     cJSON_ArrayForEach(f, files)
     {
         struct infile *x = &j->files.v[i++];
+        const char *zk = json_get_str(f, "compression"), *zx = zsrc_kind_name(x->kind);
         long long size, mt;
 
+        if ((zk || zx) && (!zk || !zx || strcmp(zk, zx) != 0))
+            goto done;
         if (!json_get_str(f, "path") || strcmp(json_get_str(f, "path"), x->path) != 0 ||
             json_get_int(f, "size_bytes", &size) < 0 || (uint64_t)size != x->size ||
             json_get_int(f, "mtime_ns", &mt) < 0 || mt != x->mtime_ns)
@@ -721,6 +742,138 @@ raw_sink_data(void *ctx, const char *p, size_t n)
         raw_sink_apply(k, p, n);
 }
 
+/*
+ * The spool: a compressed input's text, written in the scan pass beside
+ * its decompression, so that the write pass reads it as a plain file
+ * instead of decompressing again. It is a file of the staging directory
+ * (made before the scan when an input is compressed), written on the
+ * second hashing thread (idle in the scan), checked in the write pass as
+ * a plain file's bytes are (rows, size, fast hash) and removed once read,
+ * or with the staging directory on any failure. It needs the text's size
+ * of room in the job directory's file system.
+ */
+struct spool {
+    struct job *j;
+    int fd;
+    struct fasthash fh;
+    int werr; /* its first write error, a negative errno */
+};
+
+static void
+spool_name(char *buf, size_t size, size_t i)
+{
+    snprintf(buf, size, "spool-%05zu.jsonl", i);
+}
+
+static void
+spool_apply(void *ctx, const char *p, size_t n)
+{
+    struct spool *s = ctx;
+
+    fh_update(&s->fh, p, n);
+    if (s->werr == 0)
+        s->werr = fs_write_all(s->fd, p, n);
+}
+
+static void
+spool_data(void *ctx, const char *p, size_t n)
+{
+    struct spool *s = ctx;
+
+    hashq_run(s->j->hq2, spool_apply, s, p, n);
+}
+
+/* Creates input i's spool; it then receives the text the reader sees. */
+static int
+spool_open(struct job *j, size_t i, struct spool *s, struct jsonl_reader *rd, struct esd_err *err)
+{
+    char name[40];
+
+    spool_name(name, sizeof(name), i);
+    fh_init(&s->fh);
+    s->j = j;
+    s->werr = 0;
+    s->fd = openat(j->staging_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (s->fd < 0)
+        return err_sys(err, -errno, "cannot create %s/%s (the text of %s)", j->staging, name,
+                       j->files.v[i].path);
+    rd->on_text = spool_data;
+    rd->on_text_ctx = s;
+    return 0;
+}
+
+/* After the scan of input i, whatever r it ended with: the spool written
+ * and closed, its size and fast hash those of the text. */
+static int
+spool_end(struct job *j, size_t i, struct spool *s, int r, struct esd_err *err)
+{
+    struct infile *f = &j->files.v[i];
+    char name[40];
+
+    if (s->fd < 0)
+        return r;
+    hashq_sync(j->hq2);
+    spool_name(name, sizeof(name), i);
+    if (r == 0 && s->werr < 0)
+        r = err_sys(err, s->werr, "cannot write %s/%s (the text of %s)", j->staging, name, f->path);
+    if (close(s->fd) < 0 && errno != EINTR && r == 0)
+        r = err_sys(err, -errno, "cannot write %s/%s (the text of %s)", j->staging, name, f->path);
+    s->fd = -1;
+    if (r == 0) {
+        f->fast = fh_final(&s->fh);
+        f->text_size = s->fh.total;
+    }
+    return r;
+}
+
+/* The write pass's reader of input i: the file, or the spool of its text. */
+static int
+input_open(struct job *j, size_t i, struct jsonl_reader *rd, struct esd_err *err)
+{
+    const struct infile *f = &j->files.v[i];
+    char name[40], *shown;
+    int fd;
+
+    if (f->kind == ZSRC_PLAIN)
+        return jsonl_reader_open(rd, f->path, j->lim.max_line, err);
+    spool_name(name, sizeof(name), i);
+    shown = fs_join(j->staging, name);
+    fd = openat(j->staging_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        int r = err_sys(err, -errno, "cannot open %s (the text of %s)", shown, f->path);
+
+        free(shown);
+        return r;
+    }
+    jsonl_reader_open_fd(rd, fd, shown, j->lim.max_line);
+    free(shown);
+    return 0;
+}
+
+/*
+ * After the write pass read input i: a compressed file's spool goes, and
+ * the file itself, read once in the scan, must still be what was read
+ * then (its size and mtime as discovery saw them).
+ */
+static int
+input_done(struct job *j, size_t i, struct esd_err *err)
+{
+    const struct infile *f = &j->files.v[i];
+    struct stat st;
+    char name[40];
+
+    if (f->kind == ZSRC_PLAIN)
+        return 0;
+    spool_name(name, sizeof(name), i);
+    if (unlinkat(j->staging_fd, name, 0) < 0)
+        return err_sys(err, -errno, "cannot remove %s/%s", j->staging, name);
+    if (stat(f->path, &st) < 0 || (uint64_t)st.st_size != f->size ||
+        (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec != f->mtime_ns)
+        return err_set(err, -ESTALE, "Input content changed between the scan and write passes: %s",
+                       f->path);
+    return 0;
+}
+
 /* Pass 1 (spec §6.3): validate and measure every record. */
 static int
 scan_pass(struct job *j, struct esd_err *err)
@@ -736,12 +889,17 @@ scan_pass(struct job *j, struct esd_err *err)
         struct infile *f = &j->files.v[i];
         struct jsonl_reader rd;
         struct raw_sink sink = { j->hq, &f->sha, { { 0 }, 0, { 0 }, 0 } };
+        struct spool sp = { .fd = -1 };
         const char *line;
         size_t len;
         bool nl;
 
-        if ((r = jsonl_reader_open(&rd, f->path, j->lim.max_line, err)) < 0)
+        if ((r = jsonl_reader_open_as(&rd, f->path, f->kind, j->lim.max_line, err)) < 0)
             break;
+        if (f->kind != ZSRC_PLAIN && (r = spool_open(j, i, &sp, &rd, err)) < 0) {
+            jsonl_reader_close(&rd);
+            break;
+        }
         fh_init(&sink.fh);
         sha256_init(&f->sha);
         rd.on_data = raw_sink_data;
@@ -768,14 +926,17 @@ scan_pass(struct job *j, struct esd_err *err)
         done += rd.offset;
         jsonl_reader_close(&rd);
         hashq_sync(j->hq); /* the sink lives on this stack frame */
+        f->fast = fh_final(&sink.fh);
+        f->text_size = f->size;
+        r = spool_end(j, i, &sp, r, err); /* a compressed file's: its text's */
         if (r < 0)
             break;
         if (sink.fh.total != f->size) {
             r = err_set(err, -ESTALE, "input file changed while it was read: %s", f->path);
             break;
         }
-        f->fast = fh_final(&sink.fh);
         j->bytes += f->norm_bytes;
+        j->total_text += f->text_size;
     }
     hashq_sync(j->hq);
     for (size_t i = 0; i < j->files.n; i++)
@@ -1025,7 +1186,7 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
         size_t len;
         bool nl;
 
-        if ((r = jsonl_reader_open(&rd, f->path, j->lim.max_line, err)) < 0)
+        if ((r = input_open(j, i, &rd, err)) < 0)
             break;
         fh_init(&sink.fh);
         rd.on_data = raw_sink_data;
@@ -1084,9 +1245,11 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
         jsonl_reader_close(&rd);
         if (r < 0)
             break;
-        if (rows != f->rows || sink.fh.total != f->size || fh_final(&sink.fh) != f->fast)
+        if (rows != f->rows || sink.fh.total != f->text_size || fh_final(&sink.fh) != f->fast)
             r = err_set(err, -ESTALE, "Input content changed between the scan and write passes: %s",
                         f->path);
+        else
+            r = input_done(j, i, err);
     }
     if (r == 0)
         r = shard_close(w, err);
@@ -1163,6 +1326,9 @@ build_manifest(struct job *j, const char *all_sha)
         json_add_int(x, "mtime_ns", f->mtime_ns);
         json_add_int(x, "rows", (long long)f->rows);
         json_add_str(x, "sha256", f->sha256);
+        /* none for a plain file: a plain job's manifest stays the reference's */
+        if (zsrc_kind_name(f->kind))
+            json_add_str(x, "compression", zsrc_kind_name(f->kind));
         cJSON_AddItemToArray(files, x);
     }
     json_add_int(m, "total_rows", (long long)j->rows);
@@ -1536,6 +1702,25 @@ staging_make(struct job *j, struct esd_err *err)
     return 0;
 }
 
+/* Names the staging directory, opens the parent (made if need be) and
+ * makes the staging directory in it (staging_make). */
+static int
+staging_begin(struct job *j, const char *parent, struct esd_err *err)
+{
+    char hex[33];
+    int r;
+
+    rand_hex32(hex);
+    j->staging_name = xasprintf(".%s.preparing.%s", fs_basename(j->job_dir), hex);
+    j->staging = xasprintf("%s/%s", parent, j->staging_name);
+    hook(j, PREPARE_STEP_PARENT);
+    if ((r = dir_open_path(parent, true, O_RDONLY, &j->parent_fd, err)) < 0 ||
+        (r = staging_make(j, err)) < 0)
+        return r;
+    j->sync = sync_choose(j);
+    return 0;
+}
+
 /*
  * After a failure: empties the staging directory through its descriptor
  * and removes its name if that is still the directory. Between the check
@@ -1699,6 +1884,13 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     }
     j.hq = hashq_new();
     j.hq2 = hashq_new();
+    /* a compressed input's text is spooled there in the scan */
+    for (size_t i = 0; i < j.files.n; i++)
+        if (j.files.v[i].kind != ZSRC_PLAIN) {
+            if ((r = staging_begin(&j, parent, err)) < 0)
+                goto out;
+            break;
+        }
     if ((r = scan_pass(&j, err)) < 0)
         goto out;
     if (j.rows == 0) {
@@ -1710,18 +1902,8 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
                     (unsigned long long)j.rows);
         goto out;
     }
-    {
-        char hex[33];
-
-        rand_hex32(hex);
-        j.staging_name = xasprintf(".%s.preparing.%s", fs_basename(j.job_dir), hex);
-        j.staging = xasprintf("%s/%s", parent, j.staging_name);
-    }
-    hook(&j, PREPARE_STEP_PARENT);
-    if ((r = dir_open_path(parent, true, O_RDONLY, &j.parent_fd, err)) < 0 ||
-        (r = staging_make(&j, err)) < 0)
+    if (j.staging_fd < 0 && (r = staging_begin(&j, parent, err)) < 0)
         goto out;
-    j.sync = sync_choose(&j);
     if ((r = write_recipe_copy(&j, err)) < 0 || (r = make_dirs(&j, err)) < 0)
         goto out;
     w.j = &j;

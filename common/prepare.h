@@ -1,10 +1,10 @@
 /*
  * prepare: turns a recipe and a JSONL dataset into a job directory (spec §6):
- * discovery and ordering of input files, a scan pass that validates and
- * measures every record, the exact balancing rule, a write pass into a
- * staging directory published by a single rename, and idempotent
- * re-prepare. Memory stays bounded whatever the input size: records are
- * streamed, one at a time.
+ * discovery and ordering of input files (plain, or compressed with gzip or
+ * zstd), a scan pass that validates and measures every record, the exact
+ * balancing rule, a write pass into a staging directory published by a
+ * single rename, and idempotent re-prepare. Memory stays bounded whatever
+ * the input size: records are streamed, one at a time.
  *
  * The directory the job goes in may belong to someone else, who can
  * rename and replace its entries while prepare runs (ARCHITECTURE.md "Security
@@ -28,7 +28,8 @@
 struct prepare_progress {
     int phase;            /* 1: scan, 2: write */
     uint64_t bytes_done;  /* input bytes read in this phase */
-    uint64_t bytes_total; /* input bytes (sum of file sizes) */
+    uint64_t bytes_total; /* input bytes: in the scan the sum of file sizes, in the write
+                             pass the same with a compressed file's decompressed size */
     uint64_t rows;        /* records so far in this phase */
     double elapsed;       /* seconds since prepare started */
 };

@@ -8,7 +8,8 @@
 # overridden, and checks the package: esd, esctl, their man pages, the
 # configuration as a conffile, the units of systemd/ when there are any,
 # the journal catalog in /usr/lib/systemd/catalog,
-# every file `make install` installs, the shared libraries in Depends, a
+# every file `make install` installs, the shared libraries in Depends
+# (zlib1g and libzstd1 too, for compressed inputs), a
 # sysusers snippet's postinst call, and that installing does not start esd.
 # Prints the build time and "deb size: N KiB".
 #
@@ -119,7 +120,7 @@ done <"$W/staged"
 ok "the $(wc -l <"$W/staged") files that make install installs are in the package"
 
 depends=$(dpkg-deb -f "$DEB" Depends)
-for lib in libev libcjson libyaml libssl libsystemd; do
+for lib in libev libcjson libyaml libssl libsystemd zlib1g libzstd1; do
     [[ $depends == *"$lib"* ]] || fail "Depends names $lib (shlibs)" "Depends: $depends"
 done
 ok "Depends: $depends"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A full disk during prepare and during merge (a small tmpfs): esctl exits 2
+# A full disk during prepare (of a plain input, and of a compressed one,
+# whose text is spooled) and during merge (a small tmpfs): esctl exits 2
 # naming the file and ENOSPC, leaves no job directory, no staging directory,
 # no output and no temporary file behind, and an existing output survives.
 # A whole recipe's global stage without room for it fails at once as an
@@ -39,6 +40,18 @@ expect "prepare on a full disk exits 2" '[ "$rc" -eq 2 ]'
 expect "prepare says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
 expect "prepare names the file it was writing" 'grep -q "$small/" "$tmp/err"'
 expect "prepare leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
+sed 's/^/    /' "$tmp/err"
+
+# The same records gzip-compressed (a few KiB): the scan spools their text
+# into the staging directory, which fills the disk before any shard.
+gzip -c "$tmp/data.jsonl" >"$tmp/data.jsonl.gz"
+rc=0
+"$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl.gz" \
+    --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
+expect "prepare of a compressed input on a full disk exits 2" '[ "$rc" -eq 2 ]'
+expect "prepare says the disk is full while it spools the text" \
+    'grep -q "spool-00000.jsonl (the text of $tmp/data.jsonl.gz): No space left on device" "$tmp/err"'
+expect "prepare of a compressed input leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
 sed 's/^/    /' "$tmp/err"
 
 # A finished job on the big disk, merged into the small one.

@@ -9,7 +9,9 @@
  * published as the job. Durability: fsync and syncfs are interposed here
  * (this binary's definitions win over the C library's), to count what is
  * synced and to fail a sync, which must leave nothing behind. Last, whose
- * identity a root prepare takes.
+ * identity a root prepare takes. Compressed inputs, mixed with plain
+ * ones: their order, their text in the shards, their manifest entries,
+ * no spool left behind, re-prepare unchanged, a fault leaving nothing.
  */
 #include <check.h>
 #include <dirent.h>
@@ -24,6 +26,8 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
 #include "fsutil.h"
 #include "json.h"
@@ -31,6 +35,7 @@
 #include "prepare.h"
 #include "sha256.h"
 #include "testutil.h"
+#include "zsrc.h"
 
 static const char *RECIPE_PLAIN = "process:\n  - whitespace_normalization_mapper:\n";
 static const char *RECIPE_INDEX = "dataset_path: data.jsonl\n"
@@ -1045,6 +1050,127 @@ START_TEST(test_sync_failure)
 }
 END_TEST
 
+/* dir/rel holding text gzip-compressed (zlib's gzwrite) or, for a name
+ * ending in .zst, as one zstd frame. */
+static void
+write_compressed(const char *dir, const char *rel, const char *text)
+{
+    char *path = fs_join(dir, rel);
+    size_t n = strlen(text);
+
+    if (zsrc_kind_of_name(rel) == ZSRC_ZSTD) {
+        size_t cap = ZSTD_compressBound(n), k;
+        char *o = malloc(cap);
+
+        k = ZSTD_compress(o, cap, text, n, 3);
+        ck_assert(!ZSTD_isError(k));
+        free(tu_write(dir, rel, o, k));
+        free(o);
+    } else {
+        gzFile g;
+
+        free(tu_write(dir, rel, "", 0)); /* its directories */
+        g = gzopen(path, "wb");
+        ck_assert_ptr_nonnull(g);
+        ck_assert_int_eq(gzwrite(g, text, (unsigned)n), (int)n);
+        ck_assert_int_eq(gzclose(g), Z_OK);
+    }
+    free(path);
+}
+
+START_TEST(test_compressed_inputs)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    struct manifest m;
+    cJSON *doc = NULL;
+    const cJSON *files;
+    char *ds, *img, *all, *want;
+    static const char *order[] = { "a.jsonl", "b.jsonl.gz", "c/d.json.zst", "e.JSONL.ZST" };
+    static const char *kinds[] = { NULL, "gzip", "zstd", "zstd" };
+
+    fixture_init(&f, RECIPE_PLAIN);
+    ds = fs_join(f.dir, "ds");
+    free(tu_write(ds, "a.jsonl", "{\"i\":1}\n", (size_t)-1));
+    write_compressed(ds, "b.jsonl.gz", "{\"i\":2}\n{\"images\":[\"img/x.png\"]}\n");
+    write_compressed(ds, "c/d.json.zst", "{\"i\":4}\n");
+    write_compressed(ds, "e.JSONL.ZST", "{\"i\":5}\n{\"i\":6}");
+    /* not inputs by name: plain .json, a bare .gz, a hidden ".jsonl.gz" */
+    free(tu_write(ds, "f.json", "{}\n", (size_t)-1));
+    free(tu_write(ds, "g.gz", "", 0));
+    free(tu_write(ds, "h/.jsonl.gz", "", 0));
+    ck_assert_msg(run_prepare(&f, ds, 2, &res, &err) == 0, "%s", err.msg);
+    ck_assert(!res.unchanged);
+    ck_assert_uint_eq(res.rows, 6);
+    prepare_result_free(&res);
+    ck_assert_int_eq(manifest_load_doc(f.job, &m, &doc, &err), 0);
+    files = cJSON_GetObjectItemCaseSensitive(doc, "input_files");
+    ck_assert_int_eq(cJSON_GetArraySize(files), 4);
+    for (int i = 0; i < 4; i++) {
+        const cJSON *x = cJSON_GetArrayItem(files, i);
+        char *p = fs_join(ds, order[i]), hex[SHA256_HEX_LEN + 1];
+        struct stat st;
+
+        ck_assert_str_eq(json_get_str(x, "relative_path"), order[i]);
+        /* the fingerprint is that of the raw, compressed bytes */
+        ck_assert_int_eq(sha256_file(p, hex, &err), 0);
+        ck_assert_str_eq(json_get_str(x, "sha256"), hex);
+        ck_assert_int_eq(stat(p, &st), 0);
+        ck_assert_int_eq(cJSON_GetObjectItemCaseSensitive(x, "size_bytes")->valuedouble,
+                         (double)st.st_size);
+        if (kinds[i])
+            ck_assert_str_eq(json_get_str(x, "compression"), kinds[i]);
+        else
+            ck_assert_ptr_null(cJSON_GetObjectItemCaseSensitive(x, "compression"));
+        free(p);
+    }
+    manifest_free(&m);
+    cJSON_Delete(doc);
+    /* the shards hold the text in that order, media paths made absolute
+     * against the dataset directory as for a plain file */
+    {
+        char *s0 = fs_join(f.job, "shards/part-00000-of-00002.jsonl");
+        char *s1 = fs_join(f.job, "shards/part-00001-of-00002.jsonl");
+        char *a = tu_read(s0, NULL), *b = tu_read(s1, NULL);
+
+        all = xasprintf("%s%s", a, b);
+        free(a), free(b), free(s0), free(s1);
+    }
+    img = fs_join(ds, "img/x.png");
+    want = xasprintf(
+        "{\"i\":1}\n{\"i\":2}\n{\"images\":[\"%s\"]}\n{\"i\":4}\n{\"i\":5}\n{\"i\":6}\n", img);
+    ck_assert_str_eq(all, want);
+    free(all), free(want), free(img);
+    /* no spool left: the job holds what a plain one does */
+    ck_assert_int_eq(tu_count_entries(f.job), 5);
+    ck_assert_int_eq(tu_count_entries(f.dir), 3);
+    /* the same request again: unchanged */
+    ck_assert_msg(run_prepare(&f, ds, 2, &res, &err) == 0, "%s", err.msg);
+    ck_assert(res.unchanged);
+    prepare_result_free(&res);
+    /* a truncated input fails, naming it, and leaves nothing, the staging
+     * directory made before the scan and its spools included */
+    fs_rm_rf(f.job);
+    {
+        char *p = fs_join(ds, "b.jsonl.gz");
+        size_t len;
+        char *raw = tu_read(p, &len);
+
+        free(tu_write(ds, "b.jsonl.gz", raw, len - 5));
+        free(raw);
+        ck_assert_int_eq(run_prepare(&f, ds, 2, &res, &err), -EINVAL);
+        ck_assert_msg(strstr(err.msg, p) && strstr(err.msg, "truncated gzip stream at byte"), "%s",
+                      err.msg);
+        free(p);
+    }
+    ck_assert(!tu_exists(f.job));
+    ck_assert_int_eq(tu_count_entries(f.dir), 2);
+    free(ds);
+    fixture_free(&f);
+}
+END_TEST
+
 static Suite *
 prepare_suite(void)
 {
@@ -1059,6 +1185,7 @@ prepare_suite(void)
     tcase_add_test(tc, test_media_errors);
     tcase_add_test(tc, test_reprepare);
     tcase_add_test(tc, test_errors_leave_nothing);
+    tcase_add_test(tc, test_compressed_inputs);
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_ray_address_warning);
     tcase_add_test(tc, test_cancel);
