@@ -72,6 +72,10 @@ struct prepare_opts {
      * with -ECANCELED and leaves nothing behind. May be NULL. */
     const volatile sig_atomic_t *cancel;
     enum prepare_sync sync; /* default AUTO */
+    /* Threads of the passes (reading, validation, the digests, writing;
+     * common/pipeline.h): 0 for the CPUs available (pipeline_cpus), 1 for
+     * none beside the caller's. The job is the same byte for byte. */
+    unsigned threads;
 };
 
 struct prepare_result {
