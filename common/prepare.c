@@ -414,7 +414,6 @@ struct job {
     double t0;
     uint64_t progress_next;
     unsigned threads;       /* of the passes' pipelines */
-    bool normalize;         /* the recipe names media or index keys: records may need edits */
     bool norm_is_raw;       /* the normalised stream is the one input file's bytes */
     enum prepare_sync sync; /* FS or FILES, chosen once the staging directory is open */
 };
@@ -572,7 +571,6 @@ load_request(struct job *j, struct esd_err *err)
     j->rctx.media_keys = &j->recipe.media_keys;
     j->rctx.index_keys = &j->recipe.index_keys;
     j->rctx.media_root = j->media_root;
-    j->normalize = j->recipe.media_keys.n > 0 || j->recipe.index_keys.n > 0;
     if ((r = pypath_resolve_cli(o->job_dir, &j->job_dir, err)) < 0)
         return r;
     /* its name is the job id, which every later load checks */
@@ -927,9 +925,8 @@ work_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
                 c->r = jsonl_error(&c->rec, &j->lim, f->path, line, &c->err);
                 break;
             }
-            if (j->normalize)
-                c->r = record_normalize(&j->rctx, p, len, &c->rec, c->row0 + k, &c->norm, &edited,
-                                        f->path, line, &c->err);
+            c->r = record_normalize(&j->rctx, p, len, &c->rec, c->row0 + k, &c->norm, &edited,
+                                    f->path, line, &c->err);
             if (c->r < 0)
                 break;
         }
@@ -999,7 +996,7 @@ scan_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 }
 
 static struct pchunk **
-pchunks_new(size_t n, bool members)
+pchunks_new(size_t n)
 {
     struct pchunk **v = xcalloc(n, sizeof(*v));
 
@@ -1009,7 +1006,7 @@ pchunks_new(size_t n, bool members)
         buf_init(&v[i]->raw);
         buf_init(&v[i]->norm);
         buf_init(&v[i]->out);
-        jsonl_record_init(&v[i]->rec, members);
+        jsonl_record_init(&v[i]->rec, true);
     }
     return v;
 }
@@ -1019,7 +1016,7 @@ static int
 pass_run(struct pass *ps, const struct pipeline_stage *st, size_t nst, struct esd_err *err)
 {
     size_t n = pipeline_chunks_for(ps->j->threads, nst);
-    struct pchunk **v = pchunks_new(n, ps->j->normalize);
+    struct pchunk **v = pchunks_new(n);
     int r;
 
     r = pipeline_run(st, nst, ps, (void **)v, n, ps->j->threads, err);
