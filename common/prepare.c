@@ -8,7 +8,9 @@
  * records needed no normalisation edit in the scan pass it trusts the
  * scan's validation, because a fast 64-bit hash of the bytes, compared at
  * the end of the file, proves the bytes did not change in between (the
- * reference rehashes with SHA-256 for the same purpose). Both passes are
+ * reference rehashes with SHA-256 for the same purpose). When no record
+ * needs an edit there is no second pass: the scan writes the shards itself
+ * (scan_pass, "one pass"). Both passes are
  * pipelines over o->threads threads (common/pipeline.h): validation runs
  * on every thread, and each digest is an ordered stage of its own, so the
  * digests of the same bytes run side by side.
@@ -413,8 +415,12 @@ struct job {
     uint64_t bytes;
     double t0;
     uint64_t progress_next;
-    unsigned threads;       /* of the passes' pipelines */
-    bool norm_is_raw;       /* the normalised stream is the one input file's bytes */
+    unsigned threads; /* of the passes' pipelines */
+    bool norm_is_raw; /* the normalised stream is the one input file's bytes */
+    /* One pass (see scan_pass): the shards written by the scan, on the
+     * guess that the normalised stream is the input files' bytes */
+    bool spec, spec_failed;
+    struct writer *w;
     enum prepare_sync sync; /* FS or FILES, chosen once the staging directory is open */
 };
 
@@ -745,6 +751,7 @@ struct pchunk {
     size_t nends, endcap;
     struct slice *sl;
     size_t nsl, slcap;
+    bool laid; /* pass 1: its slices go to the shards (one pass) */
 };
 
 struct writer;
@@ -898,6 +905,10 @@ work_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     struct job *j = ps->j;
     struct infile *f = &j->files.v[c->file];
     bool check = ps->phase == 1 || f->edited;
+    /* laid out for the shards: pass 2, or pass 1 written in one pass
+     * (there, only what it read: pass 1 may not look at f->edited, which
+     * its apply stage is still making) */
+    bool lay = ps->phase == 2 || j->spec, from_out = ps->phase == 2 && f->edited;
     const char *p = c->text.p, *e = c->text.p + c->inlen;
     struct fasthash fh;
 
@@ -932,22 +943,23 @@ work_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
         }
         c->edited |= edited;
         c->norm_bytes += (edited ? c->norm.len : len) + 1;
-        if (ps->phase == 2 && f->edited) {
+        if (from_out) {
             buf_append(&c->out, edited ? c->norm.p : p, edited ? c->norm.len : len);
             buf_putc(&c->out, '\n');
             chunk_end_at(c, c->out.len);
-        } else if (ps->phase == 2) {
+        } else if (lay) {
             chunk_end_at(c, (size_t)(p - c->text.p) + len + 1);
         }
         c->nok++;
         p = nl ? nl + 1 : e;
     }
-    if (ps->phase == 2 && f->edited) {
+    if (from_out) {
         c->outp = c->out.p;
         c->outlen = c->out.len;
-    } else if (ps->phase == 2) {
-        /* a last record without "\n" gets one in the shard */
-        if (c->nok == c->lines && c->inlen && c->text.p[c->inlen - 1] != '\n')
+    } else if (lay) {
+        /* a last record without "\n" gets one in the shard (in pass 1,
+         * where it ends the guess of one pass, none) */
+        if (ps->phase == 2 && c->nok == c->lines && c->inlen && c->text.p[c->inlen - 1] != '\n')
             buf_putc(&c->text, '\n');
         c->outp = c->text.p;
         c->outlen = c->nends ? c->ends[c->nends - 1] : 0;
@@ -963,7 +975,13 @@ fast_combine(uint64_t acc, const struct pchunk *c)
     return fh_round(acc ^ c->fast, (uint64_t)c->inlen);
 }
 
-/* Pass 1's ordered stage: the counts, a file's checks at its end. */
+static void balance(struct pass *ps, struct pchunk *c, uint64_t total, bool remaining);
+static int write_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err);
+static int shardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err);
+static int allhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err);
+
+/* Pass 1's ordered stage: the counts, a file's checks at its end; in one
+ * pass, the shards' records too (balance). */
 static int
 scan_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 {
@@ -973,6 +991,8 @@ scan_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     struct infile *f = &j->files.v[c->file];
 
     (void)seq;
+    c->laid = false;
+    c->nsl = 0;
     if (c->end) {
         if (f->seen != f->size)
             return err_set(err, -ESTALE, "input file changed while it was read: %s", f->path);
@@ -989,6 +1009,14 @@ scan_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     if (c->r < 0) {
         *err = c->err;
         return c->r;
+    }
+    /* One pass while the records are the bytes read: none edited, none
+     * decoded, every one ended by its "\n" */
+    if (j->spec && !j->spec_failed) {
+        if (c->edited || !c->raw_is_text || c->text.p[c->inlen - 1] != '\n')
+            j->spec_failed = true;
+        else
+            c->laid = true, balance(ps, c, j->total_raw, false);
     }
     ps->done += c->inlen;
     report(j, 1, ps->done, j->rows, false);
@@ -1029,18 +1057,29 @@ pass_run(struct pass *ps, const struct pipeline_stage *st, size_t nst, struct es
     return r;
 }
 
-/* Pass 1 (spec §6.3): validate and measure every record, hash every file. */
+/*
+ * Pass 1 (spec §6.3): validate and measure every record, hash every file.
+ *
+ * In one pass (j->spec), it writes the shards too, on the guess that the
+ * normalised stream will be the input files' bytes (no record edited or
+ * decoded, each file ended by a "\n"), whose total the file sizes give
+ * before a byte is read: the balancing rule needs it. The guess is checked
+ * as the records come (a failed one stops the writes, spec_failed) and at
+ * the end (one_pass_held); when it did not hold, the shards are made again
+ * by pass 2.
+ */
 static int
 scan_pass(struct job *j, struct esd_err *err)
 {
     static const struct pipeline_stage st[] = {
-        { src_run, true },
-        { rawhash_run, true },
-        { work_run, false },
-        { scan_apply, true },
+        { src_run, true },   { rawhash_run, true },   { work_run, false },   { scan_apply, true },
+        { write_run, true }, { shardhash_run, true }, { allhash_run, true },
     };
-    struct pass ps = { .j = j, .phase = 1 };
-    int r = pass_run(&ps, st, sizeof(st) / sizeof(st[0]), err);
+    /* the scan alone, or with the writes and digests of one pass, without
+     * the stream's when it is the one input file's */
+    size_t nst = !j->spec ? 4 : j->files.n == 1 ? 6 : 7;
+    struct pass ps = { .j = j, .phase = 1, .w = j->w };
+    int r = pass_run(&ps, st, nst, err);
 
     for (size_t i = 0; i < j->files.n; i++)
         if (j->files.v[i].sha.ctx) {
@@ -1161,6 +1200,43 @@ chunk_slice(struct pchunk *c, long long shard, size_t off, size_t len, bool clos
     c->sl[c->nsl++] = (struct slice){ shard, off, len, close };
 }
 
+/*
+ * The balancing rule of spec §6.5, in exact integer arithmetic, over the
+ * chunk's records in order: each counted into the current shard, the chunk
+ * cut into slices where a shard ends. total is the normalised bytes; the
+ * rule's second clause (the records left are as many as the shards left)
+ * needs the records' total, which one pass does not know yet: there
+ * (remaining false) it is left out, and scan_pass checks afterwards that
+ * it never applied (one_pass_held).
+ */
+static void
+balance(struct pass *ps, struct pchunk *c, uint64_t total, bool remaining)
+{
+    struct writer *w = ps->w;
+    const long long N = ps->j->o->num_shards;
+    size_t start = 0;
+
+    for (uint64_t k = 0; k < c->nok; k++) {
+        size_t end = c->ends[k], len = end - (k ? c->ends[k - 1] : 0);
+        struct shard_out *s = &w->shards[w->cur];
+
+        s->rows++;
+        s->bytes += len;
+        ps->written += len;
+        ps->remaining -= remaining ? 1 : 0;
+        ps->index++;
+        ps->file_rows++;
+        if (w->cur < N - 1 && ((unsigned __int128)ps->written * (unsigned __int128)N >=
+                                   (unsigned __int128)total * (unsigned __int128)(w->cur + 1) ||
+                               (remaining && ps->remaining == (uint64_t)(N - w->cur - 1)))) {
+            chunk_slice(c, w->cur, start, end - start, true);
+            start = end;
+            w->cur++;
+        }
+    }
+    chunk_slice(c, w->cur, start, (c->nok ? c->ends[c->nok - 1] : 0) - start, false);
+}
+
 /* Pass 2's ordered stage: every record counted into its shard by the
  * balancing rule, in order, and the chunk cut into slices; a file's
  * checks against pass 1 at its end. */
@@ -1170,10 +1246,7 @@ write_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     struct pass *ps = ctx;
     struct pchunk *c = chunk;
     struct job *j = ps->j;
-    struct writer *w = ps->w;
     struct infile *f = &j->files.v[c->file];
-    const long long N = j->o->num_shards;
-    size_t start = 0;
 
     (void)seq;
     c->nsl = 0;
@@ -1193,33 +1266,14 @@ write_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
         return 0;
     }
     ps->fast = fast_combine(ps->fast, c);
-    for (uint64_t k = 0; k < c->nok; k++) {
-        size_t end = c->ends[k], len = end - (k ? c->ends[k - 1] : 0);
-        struct shard_out *s = &w->shards[w->cur];
-
-        /* more records than pass 1 counted: the input changed; stop
-         * before writing one (remaining, unsigned, would also wrap and
-         * upset the balancing below) */
-        if (ps->remaining == 0)
-            return err_set(err, -ESTALE,
-                           "Input changed between the scan and write passes: %s has more records",
-                           f->path);
-        s->rows++;
-        s->bytes += len;
-        ps->written += len;
-        ps->remaining--;
-        ps->index++;
-        ps->file_rows++;
-        /* The balancing rule of spec §6.5, in exact integer arithmetic. */
-        if (w->cur < N - 1 && ((unsigned __int128)ps->written * (unsigned __int128)N >=
-                                   (unsigned __int128)j->bytes * (unsigned __int128)(w->cur + 1) ||
-                               ps->remaining == (uint64_t)(N - w->cur - 1))) {
-            chunk_slice(c, w->cur, start, end - start, true);
-            start = end;
-            w->cur++;
-        }
-    }
-    chunk_slice(c, w->cur, start, (c->nok ? c->ends[c->nok - 1] : 0) - start, false);
+    /* more records than pass 1 counted: the input changed; stop before
+     * writing one (remaining, unsigned, would also wrap and upset the
+     * balancing) */
+    if (c->nok > ps->remaining)
+        return err_set(err, -ESTALE,
+                       "Input changed between the scan and write passes: %s has more records",
+                       f->path);
+    balance(ps, c, j->bytes, true);
     if (c->r < 0) {
         *err = c->err;
         return c->r;
@@ -1281,8 +1335,28 @@ allhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     struct pchunk *c = chunk;
 
     (void)seq, (void)err;
-    if (!c->end)
+    if (!c->end && (ps->phase == 2 || c->laid))
         sha256_update(&ps->w->all, c->outp, c->outlen);
+    return 0;
+}
+
+/* After the last record: the last shard closed and its digest final, and
+ * every shard made. */
+static int
+shards_end(struct job *j, struct writer *w, struct esd_err *err)
+{
+    const long long N = j->o->num_shards;
+    struct shard_out *last = &w->shards[w->wcur];
+    int r;
+
+    if ((r = shard_close(w, err)) < 0)
+        return r;
+    if (!last->sha.ctx)
+        sha256_init(&last->sha);
+    sha256_final(&last->sha, last->sha256);
+    if (w->cur != N - 1 || w->shards[N - 1].rows == 0)
+        return err_set(err, -EIO, "Internal partitioning error: %lld of %lld shards written",
+                       w->cur + 1, N);
     return 0;
 }
 
@@ -1296,28 +1370,62 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
     };
     /* without the last when the stream's digest is known (norm_is_raw) */
     const size_t nst = sizeof(st) / sizeof(st[0]) - (j->norm_is_raw ? 1 : 0);
-    const long long N = j->o->num_shards;
     struct pass ps = { .j = j, .phase = 2, .w = w, .remaining = j->rows };
-    struct shard_out *last;
     int r;
 
     j->progress_next = 0;
     if ((r = shard_open(w, 0, err)) < 0)
         return r;
     r = pass_run(&ps, st, nst, err);
-    last = &w->shards[w->wcur];
-    if (r == 0 && (r = shard_close(w, err)) == 0) {
-        if (!last->sha.ctx)
-            sha256_init(&last->sha);
-        sha256_final(&last->sha, last->sha256);
-    }
-    if (r == 0 && (w->cur != N - 1 || w->shards[N - 1].rows == 0))
-        r = err_set(err, -EIO, "Internal partitioning error: %lld of %lld shards written",
-                    w->cur + 1, N);
+    if (r == 0)
+        r = shards_end(j, w, err);
     if (r == 0 && (ps.written != j->bytes || ps.remaining != 0))
         r = err_set(err, -ESTALE, "Input changed between the scan and write passes");
     report(j, 2, ps.done, ps.index, r == 0);
     return r;
+}
+
+/* Whether the shards one pass wrote are those of the balancing rule: the
+ * guess held (the stream is the files' bytes, of the total balanced on),
+ * and the rule's second clause, left out there, never applied: shard k's
+ * last record, the (c_k+1)-th, came no later than where records left =
+ * shards left would have closed it (c_k <= rows - N + k), so every shard is
+ * where the rule puts it and the last one has records. */
+static bool
+one_pass_held(const struct job *j, const struct writer *w)
+{
+    const long long N = j->o->num_shards;
+    uint64_t upto = 0;
+
+    if (j->spec_failed || j->bytes != j->total_raw || w->cur != N - 1 || j->rows < (uint64_t)N)
+        return false;
+    for (long long k = 0; k < N - 1; k++) {
+        upto += w->shards[k].rows;
+        if (upto - 1 + (uint64_t)N > j->rows + (uint64_t)k)
+            return false;
+    }
+    return w->shards[N - 1].rows > 0;
+}
+
+/* Forgets what one pass wrote, for pass 2 to write the shards again. */
+static void
+one_pass_undo(struct job *j, struct writer *w)
+{
+    for (long long i = 0; i <= w->wcur && i < j->o->num_shards; i++) {
+        struct shard_out *s = &w->shards[i];
+        struct shard_name sn;
+
+        if (s->fd >= 0)
+            close(s->fd);
+        shard_fmt(&sn, i, j->o->num_shards);
+        (void)unlinkat(j->shards_fd, sn.name, 0);
+        sha256_abort(&s->sha);
+        memset(s, 0, sizeof(*s));
+        s->fd = -1;
+    }
+    w->cur = w->wcur = 0;
+    sha256_abort(&w->all);
+    sha256_init(&w->all);
 }
 
 /* ---- manifest and publication ---- */
@@ -1873,6 +1981,18 @@ job_free(struct job *j)
     strv_free(&j->warnings);
 }
 
+/* What the scan found that no job can be made of. */
+static int
+input_check(const struct job *j, struct esd_err *err)
+{
+    if (j->rows == 0)
+        return err_set(err, -EINVAL, "Input dataset contains no records");
+    if ((uint64_t)j->o->num_shards > j->rows)
+        return err_set(err, -EINVAL, "--num-shards (%lld) exceeds input records (%llu)",
+                       j->o->num_shards, (unsigned long long)j->rows);
+    return 0;
+}
+
 int
 prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd_err *err)
 {
@@ -1913,17 +2033,14 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
         }
         goto done;
     }
-    if ((r = scan_pass(&j, err)) < 0)
+    /* One pass where it can work: a shard needs a record, of 3 bytes at
+     * least ("{}" and its "\n"); with more shards than that allows, the
+     * scan alone says what is wrong, before anything is made. */
+    j.spec = o->num_shards <= (long long)((j.total_raw + 1) / 3);
+    if (!j.spec && (r = scan_pass(&j, err)) < 0)
         goto out;
-    if (j.rows == 0) {
-        r = err_set(err, -EINVAL, "Input dataset contains no records");
+    if (!j.spec && (r = input_check(&j, err)) < 0)
         goto out;
-    }
-    if ((uint64_t)o->num_shards > j.rows) {
-        r = err_set(err, -EINVAL, "--num-shards (%lld) exceeds input records (%llu)", o->num_shards,
-                    (unsigned long long)j.rows);
-        goto out;
-    }
     {
         char hex[33];
 
@@ -1943,7 +2060,21 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     for (long long i = 0; i < o->num_shards; i++)
         w.shards[i].fd = -1;
     sha256_init(&w.all);
-    if ((r = write_pass(&j, &w, err)) < 0)
+    j.w = &w;
+    if (j.spec) {
+        if ((r = shard_open(&w, 0, err)) < 0 || (r = scan_pass(&j, err)) < 0 ||
+            (r = input_check(&j, err)) < 0)
+            goto out;
+        if (one_pass_held(&j, &w)) {
+            if ((r = shards_end(&j, &w, err)) < 0)
+                goto out;
+            report(&j, 2, j.total_raw, j.rows, true);
+        } else {
+            one_pass_undo(&j, &w);
+            j.spec = false;
+        }
+    }
+    if (!j.spec && (r = write_pass(&j, &w, err)) < 0)
         goto out;
     if (j.norm_is_raw)
         memcpy(all_sha, j.files.v[0].sha256, sizeof(all_sha));

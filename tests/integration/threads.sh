@@ -105,6 +105,53 @@ grep -q '"global_index":23004' "$W/kept/shards/"*.jsonl ||
     fail "the index key counts records across files and chunks" "no global_index 23004"
 ok "the index key counts records across files and chunks"
 
+# the balancing rule of spec §6.5, computed here, on records of very
+# uneven sizes and nearly as many shards as records (where its second
+# clause, records left = shards left, decides), and on a file without its
+# last newline
+python3 - "$W" <<'EOF'
+import random, sys
+w = sys.argv[1]
+rng = random.Random(5)
+with open(w + "/uneven.jsonl", "w") as f:
+    for i in range(60):
+        f.write('{"i":%d,"t":"%s"}\n' % (i, "x" * (20000 if i in (3, 4, 50) else rng.randint(1, 300))))
+with open(w + "/nonl.jsonl", "w") as f:
+    f.write("\n".join('{"i":%d,"t":"%s"}' % (i, "y" * rng.randint(1, 3000)) for i in range(3000)))
+EOF
+expect_shards() { # JOB INPUT SHARDS
+    python3 - "$@" <<'EOF' || fail "the shards of $2 in $3 follow spec §6.5" "see above"
+import json, sys
+job, data, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+recs = [l + b"\n" for l in open(data, "rb").read().split(b"\n") if l]
+total, rows = sum(map(len, recs)), len(recs)
+want, cur, written = [[]], 0, 0
+for i, r in enumerate(recs):
+    want[-1].append(r)
+    written += len(r)
+    left = rows - i - 1
+    if cur < n - 1 and (written * n >= total * (cur + 1) or left == n - cur - 1):
+        want.append([])
+        cur += 1
+m = json.load(open(job + "/manifest.json"))
+got = [open(job + "/" + s["path"], "rb").read() for s in m["shards"]]
+assert [b"".join(x) for x in want] == got, "shards differ"
+EOF
+}
+for spec in "uneven.jsonl 40" "uneven.jsonl 3" "nonl.jsonl 7"; do
+    read -r data n <<<"$spec"
+    for t in 1 7; do
+        rm -rf "$W/job"
+        "$ESCTL" prepare --local --threads "$t" --config "$W/plain.yaml" \
+            --dataset-path "$W/$data" --job-dir "$W/job" --num-shards "$n" >"$W/out" 2>&1 ||
+            fail "prepare $data in $n shards" "$(cat "$W/out")"
+        expect_shards "$W/job" "$W/$data" "$n"
+        check_digests "$W/job"
+    done
+    ok "$data in $n shards: the balancing rule's shards, with --threads 1 and 7"
+done
+rm -rf "$W/job"
+
 # the same error whatever the threads: the first in input order
 expect_error() { # NAME WHERE [OPTIONS...]
     local name=$1 where=$2 first=
