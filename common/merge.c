@@ -156,6 +156,8 @@ struct mpass {
     struct jsonl_reader rd;
     /* apply */
     uint64_t bytes, rows, next_report;
+    /* write: bytes written, and those whose writeback was started */
+    uint64_t written, started;
 };
 
 static int
@@ -276,6 +278,15 @@ mwrite_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     if ((r = fs_write_all(c->out_fd, k->text.p, k->text.len)) < 0 ||
         (k->no_nl && (r = fs_write_all(c->out_fd, "\n", 1)) < 0))
         return err_sys(err, r, "cannot write %s", c->out_tmp);
+    ps->written += k->text.len + (k->no_nl ? 1 : 0);
+    /* The pages start for the disk as they are written, so that the fsync
+     * before publication finds little left. Best effort: a write error is
+     * reported by that fsync. */
+    if (ps->written - ps->started >= 8u << 20) {
+        (void)sync_file_range(c->out_fd, (off_t)ps->started, (off_t)(ps->written - ps->started),
+                              SYNC_FILE_RANGE_WRITE);
+        ps->started = ps->written;
+    }
     return 0;
 }
 
