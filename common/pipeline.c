@@ -207,23 +207,67 @@ pipeline_chunks_for(unsigned nthreads, size_t nstages)
     return (size_t)nthreads + nstages + 2;
 }
 
-/* The quota of cpu.max ("max 100000" or "150000 100000") in CPUs, rounded
- * up; 0 for none or unreadable. */
-static unsigned
-cpu_max(const char *path)
+/* A number from the first line of path, or 0. */
+static long long
+read_num(const char *path, long long *ret_second)
 {
     char line[128];
-    long long quota, period;
-    unsigned n = 0;
+    long long a = 0, b = 0;
     FILE *f = fopen(path, "re");
 
     if (!f)
         return 0;
-    if (fgets(line, sizeof(line), f) && sscanf(line, "%lld %lld", &quota, &period) == 2 &&
-        quota > 0 && period > 0)
-        n = (unsigned)((quota + period - 1) / period);
+    if (!fgets(line, sizeof(line), f) || sscanf(line, "%lld %lld", &a, &b) < 1)
+        a = 0;
     fclose(f);
-    return n;
+    if (ret_second)
+        *ret_second = b;
+    return a;
+}
+
+/* The CPU quota of the cgroup at dir (under /sys/fs/cgroup, "" its root),
+ * rounded up: cgroup v2's cpu.max ("max 100000" or "150000 100000"), v1's
+ * cpu.cfs_quota_us and cpu.cfs_period_us; 0 for none. */
+static unsigned
+quota_at(const char *dir, bool v1)
+{
+    char file[4300];
+    long long quota, period = 0;
+
+    if (v1) {
+        snprintf(file, sizeof(file), "%s/cpu.cfs_quota_us", dir);
+        quota = read_num(file, NULL);
+        snprintf(file, sizeof(file), "%s/cpu.cfs_period_us", dir);
+        period = read_num(file, NULL);
+    } else {
+        snprintf(file, sizeof(file), "%s/cpu.max", dir);
+        quota = read_num(file, &period);
+    }
+    return quota > 0 && period > 0 ? (unsigned)((quota + period - 1) / period) : 0;
+}
+
+/* The least quota from the cgroup's directory up to the hierarchy's root:
+ * a parent's quota bounds its children. */
+static unsigned
+quota_up(const char *root, char *path, bool v1)
+{
+    unsigned n = 0, q;
+
+    for (;;) {
+        char dir[4200];
+        char *end;
+
+        snprintf(dir, sizeof(dir), "%s%s", root, strcmp(path, "/") ? path : "");
+        if ((q = quota_at(dir, v1)) > 0 && (n == 0 || q < n))
+            n = q;
+        if (!(end = strrchr(path, '/')) || end == path) {
+            /* the root, which a container sees as its own cgroup */
+            if ((q = quota_at(root, v1)) > 0 && (n == 0 || q < n))
+                n = q;
+            return n;
+        }
+        *end = '\0';
+    }
 }
 
 unsigned
@@ -246,29 +290,35 @@ pipeline_cpus(void)
     }
     if (n == 0)
         n = 1;
-    /* cgroup v2: "0::/path"; the quota of the group or of any parent */
-    if ((f = fopen("/proc/self/cgroup", "re"))) {
-        while (fgets(line, sizeof(line), f)) {
-            char *path, *end;
+    /* "0::/path" (v2), "4:cpu,cpuacct:/path" (v1) */
+    if (!(f = fopen("/proc/self/cgroup", "re")))
+        return n;
+    while (fgets(line, sizeof(line), f)) {
+        char *ctl = strchr(line, ':'), *path = ctl ? strchr(ctl + 1, ':') : NULL;
+        char root[256];
+        bool v1;
 
-            if (strncmp(line, "0::/", 4) != 0)
+        if (!path || path[1] != '/')
+            continue;
+        *path++ = '\0';
+        ctl++;
+        path[strcspn(path, "\n")] = '\0';
+        v1 = *ctl != '\0';
+        if (v1) {
+            char list[256];
+            bool cpu = false;
+
+            snprintf(list, sizeof(list), ",%s,", ctl);
+            cpu = strstr(list, ",cpu,") != NULL;
+            if (!cpu)
                 continue;
-            path = line + 3;
-            path[strcspn(path, "\n")] = '\0';
-            for (;;) {
-                char file[4200];
-
-                snprintf(file, sizeof(file), "/sys/fs/cgroup%s/cpu.max",
-                         strcmp(path, "/") ? path : "");
-                if ((q = cpu_max(file)) > 0 && q < n)
-                    n = q;
-                if (!(end = strrchr(path, '/')) || end == path)
-                    break;
-                *end = '\0';
-            }
-            break;
+            snprintf(root, sizeof(root), "/sys/fs/cgroup/%s", ctl);
+        } else {
+            snprintf(root, sizeof(root), "/sys/fs/cgroup");
         }
-        fclose(f);
+        if ((q = quota_up(root, path, v1)) > 0 && q < n)
+            n = q;
     }
+    fclose(f);
     return n;
 }

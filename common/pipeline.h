@@ -50,7 +50,8 @@ int pipeline_run(const struct pipeline_stage *stages, size_t nstages, void *ctx,
 
 /*
  * The CPUs this process may use: its affinity mask, lowered to the CPU
- * quota of its cgroup (cgroup v2 cpu.max) when there is one. At least 1.
+ * quota of its cgroup or of a parent (cgroup v2's cpu.max, v1's
+ * cpu.cfs_quota_us) when there is one. At least 1.
  */
 unsigned pipeline_cpus(void);
 
