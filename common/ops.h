@@ -39,7 +39,7 @@ struct op_env {
 };
 
 /* The most threads a request may ask for. */
-#define OPS_MAX_THREADS 1024
+#define OPS_MAX_THREADS 256
 
 /*
  * Runs command id (CMD_PREPARE, CMD_STATUS with a job_dir, CMD_RETRY,

@@ -160,7 +160,7 @@ static const struct key keys[] = {
       .off = F(threads),
       .def = "0",
       .min = 0,
-      .max = 1024,
+      .max = 256,
       .help = "threads of the prepares and merges esd runs (reading, validation, the "
               "digests); 0: the CPUs available to esd" },
     { .name = "lease_secs",
