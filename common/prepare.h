@@ -26,7 +26,8 @@
 #include "util.h"
 
 struct prepare_progress {
-    int phase;            /* 1: scan, 2: write */
+    int phase;            /* 1: scan, 2: write (when the scan wrote the shards
+                             itself, one report of phase 2, done) */
     uint64_t bytes_done;  /* input bytes read in this phase */
     uint64_t bytes_total; /* input bytes (sum of file sizes) */
     uint64_t rows;        /* records so far in this phase */
