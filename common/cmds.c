@@ -53,6 +53,10 @@ const struct opt_def cmd_opts[O__COUNT] = {
     [O_MAX_DEPTH] = { "max-depth", K_POSITIVE, "N",
                       "deepest accepted JSON nesting (default 1000, at most 4096)", "max_depth",
                       false },
+    [O_THREADS] = { "threads", K_POSITIVE, "N",
+                    "threads that read, validate, hash and write (default: the CPUs "
+                    "available; 1: none beside the main one); the result is the same",
+                    "threads", false },
     [O_ALL] = { "all", K_FLAG, NULL,
                 "status: one line per shard; list: also the spool's jobs this node does not "
                 "hold (forgotten here, or finished before retention_secs)",
@@ -147,7 +151,7 @@ const struct opt_def cmd_opts[O__COUNT] = {
     (OPT(O_CONFIG) | OPT(O_DATASET_PATH) | OPT(O_JOB_DIR) | OPT(O_NUM_SHARDS) |             \
      OPT(O_LOCK_TIMEOUT) | OPT(O_MAX_RETRIES) | OPT(O_POLL_INTERVAL) | OPT(O_RAY_ADDRESS) | \
      OPT(O_DJ_ROOT) | OPT(O_PROCESSOR) | OPT(O_ALLOW_OP) | OPT(O_DENY_OP) |                 \
-     OPT(O_NO_GLOBAL_STAGE) | LIMITS)
+     OPT(O_NO_GLOBAL_STAGE) | OPT(O_THREADS) | LIMITS)
 
 const struct cmd_def cmd_table[CMD__COUNT] = {
     [CMD_PING] = { CMD_PING, "ping", "", "check that esd answers on its control socket", 0, 0,
@@ -187,12 +191,13 @@ const struct cmd_def cmd_table[CMD__COUNT] = {
     [CMD_MERGE] = { CMD_MERGE, "merge", "[--job-dir] DIR [--output PATH] [--overwrite]",
                     "check every shard's result and merge them in the original order",
                     OPT(O_JOB_DIR) | OPT(O_OUTPUT) | OPT(O_OVERWRITE) | OPT(O_LOCK_TIMEOUT) |
-                        LIMITS,
+                        OPT(O_THREADS) | LIMITS,
                     OPT(O_JOB_DIR), true, AUTH_JOB,
                     CMDF_DAEMON | CMDF_LOCAL | CMDF_CHILD | CMDF_LONG },
     [CMD_VERIFY] = { CMD_VERIFY, "verify", "[--job-dir] DIR [--expect-nodes N]",
                      "recheck every shard's result (and the merged output) without writing",
-                     OPT(O_JOB_DIR) | OPT(O_EXPECT_NODES) | OPT(O_LOCK_TIMEOUT) | LIMITS,
+                     OPT(O_JOB_DIR) | OPT(O_EXPECT_NODES) | OPT(O_LOCK_TIMEOUT) | OPT(O_THREADS) |
+                         LIMITS,
                      OPT(O_JOB_DIR), true, AUTH_READ,
                      CMDF_DAEMON | CMDF_LOCAL | CMDF_FALLBACK | CMDF_CHILD | CMDF_LONG },
     [CMD_CANCEL] = { CMD_CANCEL, "cancel", "[--job-dir] DIR [--everywhere]",

@@ -35,6 +35,7 @@ enum opt_id {
     O_NO_GLOBAL_STAGE,
     O_MAX_LINE_BYTES,
     O_MAX_DEPTH,
+    O_THREADS,
     O_ALL,
     O_ALL_FAILED,
     O_SHARD_ID,

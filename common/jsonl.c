@@ -714,8 +714,10 @@ jsonl_reader_open_as(struct jsonl_reader *r, const char *path, int compression, 
     if (fd < 0)
         return fd;
     jsonl_reader_open_fd(r, fd, path, max_line);
-    if (compression != ZSRC_PLAIN)
+    if (compression != ZSRC_PLAIN) {
         r->z = zsrc_new(fd, (enum zsrc_kind)compression, path);
+        r->decoded = true;
+    }
     return 0;
 }
 
@@ -747,10 +749,66 @@ jsonl_reader_close(struct jsonl_reader *r)
     r->fd = -1;
 }
 
+/* Reads more into the buffer, keeping [beg, end): 1 when bytes came, 0 at
+ * the end of the file, or a negative errno with err set. At most
+ * room + READ_CHUNK bytes are held. */
+static int
+reader_fill(struct jsonl_reader *r, size_t room, struct esd_err *err)
+{
+    if (r->beg > 0) {
+        memmove(r->buf, r->buf + r->beg, r->end - r->beg);
+        r->end -= r->beg;
+        r->scan -= r->beg;
+        r->beg = 0;
+    }
+    if (r->cap - r->end < READ_CHUNK / 4) {
+        size_t want = r->cap * 2;
+        if (want > room + READ_CHUNK)
+            want = room + READ_CHUNK;
+        if (want > r->cap) {
+            r->buf = xrealloc(r->buf, want);
+            r->cap = want;
+        }
+    }
+    for (;;) {
+        ssize_t got;
+
+        if (r->z) {
+            struct esd_err zerr;
+
+            got = zsrc_read(r->z, r->buf + r->end, r->cap - r->end, r->on_data, r->on_data_ctx,
+                            &r->offset, &zerr);
+            /* the line reached in the text, after the file's offset */
+            if (got < 0)
+                return err_set(err, (int)got, "%s (line %llu)", zerr.msg, r->lineno + 1);
+        } else {
+            got = read(r->fd, r->buf + r->end, r->cap - r->end);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0)
+                return err_sys(err, -errno, "cannot read %s", r->path);
+            /* Every byte as read, before any is split: on_data sees the
+             * file exactly, final line without "\n" included. */
+            if (got > 0 && r->on_data)
+                r->on_data(r->on_data_ctx, r->buf + r->end, (size_t)got);
+        }
+        if (got == 0) {
+            r->eof = true;
+            return 0;
+        }
+        if (r->on_text)
+            r->on_text(r->on_text_ctx, r->buf + r->end, (size_t)got);
+        r->end += (size_t)got;
+        return 1;
+    }
+}
+
 int
 jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len, bool *ret_nl,
                   struct esd_err *err)
 {
+    int rr;
+
     for (;;) {
         char *nl = NULL;
 
@@ -789,51 +847,68 @@ jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len
             return 1;
         }
         /* Keep the partial record, make room, read more. */
-        if (r->beg > 0) {
-            memmove(r->buf, r->buf + r->beg, r->end - r->beg);
-            r->end -= r->beg;
-            r->scan -= r->beg;
-            r->beg = 0;
-        }
-        if (r->cap - r->end < READ_CHUNK / 4) {
-            size_t want = r->cap * 2;
-            if (want > r->max_line + READ_CHUNK)
-                want = r->max_line + READ_CHUNK;
-            if (want > r->cap) {
-                r->buf = xrealloc(r->buf, want);
-                r->cap = want;
-            }
-        }
-        ssize_t got;
+        if ((rr = reader_fill(r, r->max_line, err)) < 0)
+            return rr;
+    }
+}
 
-        if (r->z) {
-            struct esd_err zerr;
+int
+jsonl_reader_block(struct jsonl_reader *r, size_t want, const char **ret_p, size_t *ret_len,
+                   unsigned long long *ret_lines, struct esd_err *err)
+{
+    size_t at = 0; /* the block so far: [beg, beg + at), whole records */
+    unsigned long long lines = 0;
+    int rr;
 
-            got = zsrc_read(r->z, r->buf + r->end, r->cap - r->end, r->on_data, r->on_data_ctx,
-                            &r->offset, &zerr);
-            /* the line reached in the text, after the file's offset */
-            if (got < 0)
-                return err_set(err, (int)got, "%s (line %llu)", zerr.msg, r->lineno + 1);
-        } else {
-            got = read(r->fd, r->buf + r->end, r->cap - r->end);
-            if (got < 0) {
-                if (errno == EINTR)
-                    continue;
-                return err_sys(err, -errno, "cannot read %s", r->path);
-            }
-            /* Every byte as read, before any is split: on_data sees the
-             * file exactly, final line without "\n" included. */
-            if (got > 0 && r->on_data)
-                r->on_data(r->on_data_ctx, r->buf + r->end, (size_t)got);
-        }
-        if (got == 0) {
-            r->eof = true;
+    if (want == 0)
+        want = 1;
+    for (;;) {
+        char *nl = NULL;
+
+        if (at >= want)
+            break;
+        if (r->scan < r->beg + at)
+            r->scan = r->beg + at;
+        if (r->scan < r->end)
+            nl = memchr(r->buf + r->scan, '\n', r->end - r->scan);
+        if (nl) {
+            size_t len = (size_t)(nl - (r->buf + r->beg + at));
+
+            if (len > r->max_line)
+                break; /* reported by the next call, after the records before it */
+            at += len + 1;
+            lines++;
+            r->scan = r->beg + at;
             continue;
         }
-        if (r->on_text)
-            r->on_text(r->on_text_ctx, r->buf + r->end, (size_t)got);
-        r->end += (size_t)got;
+        r->scan = r->end;
+        if (r->end - (r->beg + at) > r->max_line)
+            break;
+        if (r->eof) {
+            if (r->end > r->beg + at) { /* the last record, without "\n" */
+                at = r->end - r->beg;
+                lines++;
+            }
+            break;
+        }
+        if ((rr = reader_fill(r, want + r->max_line, err)) < 0)
+            return rr;
     }
+    if (lines == 0) {
+        if (r->beg == r->end && r->eof)
+            return 0;
+        return err_set(err, -EFBIG, "JSONL record longer than %zu bytes at %s:%llu", r->max_line,
+                       r->path, r->lineno + 1);
+    }
+    *ret_p = r->buf + r->beg;
+    *ret_len = at;
+    *ret_lines = lines;
+    r->beg += at;
+    r->scan = r->beg > r->scan ? r->beg : r->scan;
+    r->lineno += lines;
+    if (!r->z) /* (a compressed file's: the raw bytes zsrc_read counted) */
+        r->offset += at;
+    return 1;
 }
 
 /* Appends s[0..n) to out with every invalid UTF-8 sequence as U+FFFD. */

@@ -123,6 +123,11 @@ struct jsonl_reader {
     void (*on_text)(void *ctx, const char *p, size_t n);
     void *on_text_ctx;
     struct zsrc *z; /* a compressed file's decompressor, or NULL */
+    /* The records are decoded from the bytes read (a decompressing
+     * reader): on_data's bytes are not their text. False for a plain file,
+     * whose records, block after block, are exactly the bytes on_data saw,
+     * so that a consumer may hash the blocks instead of copying them. */
+    bool decoded;
 };
 
 /* Opens path for reading (O_CLOEXEC): a regular file, a link to one (a
@@ -148,6 +153,18 @@ void jsonl_reader_open_fd(struct jsonl_reader *r, int fd, const char *name, size
  */
 int jsonl_reader_next(struct jsonl_reader *r, const char **ret_line, size_t *ret_len, bool *ret_nl,
                       struct esd_err *err);
+/*
+ * Next block of whole records, for a pipeline (common/pipeline.h): 1 with
+ * *ret_p and *ret_len (valid until the next call; every "\n" included)
+ * and *ret_lines, its records; 0 at end of file; or a negative errno with
+ * err set, the errors of jsonl_reader_next, each reported after the
+ * records before it. A block ends at the first end of a record at or after
+ * want bytes, or at the end of the file, where its last record may lack
+ * its "\n": its bounds depend on the bytes alone, never on how they were
+ * read. The reader then holds at most want + max_line + 4 MiB.
+ */
+int jsonl_reader_block(struct jsonl_reader *r, size_t want, const char **ret_p, size_t *ret_len,
+                       unsigned long long *ret_lines, struct esd_err *err);
 void jsonl_reader_close(struct jsonl_reader *r);
 
 #endif

@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "fsutil.h"
-#include "hashq.h"
 #include "json.h"
+#include "pipeline.h"
 #include "pypath.h"
 #include "status.h"
 
@@ -30,6 +30,10 @@ struct result {
     char sha256[SHA256_HEX_LEN + 1];
     uint64_t size;
     bool no_nl; /* its last line has no newline (verify of a global stage) */
+    /* as streamed */
+    long long seen_rows;
+    uint64_t seen_bytes;
+    struct sha256 sha;
 };
 
 struct ctx {
@@ -37,8 +41,7 @@ struct ctx {
     const struct merge_opts *o;
     struct jsonl_limits lim;
     struct result *res;
-    struct hashq *hq;  /* the merged stream's digest */
-    struct hashq *hq2; /* each result's digest */
+    unsigned threads;
     struct sha256 out_sha;
     int out_fd;
     const char *out_tmp;
@@ -50,6 +53,7 @@ static void
 results_free(struct result *res, size_t n)
 {
     for (size_t i = 0; res && i < n; i++) {
+        sha256_abort(&res[i].sha);
         free(res[i].path);
         free(res[i].hostname);
     }
@@ -105,30 +109,6 @@ load_results(struct ctx *c, struct esd_err *err)
     return 0;
 }
 
-struct sink {
-    struct ctx *c;
-    struct sha256 *shard_sha;
-    int r;
-};
-
-/* The reader's raw chunks, as read: digests and output are of the exact
- * bytes (a \r before a newline included), never of a re-serialised line,
- * which is what makes the merged file byte-equal to the results. A
- * write error is kept for the loop, which sees it at the next line. */
-static void
-sink_data(void *arg, const char *p, size_t n)
-{
-    struct sink *k = arg;
-    int r;
-
-    if (k->r < 0)
-        return;
-    hashq_update(k->c->hq2, k->shard_sha, p, n);
-    hashq_update(k->c->hq, &k->c->out_sha, p, n);
-    if (k->c->out_fd >= 0 && (r = fs_write_all(k->c->out_fd, p, n)) < 0)
-        k->r = r;
-}
-
 static void
 report(struct ctx *c, size_t shards_done, uint64_t bytes, uint64_t rows)
 {
@@ -145,87 +125,244 @@ report(struct ctx *c, size_t shards_done, uint64_t bytes, uint64_t rows)
     c->o->progress(c->o->progress_ctx, &p);
 }
 
+/* ---- the stream of results as a pipeline (common/pipeline.h) ----
+ *
+ * The source reads the results one after the other in blocks of whole
+ * lines, each validated on any thread; the ordered stages count, write and
+ * hash the blocks as read, so the output is byte-equal to the results (a
+ * \r before a newline included), never a re-serialised line. A result ends
+ * with a chunk of no lines, where its rows and digest are checked. */
+
+enum { CHUNK_BYTES = 1 << 20 };
+
+struct mchunk {
+    size_t res; /* in c->res */
+    bool end;   /* the result's end: no lines */
+    uint64_t line0, lines;
+    struct buf text;
+    bool no_nl; /* its last line has no newline: the result's last */
+    struct jsonl_record rec;
+    uint64_t nok; /* lines before the failure r, or all */
+    int r;
+    struct esd_err err;
+};
+
+struct mpass {
+    struct ctx *c;
+    struct merge_result *res;
+    /* source */
+    size_t i;
+    bool open;
+    struct jsonl_reader rd;
+    /* apply */
+    uint64_t bytes, rows, next_report;
+    /* write: bytes written, and those whose writeback was started */
+    uint64_t written, started;
+};
+
+static int
+msrc_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+    struct ctx *c = ps->c;
+    unsigned long long lines;
+    const char *p;
+    size_t len;
+    int r;
+
+    (void)seq;
+    if (ps->i == c->m->nshards)
+        return 0;
+    if (!ps->open) {
+        if ((r = jsonl_reader_open(&ps->rd, c->res[ps->i].path, c->lim.max_line, err)) < 0)
+            return r;
+        ps->open = true;
+    }
+    if (k->text.cap > 4 * (size_t)CHUNK_BYTES) {
+        buf_free(&k->text);
+        buf_init(&k->text);
+    }
+    buf_reset(&k->text);
+    k->res = ps->i;
+    k->line0 = ps->rd.lineno;
+    k->lines = 0;
+    k->end = false;
+    k->no_nl = false;
+    if ((r = jsonl_reader_block(&ps->rd, CHUNK_BYTES, &p, &len, &lines, err)) < 0)
+        return r;
+    if (r == 1) {
+        buf_append(&k->text, p, len);
+        k->lines = lines;
+        k->no_nl = p[len - 1] != '\n';
+        return 1;
+    }
+    k->end = true;
+    jsonl_reader_close(&ps->rd);
+    ps->open = false;
+    ps->i++;
+    return 1;
+}
+
+/* Every line validated, on any thread; the first failure is kept with the
+ * lines before it for the apply stage. */
+static int
+mwork_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+    const char *p = k->text.p, *e = k->text.p + k->text.len;
+
+    (void)seq, (void)err;
+    k->nok = 0;
+    k->r = 0;
+    for (uint64_t n = 0; n < k->lines; n++) {
+        const char *nl = memchr(p, '\n', (size_t)(e - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(e - p);
+
+        if (jsonl_check(&k->rec, p, len, &ps->c->lim) < 0) {
+            k->r = jsonl_error(&k->rec, &ps->c->lim, ps->c->res[k->res].path, k->line0 + n + 1,
+                               &k->err);
+            break;
+        }
+        k->nok++;
+        p = nl ? nl + 1 : e;
+    }
+    return 0;
+}
+
+static int
+mapply_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+    struct ctx *c = ps->c;
+    struct result *x = &c->res[k->res];
+
+    (void)seq;
+    if (k->end)
+        return 0;
+    x->seen_rows += (long long)k->nok;
+    ps->rows += k->nok;
+    if (k->r < 0) {
+        *err = k->err;
+        return k->r;
+    }
+    if (c->o->cancel && *c->o->cancel)
+        return err_set(err, -ECANCELED, "interrupted; nothing was written");
+    ps->bytes += k->text.len;
+    x->seen_bytes += k->text.len;
+    if (k->no_nl)
+        x->no_nl = true;
+    if (ps->bytes >= ps->next_report) {
+        report(c, k->res, ps->bytes, ps->rows);
+        ps->next_report = ps->bytes + (8u << 20);
+    }
+    return 0;
+}
+
+/* The output gets a missing last newline; the result's digest not: the
+ * done record's sha256 is of processed.jsonl as it is (spec §5.5),
+ * merge.json's of the merged bytes (spec §5.8). */
+static int
+mwrite_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+    struct ctx *c = ps->c;
+    int r;
+
+    (void)seq;
+    if (c->out_fd < 0 || k->end)
+        return 0;
+    if ((r = fs_write_all(c->out_fd, k->text.p, k->text.len)) < 0 ||
+        (k->no_nl && (r = fs_write_all(c->out_fd, "\n", 1)) < 0))
+        return err_sys(err, r, "cannot write %s", c->out_tmp);
+    ps->written += k->text.len + (k->no_nl ? 1 : 0);
+    /* The pages start for the disk as they are written, so that the fsync
+     * before publication finds little left. Best effort: a write error is
+     * reported by that fsync. */
+    if (ps->written - ps->started >= 8u << 20) {
+        (void)sync_file_range(c->out_fd, (off_t)ps->started, (off_t)(ps->written - ps->started),
+                              SYNC_FILE_RANGE_WRITE);
+        ps->started = ps->written;
+    }
+    return 0;
+}
+
+static int
+mouthash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+
+    (void)seq, (void)err;
+    if (k->end)
+        return 0;
+    sha256_update(&ps->c->out_sha, k->text.p, k->text.len);
+    if (k->no_nl)
+        sha256_update(&ps->c->out_sha, "\n", 1);
+    return 0;
+}
+
+/* Each result's digest, and at its end its rows and digest against its
+ * done record. */
+static int
+mshardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+    struct result *x = &ps->c->res[k->res];
+    char hex[SHA256_HEX_LEN + 1];
+
+    (void)seq;
+    if (!x->sha.ctx)
+        sha256_init(&x->sha);
+    if (!k->end) {
+        sha256_update(&x->sha, k->text.p, k->text.len);
+        return 0;
+    }
+    sha256_final(&x->sha, hex);
+    if (x->seen_rows != x->rows || strcmp(hex, x->sha256) != 0)
+        return err_set(err, -EINVAL,
+                       "Result checksum or row count mismatch for %s: %s has %lld rows and "
+                       "sha256 %s, the done record says %lld rows and sha256 %s",
+                       x->id, x->path, x->seen_rows, hex, x->rows, x->sha256);
+    ps->res->rows += (uint64_t)x->seen_rows;
+    ps->res->bytes += x->seen_bytes + (x->no_nl ? 1 : 0);
+    return 0;
+}
+
 /* Validates, hashes and (when writing) copies every result in order. */
 static int
 stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
 {
-    struct jsonl_record rec;
-    uint64_t bytes = 0, next_report = 0;
-    int r = 0;
+    static const struct pipeline_stage st[] = {
+        { msrc_run, true },   { mwork_run, false },   { mapply_run, true },
+        { mwrite_run, true }, { mouthash_run, true }, { mshardhash_run, true },
+    };
+    const size_t nst = sizeof(st) / sizeof(st[0]);
+    size_t n = pipeline_chunks_for(c->threads, nst);
+    struct mchunk **v = xcalloc(n, sizeof(*v));
+    struct mpass ps = { .c = c, .res = res };
+    int r;
 
-    jsonl_record_init(&rec, false);
-    for (size_t i = 0; i < c->m->nshards && r == 0; i++) {
-        struct result *x = &c->res[i];
-        struct sha256 shard_sha;
-        struct sink sink = { c, &shard_sha, 0 };
-        struct jsonl_reader rd;
-        char hex[SHA256_HEX_LEN + 1];
-        long long rows = 0;
-        bool nl = true;
-        const char *line;
-        size_t len;
-
-        if ((r = jsonl_reader_open(&rd, x->path, c->lim.max_line, err)) < 0)
-            break;
-        sha256_init(&shard_sha);
-        rd.on_data = sink_data;
-        rd.on_data_ctx = &sink;
-        while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
-            if (sink.r < 0) {
-                r = err_sys(err, sink.r, "cannot write %s", c->out_tmp);
-                break;
-            }
-            if (jsonl_check(&rec, line, len, &c->lim) < 0) {
-                r = jsonl_error(&rec, &c->lim, x->path, rd.lineno, err);
-                break;
-            }
-            rows++;
-            if (c->o->cancel && *c->o->cancel) {
-                r = err_set(err, -ECANCELED, "interrupted; nothing was written");
-                break;
-            }
-            if (bytes + rd.offset >= next_report) {
-                report(c, i, bytes + rd.offset, res->rows + (uint64_t)rows);
-                next_report = bytes + rd.offset + (8u << 20);
-            }
-        }
-        bytes += rd.offset;
-        jsonl_reader_close(&rd);
-        if (r == 0 && sink.r < 0)
-            r = err_sys(err, sink.r, "cannot write %s", c->out_tmp);
-        if (r == 0 && !nl && rows > 0)
-            x->no_nl = true;
-        if (r == 0 && !nl) {
-            /* The output gets the missing newline; the shard digest not:
-             * the done record's sha256 is of processed.jsonl as it is
-             * (spec §5.5), merge.json's of the merged bytes (spec §5.8). */
-            hashq_update(c->hq, &c->out_sha, "\n", 1);
-            if (c->out_fd >= 0 && (r = fs_write_all(c->out_fd, "\n", 1)) < 0)
-                err_sys(err, r, "cannot write %s", c->out_tmp);
-            res->bytes++;
-        }
-        /* shard_sha lives on this stack frame and the hashing thread may
-         * still be updating it: wait before finishing or leaving it, and
-         * before the next shard reuses the slot. */
-        hashq_sync(c->hq2);
-        if (r < 0) {
-            sha256_abort(&shard_sha);
-            break;
-        }
-        sha256_final(&shard_sha, hex);
-        if (rows != x->rows || strcmp(hex, x->sha256) != 0) {
-            r = err_set(err, -EINVAL,
-                        "Result checksum or row count mismatch for %s: %s has %lld rows and "
-                        "sha256 %s, the done record says %lld rows and sha256 %s",
-                        x->id, x->path, rows, hex, x->rows, x->sha256);
-            break;
-        }
-        res->rows += (uint64_t)rows;
-        res->bytes += rd.offset;
+    for (size_t i = 0; i < n; i++) {
+        v[i] = xcalloc(1, sizeof(**v));
+        buf_init(&v[i]->text);
+        jsonl_record_init(&v[i]->rec, false);
     }
+    r = pipeline_run(st, nst, &ps, (void **)v, n, c->threads, err);
+    if (ps.open)
+        jsonl_reader_close(&ps.rd);
+    for (size_t i = 0; i < n; i++) {
+        buf_free(&v[i]->text);
+        jsonl_record_free(&v[i]->rec);
+        free(v[i]);
+    }
+    free(v);
     if (r == 0)
-        report(c, c->m->nshards, bytes, res->rows);
-    jsonl_record_free(&rec);
+        report(c, c->m->nshards, ps.bytes, res->rows);
     return r;
 }
 
@@ -336,16 +473,13 @@ ctx_init(struct ctx *c, const struct manifest *m, const struct merge_opts *o)
     c->lim = o->limits ? *o->limits : jsonl_default_limits;
     c->out_fd = -1;
     c->t0 = time_mono();
-    c->hq = hashq_new();
-    c->hq2 = hashq_new();
+    c->threads = o->threads ? o->threads : pipeline_cpus();
     sha256_init(&c->out_sha);
 }
 
 static void
 ctx_free(struct ctx *c)
 {
-    hashq_free(c->hq);
-    hashq_free(c->hq2);
     sha256_abort(&c->out_sha);
     results_free(c->res, c->m->nshards);
 }
@@ -462,7 +596,6 @@ merge_run(const struct manifest *m, const struct merge_opts *o, struct merge_res
     }
     if ((r = run(&c, &res, err)) < 0)
         goto out;
-    hashq_sync(c.hq);
     sha256_final(&c.out_sha, res.sha256);
     /* Data on disk before the name: after a crash the output is either
      * absent or complete, never a published name over missing blocks. */
@@ -838,7 +971,6 @@ merge_verify(const struct manifest *m, const struct merge_opts *o, struct merge_
     if ((r = check_ready(&c, err)) == 0)
         r = run(&c, &res, err);
     if (r == 0) {
-        hashq_sync(c.hq);
         sha256_final(&c.out_sha, res.sha256);
         r = m->global_snapshot ? verify_global(&c, &res, err) : check_merged_output(m, &res, err);
     }

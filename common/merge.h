@@ -4,8 +4,9 @@
  * and its row count and SHA-256 are checked against the done record; merge
  * writes the concatenation, in manifest order, to a temporary file beside
  * the output and renames it into place (so --overwrite is atomic), then
- * records merge.json. Memory stays bounded; the two digests run on the
- * hashing thread.
+ * records merge.json. Memory stays bounded; reading, the revalidation,
+ * the writes and the two digests run as a pipeline over o->threads
+ * threads (common/pipeline.h), with the same output whatever their number.
  */
 #ifndef ESD_MERGE_H
 #define ESD_MERGE_H
@@ -59,6 +60,9 @@ struct merge_opts {
     bool stage_input;
     const struct manifest *stage_of;
     const struct gstage_prefix *prefix;
+    /* Threads of the revalidation and the digests (common/pipeline.h): 0
+     * for the CPUs available, 1 for none beside the caller's. */
+    unsigned threads;
 };
 
 struct merge_owner {

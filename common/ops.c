@@ -77,6 +77,17 @@ limits_from(const cJSON *args, struct jsonl_limits *lim)
         lim->max_depth = (unsigned)(d > 4096 ? 4096 : d);
 }
 
+/* --threads, else esd's configuration (env), else 0: the CPUs available. */
+static unsigned
+threads_from(const cJSON *args, const struct op_env *env)
+{
+    long long n = cmd_arg_num(args, O_THREADS, 0);
+
+    if (n <= 0)
+        return env->threads;
+    return (unsigned)(n > OPS_MAX_THREADS ? OPS_MAX_THREADS : n);
+}
+
 static int
 load_job(const struct op_env *env, const cJSON *args, struct manifest *m, struct esd_err *err)
 {
@@ -210,6 +221,7 @@ op_prepare(const cJSON *args, const struct op_env *env, cJSON **ret, struct esd_
     }
     o.policy = &pol;
     o.limits = &lim;
+    o.threads = threads_from(args, env);
     o.progress = prepare_progress;
     o.progress_ctx = &pace;
     o.cancel = env->cancel;
@@ -717,6 +729,7 @@ op_merge(enum cmd_id id, const cJSON *args, const struct op_env *env, cJSON **re
     limits_from(args, &lim);
     o.lock_timeout = cmd_arg_num(args, O_LOCK_TIMEOUT, 0);
     o.limits = &lim;
+    o.threads = threads_from(args, env);
     o.progress = merge_progress;
     o.progress_ctx = &pace;
     o.cancel = env->cancel;

@@ -33,7 +33,13 @@ struct op_env {
      * (esd's configuration); NULL: esctl's defaults. */
     const char *const *processor;
     const char *dj_root;
+    /* Threads of prepare, merge and verify when the request gives no
+     * --threads (esd's configuration); 0: the CPUs available. */
+    unsigned threads;
 };
+
+/* The most threads a request may ask for. */
+#define OPS_MAX_THREADS 256
 
 /*
  * Runs command id (CMD_PREPARE, CMD_STATUS with a job_dir, CMD_RETRY,

@@ -3,20 +3,25 @@
  * directory.
  *
  * Cost model. The scan pass validates every record and hashes every input
- * file (SHA-256 for the manifest, on the hashing thread). The write pass
- * needs record boundaries, the shard hashes and the whole-stream hash; for
- * input files whose records needed no normalisation edit in the scan pass
- * it trusts the scan's validation, because a fast 64-bit hash of the raw
- * bytes, compared at the end of the file, proves the bytes did not change
- * in between (the reference rehashes with SHA-256 for the same purpose).
- * A compressed input is decompressed once, in the scan, on a thread of its
- * own (zsrc); its text is spooled into the staging directory for the write
- * pass, which reads the spool as it would a plain file (struct spool).
+ * file (SHA-256 for the manifest). The write pass needs record boundaries,
+ * the shard hashes and the whole-stream hash; for input files whose
+ * records needed no normalisation edit in the scan pass it trusts the
+ * scan's validation, because a fast 64-bit hash of the bytes, compared at
+ * the end of the file, proves the bytes did not change in between (the
+ * reference rehashes with SHA-256 for the same purpose). When no record
+ * needs an edit there is no second pass: the scan writes the shards itself
+ * (scan_pass, "one pass"). Both passes are
+ * pipelines over o->threads threads (common/pipeline.h): validation runs
+ * on every thread, and each digest is an ordered stage of its own, so the
+ * digests of the same bytes run side by side. A compressed input is
+ * decompressed once, in the scan, on a thread of its own (zsrc); its text
+ * is spooled into the staging directory for the write pass, which reads
+ * the spool as it would a plain file (spool_open, input_open).
  *
  * What a shard costs, for jobs of 100,000 shards: one create, a write a
- * MiB and one close, no sync (the staging directory is made durable at
- * once before publication, stage_sync), no wait for its digest (one framed
- * stream to the hashing thread), no string kept and no JSON tree (the
+ * chunk and one close, no sync (the staging directory is made durable at
+ * once before publication, stage_sync), no wait for its digest (the digest
+ * stage follows the writes), no string kept and no JSON tree (the
  * manifest's shards array is written as it is formatted). The file
  * system's create is what remains.
  *
@@ -45,9 +50,9 @@
 #include <unistd.h>
 
 #include "fsutil.h"
-#include "hashq.h"
 #include "json.h"
 #include "manifest.h"
+#include "pipeline.h"
 #include "pypath.h"
 #include "record.h"
 #include "sha256.h"
@@ -146,10 +151,12 @@ struct infile {
     long long mtime_ns;
     uint64_t rows;
     uint64_t norm_bytes;
-    uint64_t fast;       /* fasthash of the text (the raw bytes of a plain file), scan pass */
+    uint64_t fast;       /* its chunks' fasthashes combined, scan pass */
+    uint64_t seen;       /* raw bytes read in this pass */
     uint64_t text_size;  /* bytes of the text: size, or a compressed file's decompressed size */
     enum zsrc_kind kind; /* as its name says */
     bool edited;         /* some record needed a normalisation edit */
+    bool decoded;        /* its records are not its bytes (jsonl_reader's decoded) */
     char sha256[SHA256_HEX_LEN + 1];
     struct sha256 sha; /* in flight during the scan */
 };
@@ -426,8 +433,12 @@ struct job {
     uint64_t bytes;
     double t0;
     uint64_t progress_next;
-    struct hashq *hq;       /* input digests; the normalised stream in the write pass */
-    struct hashq *hq2;      /* shard digests */
+    unsigned threads; /* of the passes' pipelines */
+    bool norm_is_raw; /* the normalised stream is the one input file's bytes */
+    /* One pass (see scan_pass): the shards written by the scan, on the
+     * guess that the normalised stream is the input files' bytes */
+    bool spec, spec_failed;
+    struct writer *w;
     enum prepare_sync sync; /* FS or FILES, chosen once the staging directory is open */
 };
 
@@ -713,52 +724,124 @@ done:
     return 0;
 }
 
-/* Receives every raw byte of one input file, in order: the scan pass
- * hashes them on the hashing thread, the write pass only fast-hashes them. */
-struct raw_sink {
-    struct hashq *hq;
-    struct sha256 *sha; /* NULL in the write pass */
-    struct fasthash fh;
+/* ---- the two passes as pipelines (common/pipeline.h) ----
+ *
+ * The source reads one input file after the other in blocks of whole
+ * records (jsonl_reader_block), with the records before each block
+ * counted, so that each can be validated and normalised on any thread: a
+ * record's line and its global index, which a missing index key gets, are
+ * known from the block's start. A file ends with a chunk of no records
+ * (end), where its checks are made in order. The ordered stages apply the
+ * results, hash and write; a failure in a block is applied as the single
+ * thread applies it, record by record: the records before it count, then
+ * its error is the pass's. */
+
+enum { CHUNK_BYTES = 1 << 20 };
+
+/* A piece of a chunk's normalised records that goes to one shard; close:
+ * the shard ends with it. */
+struct slice {
+    long long shard;
+    size_t off, len;
+    bool close;
+};
+
+struct pchunk {
+    size_t file;                 /* in j->files */
+    bool end;                    /* the file's end: no records */
+    uint64_t line0, row0, lines; /* records before it in its file, in the pass; in it */
+    struct buf text;             /* whole records, as read */
+    size_t inlen;                /* text.len as read */
+    struct buf raw;              /* pass 1: the raw bytes read while it was read */
+    bool raw_is_text;            /* the reader's bytes are the text: raw not kept */
+    /* the parallel stage's results */
+    struct jsonl_record rec;
+    struct buf norm;
+    uint64_t nok; /* records before the failure r, or all */
+    int r;
+    struct esd_err err;
+    uint64_t fast; /* fasthash of text */
+    uint64_t norm_bytes;
+    bool edited;
+    /* pass 2: the normalised records (out, or text when nothing was
+     * edited) and their ends; the slices the apply stage cut */
+    struct buf out;
+    const char *outp;
+    size_t outlen;
+    size_t *ends;
+    size_t nends, endcap;
+    struct slice *sl;
+    size_t nsl, slcap;
+    bool laid; /* pass 1: its slices go to the shards (one pass) */
+};
+
+struct writer;
+
+struct pass {
+    struct job *j;
+    int phase;        /* 1: scan, 2: write */
+    struct writer *w; /* pass 2 */
+    /* source */
+    size_t file;
+    bool open;
+    struct jsonl_reader rd;
+    uint64_t rows;
+    struct buf *raw; /* pass 1: where the reader's raw bytes go */
+    bool spooling;   /* pass 1: the current file's text goes to spool_fd */
+    int spool_fd;
+    int spool_werr; /* its first write error, a negative errno */
+    uint64_t spool_bytes;
+    /* apply */
+    uint64_t done; /* bytes applied */
+    uint64_t fast; /* the current file's chunks' fasthashes, combined */
+    uint64_t file_rows;
+    uint64_t written, remaining, index;
 };
 
 static void
-raw_sink_apply(void *ctx, const char *p, size_t n)
+pchunk_free(struct pchunk *c)
 {
-    struct raw_sink *k = ctx;
+    buf_free(&c->text);
+    buf_free(&c->raw);
+    buf_free(&c->norm);
+    buf_free(&c->out);
+    jsonl_record_free(&c->rec);
+    free(c->ends);
+    free(c->sl);
+    free(c);
+}
 
-    if (k->sha)
-        sha256_update(k->sha, p, n);
-    fh_update(&k->fh, p, n);
+/* A buffer that one long record made large goes back to its usual size. */
+static void
+buf_trim(struct buf *b)
+{
+    if (b->cap > 4 * (size_t)CHUNK_BYTES) {
+        buf_free(b);
+        buf_init(b);
+    }
+    buf_reset(b);
 }
 
 static void
-raw_sink_data(void *ctx, const char *p, size_t n)
+pass_on_data(void *ctx, const char *p, size_t n)
 {
-    struct raw_sink *k = ctx;
+    struct pass *ps = ctx;
 
-    if (k->sha)
-        hashq_run(k->hq, raw_sink_apply, k, p, n);
-    else
-        raw_sink_apply(k, p, n);
+    ps->j->files.v[ps->file].seen += n;
+    if (ps->raw)
+        buf_append(ps->raw, p, n);
 }
 
 /*
- * The spool: a compressed input's text, written in the scan pass beside
- * its decompression, so that the write pass reads it as a plain file
- * instead of decompressing again. It is a file of the staging directory
- * (made before the scan when an input is compressed), written on the
- * second hashing thread (idle in the scan), checked in the write pass as
- * a plain file's bytes are (rows, size, fast hash) and removed once read,
- * or with the staging directory on any failure. It needs the text's size
- * of room in the job directory's file system.
+ * The spool: a compressed input's text, written in the scan pass as it is
+ * decompressed (by the source stage, in order), so that the write pass
+ * reads it as a plain file instead of decompressing again. It is a file of
+ * the staging directory (made before the scan when an input is
+ * compressed), checked in the write pass as a plain file's bytes are
+ * (rows, size, fast hash) and removed once read, or with the staging
+ * directory on any failure. It needs the text's size of room in the job
+ * directory's file system.
  */
-struct spool {
-    struct job *j;
-    int fd;
-    struct fasthash fh;
-    int werr; /* its first write error, a negative errno */
-};
-
 static void
 spool_name(char *buf, size_t size, size_t i)
 {
@@ -766,63 +849,57 @@ spool_name(char *buf, size_t size, size_t i)
 }
 
 static void
-spool_apply(void *ctx, const char *p, size_t n)
+pass_on_text(void *ctx, const char *p, size_t n)
 {
-    struct spool *s = ctx;
+    struct pass *ps = ctx;
 
-    fh_update(&s->fh, p, n);
-    if (s->werr == 0)
-        s->werr = fs_write_all(s->fd, p, n);
+    ps->spool_bytes += n;
+    if (ps->spool_werr == 0)
+        ps->spool_werr = fs_write_all(ps->spool_fd, p, n);
 }
 
-static void
-spool_data(void *ctx, const char *p, size_t n)
-{
-    struct spool *s = ctx;
-
-    hashq_run(s->j->hq2, spool_apply, s, p, n);
-}
-
-/* Creates input i's spool; it then receives the text the reader sees. */
+/* Creates the current file's spool; it then receives the text read. */
 static int
-spool_open(struct job *j, size_t i, struct spool *s, struct jsonl_reader *rd, struct esd_err *err)
+spool_open(struct pass *ps, struct esd_err *err)
 {
+    struct job *j = ps->j;
     char name[40];
 
-    spool_name(name, sizeof(name), i);
-    fh_init(&s->fh);
-    s->j = j;
-    s->werr = 0;
-    s->fd = openat(j->staging_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (s->fd < 0)
+    spool_name(name, sizeof(name), ps->file);
+    ps->spool_fd =
+        openat(j->staging_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (ps->spool_fd < 0)
         return err_sys(err, -errno, "cannot create %s/%s (the text of %s)", j->staging, name,
-                       j->files.v[i].path);
-    rd->on_text = spool_data;
-    rd->on_text_ctx = s;
+                       j->files.v[ps->file].path);
+    ps->spooling = true;
+    ps->spool_werr = 0;
+    ps->spool_bytes = 0;
+    ps->rd.on_text = pass_on_text;
+    ps->rd.on_text_ctx = ps;
     return 0;
 }
 
-/* After the scan of input i, whatever r it ended with: the spool written
- * and closed, its size and fast hash those of the text. */
+/* Closes the current file's spool, after r (0 when the file was read
+ * whole: its text's size is then the spool's). */
 static int
-spool_end(struct job *j, size_t i, struct spool *s, int r, struct esd_err *err)
+spool_end(struct pass *ps, int r, struct esd_err *err)
 {
-    struct infile *f = &j->files.v[i];
+    struct job *j = ps->j;
+    struct infile *f = &j->files.v[ps->file];
     char name[40];
 
-    if (s->fd < 0)
+    if (!ps->spooling)
         return r;
-    hashq_sync(j->hq2);
-    spool_name(name, sizeof(name), i);
-    if (r == 0 && s->werr < 0)
-        r = err_sys(err, s->werr, "cannot write %s/%s (the text of %s)", j->staging, name, f->path);
-    if (close(s->fd) < 0 && errno != EINTR && r == 0)
+    ps->spooling = false;
+    spool_name(name, sizeof(name), ps->file);
+    if (r == 0 && ps->spool_werr < 0)
+        r = err_sys(err, ps->spool_werr, "cannot write %s/%s (the text of %s)", j->staging, name,
+                    f->path);
+    if (close(ps->spool_fd) < 0 && errno != EINTR && r == 0)
         r = err_sys(err, -errno, "cannot write %s/%s (the text of %s)", j->staging, name, f->path);
-    s->fd = -1;
-    if (r == 0) {
-        f->fast = fh_final(&s->fh);
-        f->text_size = s->fh.total;
-    }
+    ps->spool_fd = -1;
+    if (r == 0)
+        f->text_size = ps->spool_bytes;
     return r;
 }
 
@@ -874,71 +951,296 @@ input_done(struct job *j, size_t i, struct esd_err *err)
     return 0;
 }
 
-/* Pass 1 (spec §6.3): validate and measure every record. */
+/* Stage 0: the next block of the current file, or its end chunk. */
+static int
+src_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+    struct job *j = ps->j;
+    unsigned long long lines;
+    const char *p;
+    size_t len;
+    int r;
+
+    (void)seq;
+    if (ps->file == j->files.n)
+        return 0;
+    if ((r = cancelled(j, err)) < 0)
+        return r;
+    if (!ps->open) {
+        struct infile *f = &j->files.v[ps->file];
+
+        if (ps->phase == 2)
+            r = input_open(j, ps->file, &ps->rd, err);
+        else
+            r = jsonl_reader_open_as(&ps->rd, f->path, f->kind, j->lim.max_line, err);
+        if (r < 0)
+            return r;
+        ps->open = true;
+        ps->rd.on_data = pass_on_data;
+        ps->rd.on_data_ctx = ps;
+        f->seen = 0;
+        if (ps->phase == 1)
+            sha256_init(&f->sha);
+        if (ps->phase == 1 && f->kind != ZSRC_PLAIN && (r = spool_open(ps, err)) < 0)
+            return r;
+    }
+    buf_trim(&c->text);
+    buf_trim(&c->raw);
+    c->file = ps->file;
+    c->line0 = ps->rd.lineno;
+    c->row0 = ps->rows;
+    c->lines = 0;
+    c->end = false;
+    c->raw_is_text = !ps->rd.decoded;
+    ps->raw = ps->phase == 1 && !c->raw_is_text ? &c->raw : NULL;
+    r = jsonl_reader_block(&ps->rd, CHUNK_BYTES, &p, &len, &lines, err);
+    ps->raw = NULL;
+    if (r < 0)
+        return r;
+    if (r == 1) {
+        buf_append(&c->text, p, len);
+        c->inlen = len;
+        c->lines = lines;
+        ps->rows += lines;
+        return 1;
+    }
+    c->end = true;
+    c->inlen = 0;
+    jsonl_reader_close(&ps->rd);
+    ps->open = false;
+    if (ps->phase == 1) {
+        j->files.v[ps->file].text_size = j->files.v[ps->file].size;
+        r = spool_end(ps, 0, err); /* a compressed file's: its text's */
+    } else {
+        r = input_done(j, ps->file, err);
+    }
+    if (r < 0)
+        return r;
+    ps->file++;
+    return 1;
+}
+
+/* Pass 1's raw digest of each file, in order. */
+static int
+rawhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+
+    (void)seq, (void)err;
+    if (c->raw_is_text && c->inlen)
+        sha256_update(&ps->j->files.v[c->file].sha, c->text.p, c->inlen);
+    else if (!c->raw_is_text && c->raw.len)
+        sha256_update(&ps->j->files.v[c->file].sha, c->raw.p, c->raw.len);
+    if (!c->raw_is_text)
+        ps->j->files.v[c->file].decoded = true;
+    return 0;
+}
+
+static void
+chunk_end_at(struct pchunk *c, size_t end)
+{
+    if (c->nends == c->endcap) {
+        c->endcap = c->endcap ? c->endcap * 2 : 1024;
+        c->ends = xrealloc(c->ends, c->endcap * sizeof(*c->ends));
+    }
+    c->ends[c->nends++] = end;
+}
+
+/*
+ * The parallel stage: every record validated and normalised (pass 1, and
+ * pass 2 for a file that needed an edit), measured, and in pass 2 laid out
+ * as it goes to the shards, each with its "\n". Never fails itself: the
+ * first failure is kept with the records before it for the apply stage.
+ */
+static int
+work_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+    struct job *j = ps->j;
+    struct infile *f = &j->files.v[c->file];
+    bool check = ps->phase == 1 || f->edited;
+    /* laid out for the shards: pass 2, or pass 1 written in one pass
+     * (there, only what it read: pass 1 may not look at f->edited, which
+     * its apply stage is still making) */
+    bool lay = ps->phase == 2 || j->spec, from_out = ps->phase == 2 && f->edited;
+    const char *p = c->text.p, *e = c->text.p + c->inlen;
+    struct fasthash fh;
+
+    (void)seq, (void)err;
+    c->nok = 0;
+    c->r = 0;
+    c->norm_bytes = 0;
+    c->edited = false;
+    c->nends = 0;
+    buf_trim(&c->out);
+    if (c->end)
+        return 0;
+    fh_init(&fh);
+    fh_update(&fh, c->text.p, c->inlen);
+    c->fast = fh_final(&fh);
+    for (uint64_t k = 0; k < c->lines; k++) {
+        const char *nl = memchr(p, '\n', (size_t)(e - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(e - p);
+        bool edited = false;
+
+        if (check) {
+            unsigned long long line = c->line0 + k + 1;
+
+            if (jsonl_check(&c->rec, p, len, &j->lim) < 0) {
+                c->r = jsonl_error(&c->rec, &j->lim, f->path, line, &c->err);
+                break;
+            }
+            c->r = record_normalize(&j->rctx, p, len, &c->rec, c->row0 + k, &c->norm, &edited,
+                                    f->path, line, &c->err);
+            if (c->r < 0)
+                break;
+        }
+        c->edited |= edited;
+        c->norm_bytes += (edited ? c->norm.len : len) + 1;
+        if (from_out) {
+            buf_append(&c->out, edited ? c->norm.p : p, edited ? c->norm.len : len);
+            buf_putc(&c->out, '\n');
+            chunk_end_at(c, c->out.len);
+        } else if (lay) {
+            chunk_end_at(c, (size_t)(p - c->text.p) + len + 1);
+        }
+        c->nok++;
+        p = nl ? nl + 1 : e;
+    }
+    if (from_out) {
+        c->outp = c->out.p;
+        c->outlen = c->out.len;
+    } else if (lay) {
+        /* a last record without "\n" gets one in the shard (in pass 1,
+         * where it ends the guess of one pass, none) */
+        if (ps->phase == 2 && c->nok == c->lines && c->inlen && c->text.p[c->inlen - 1] != '\n')
+            buf_putc(&c->text, '\n');
+        c->outp = c->text.p;
+        c->outlen = c->nends ? c->ends[c->nends - 1] : 0;
+    }
+    return 0;
+}
+
+/* The fasthashes of a file's chunks combined in order: the bounds of the
+ * chunks depend on the bytes alone, so both passes combine the same. */
+static uint64_t
+fast_combine(uint64_t acc, const struct pchunk *c)
+{
+    return fh_round(acc ^ c->fast, (uint64_t)c->inlen);
+}
+
+static void balance(struct pass *ps, struct pchunk *c, uint64_t total, bool remaining);
+static int write_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err);
+static int shardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err);
+static int allhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err);
+
+/* Pass 1's ordered stage: the counts, a file's checks at its end; in one
+ * pass, the shards' records too (balance). */
+static int
+scan_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+    struct job *j = ps->j;
+    struct infile *f = &j->files.v[c->file];
+
+    (void)seq;
+    c->laid = false;
+    c->nsl = 0;
+    if (c->end) {
+        if (f->seen != f->size)
+            return err_set(err, -ESTALE, "input file changed while it was read: %s", f->path);
+        f->fast = ps->fast;
+        ps->fast = 0;
+        j->bytes += f->norm_bytes;
+        j->total_text += f->text_size;
+        return 0;
+    }
+    f->edited |= c->edited;
+    f->norm_bytes += c->norm_bytes;
+    f->rows += c->nok;
+    j->rows += c->nok;
+    ps->fast = fast_combine(ps->fast, c);
+    if (c->r < 0) {
+        *err = c->err;
+        return c->r;
+    }
+    /* One pass while the records are the bytes read: none edited, none
+     * decoded, every one ended by its "\n" */
+    if (j->spec && !j->spec_failed) {
+        if (c->edited || !c->raw_is_text || c->text.p[c->inlen - 1] != '\n')
+            j->spec_failed = true;
+        else
+            c->laid = true, balance(ps, c, j->total_raw, false);
+    }
+    ps->done += c->raw_is_text ? c->inlen : c->raw.len; /* (the raw bytes: of total_raw) */
+    report(j, 1, ps->done, j->rows, false);
+    return cancelled(j, err);
+}
+
+static struct pchunk **
+pchunks_new(size_t n)
+{
+    struct pchunk **v = xcalloc(n, sizeof(*v));
+
+    for (size_t i = 0; i < n; i++) {
+        v[i] = xcalloc(1, sizeof(**v));
+        buf_init(&v[i]->text);
+        buf_init(&v[i]->raw);
+        buf_init(&v[i]->norm);
+        buf_init(&v[i]->out);
+        jsonl_record_init(&v[i]->rec, true);
+    }
+    return v;
+}
+
+/* Runs one pass over every input file with these stages. */
+static int
+pass_run(struct pass *ps, const struct pipeline_stage *st, size_t nst, struct esd_err *err)
+{
+    size_t n = pipeline_chunks_for(ps->j->threads, nst);
+    struct pchunk **v = pchunks_new(n);
+    int r;
+
+    r = pipeline_run(st, nst, ps, (void **)v, n, ps->j->threads, err);
+    if (ps->open)
+        jsonl_reader_close(&ps->rd);
+    ps->open = false;
+    (void)spool_end(ps, -1, err); /* (a failed pass's: closed, the error already said) */
+    for (size_t i = 0; i < n; i++)
+        pchunk_free(v[i]);
+    free(v);
+    return r;
+}
+
+/*
+ * Pass 1 (spec §6.3): validate and measure every record, hash every file.
+ *
+ * In one pass (j->spec), it writes the shards too, on the guess that the
+ * normalised stream will be the input files' bytes (no record edited or
+ * decoded, each file ended by a "\n"), whose total the file sizes give
+ * before a byte is read: the balancing rule needs it. The guess is checked
+ * as the records come (a failed one stops the writes, spec_failed) and at
+ * the end (one_pass_held); when it did not hold, the shards are made again
+ * by pass 2.
+ */
 static int
 scan_pass(struct job *j, struct esd_err *err)
 {
-    struct jsonl_record rec;
-    struct buf norm;
-    uint64_t done = 0;
-    int r = 0;
+    static const struct pipeline_stage st[] = {
+        { src_run, true },   { rawhash_run, true },   { work_run, false },   { scan_apply, true },
+        { write_run, true }, { shardhash_run, true }, { allhash_run, true },
+    };
+    /* the scan alone, or with the writes and digests of one pass, without
+     * the stream's when it is the one input file's */
+    size_t nst = !j->spec ? 4 : j->files.n == 1 ? 6 : 7;
+    struct pass ps = { .j = j, .phase = 1, .w = j->w };
+    int r = pass_run(&ps, st, nst, err);
 
-    jsonl_record_init(&rec, true);
-    buf_init(&norm);
-    for (size_t i = 0; i < j->files.n && r == 0; i++) {
-        struct infile *f = &j->files.v[i];
-        struct jsonl_reader rd;
-        struct raw_sink sink = { j->hq, &f->sha, { { 0 }, 0, { 0 }, 0 } };
-        struct spool sp = { .fd = -1 };
-        const char *line;
-        size_t len;
-        bool nl;
-
-        if ((r = jsonl_reader_open_as(&rd, f->path, f->kind, j->lim.max_line, err)) < 0)
-            break;
-        if (f->kind != ZSRC_PLAIN && (r = spool_open(j, i, &sp, &rd, err)) < 0) {
-            jsonl_reader_close(&rd);
-            break;
-        }
-        fh_init(&sink.fh);
-        sha256_init(&f->sha);
-        rd.on_data = raw_sink_data;
-        rd.on_data_ctx = &sink;
-        while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
-            bool edited = false;
-
-            if (jsonl_check(&rec, line, len, &j->lim) < 0) {
-                r = jsonl_error(&rec, &j->lim, f->path, rd.lineno, err);
-                break;
-            }
-            r = record_normalize(&j->rctx, line, len, &rec, j->rows, &norm, &edited, f->path,
-                                 rd.lineno, err);
-            if (r < 0)
-                break;
-            f->edited |= edited;
-            f->norm_bytes += (edited ? norm.len : len) + 1;
-            f->rows++;
-            j->rows++;
-            report(j, 1, done + rd.offset, j->rows, false);
-            if ((r = cancelled(j, err)) < 0)
-                break;
-        }
-        done += rd.offset;
-        jsonl_reader_close(&rd);
-        hashq_sync(j->hq); /* the sink lives on this stack frame */
-        f->fast = fh_final(&sink.fh);
-        f->text_size = f->size;
-        r = spool_end(j, i, &sp, r, err); /* a compressed file's: its text's */
-        if (r < 0)
-            break;
-        if (sink.fh.total != f->size) {
-            r = err_set(err, -ESTALE, "input file changed while it was read: %s", f->path);
-            break;
-        }
-        j->bytes += f->norm_bytes;
-        j->total_text += f->text_size;
-    }
-    hashq_sync(j->hq);
     for (size_t i = 0; i < j->files.n; i++)
         if (j->files.v[i].sha.ctx) {
             if (r == 0)
@@ -946,15 +1248,19 @@ scan_pass(struct job *j, struct esd_err *err)
             else
                 sha256_abort(&j->files.v[i].sha);
         }
-    report(j, 1, done, j->rows, r == 0);
-    jsonl_record_free(&rec);
-    buf_free(&norm);
+    report(j, 1, ps.done, j->rows, r == 0);
+    /* One file of plain records, none edited, the last one ended by its
+     * "\n": the normalised stream is that file, byte for byte, and its
+     * digest the file's; the write pass needs no third digest. */
+    if (r == 0 && j->files.n == 1) {
+        const struct infile *f = &j->files.v[0];
+
+        j->norm_is_raw = !f->edited && !f->decoded && f->norm_bytes == f->size;
+    }
     return r;
 }
 
 /* ---- pass 2: shards ---- */
-
-enum { WBUF = 1 << 20 };
 
 /* No string a shard: at 100,000 shards every allocation kept shows in the
  * RSS. Its id and path are formatted when needed (shard_fmt). */
@@ -965,90 +1271,13 @@ struct shard_out {
     char sha256[SHA256_HEX_LEN + 1];
 };
 
-/*
- * The shard digests, on the second hashing thread. Each shard is a digest
- * context of its own, and hashq gives every change of context a slot and a
- * hand-off to the thread; with a wait for the digest at every shard's end
- * that is two thread switches a shard, which dominate at 100,000 small
- * shards. So the writer sends one framed stream to one consumer instead:
- * a header (shard index, data length) before the bytes of every flush and
- * an end header after a shard's last flush. Small shards then share slots,
- * and nothing waits for a shard's digest until the write pass is over.
- * Only the consumer touches the shards' sha and sha256 until hashq_sync.
- */
-enum { SHARD_END = -1 };
-
-struct frame {
-    long long shard;
-    long long len; /* data bytes that follow, or SHARD_END */
-};
-
-struct shard_hasher {
-    struct shard_out *shards;
-    struct shard_out *cur; /* of the frame being read */
-    uint64_t left;         /* its data bytes still to come */
-    unsigned char hdr[sizeof(struct frame)];
-    size_t nhdr;
-};
-
-static void
-shard_hasher_apply(void *ctx, const char *p, size_t n)
-{
-    struct shard_hasher *h = ctx;
-
-    while (n > 0) {
-        struct frame f;
-        size_t k;
-
-        if (h->left > 0) {
-            k = h->left < n ? (size_t)h->left : n;
-            sha256_update(&h->cur->sha, p, k);
-            h->left -= k;
-            p += k;
-            n -= k;
-            continue;
-        }
-        /* a header may be split between two slots */
-        k = sizeof(h->hdr) - h->nhdr < n ? sizeof(h->hdr) - h->nhdr : n;
-        memcpy(h->hdr + h->nhdr, p, k);
-        h->nhdr += k;
-        p += k;
-        n -= k;
-        if (h->nhdr < sizeof(h->hdr))
-            return;
-        h->nhdr = 0;
-        memcpy(&f, h->hdr, sizeof(f));
-        h->cur = &h->shards[f.shard];
-        if (!h->cur->sha.ctx)
-            sha256_init(&h->cur->sha);
-        if (f.len == SHARD_END)
-            sha256_final(&h->cur->sha, h->cur->sha256);
-        else
-            h->left = (uint64_t)f.len;
-    }
-}
-
 struct writer {
     struct job *j;
     struct shard_out *shards; /* num_shards entries */
-    long long cur;
-    char *buf;
-    size_t len;
-    struct sha256 all;      /* normalised stream, on the hashing thread */
-    struct shard_hasher sh; /* fed through j->hq2 */
+    long long cur;            /* the shard the apply stage fills */
+    long long wcur;           /* the shard open for writing */
+    struct sha256 all;        /* the normalised stream */
 };
-
-/* Queues a frame of the current shard's digest stream: its header, then
- * n bytes of data (none for SHARD_END). */
-static void
-shard_hash(struct writer *w, const char *p, long long n)
-{
-    struct frame f = { w->cur, n };
-
-    hashq_run(w->j->hq2, shard_hasher_apply, &w->sh, &f, sizeof(f));
-    if (n > 0)
-        hashq_run(w->j->hq2, shard_hasher_apply, &w->sh, p, (size_t)n);
-}
 
 /* "shards/<id>.jsonl" of shard i of n: its id is what follows the slash up to
  * the dot, its name in shards/ (shards_fd) what follows the slash; the ids
@@ -1082,7 +1311,7 @@ shard_open(struct writer *w, long long i, struct esd_err *err)
                    0644);
     if (s->fd < 0)
         return err_sys(err, -errno, "cannot create shard %s/%s", w->j->staging, sn.rel);
-    w->cur = i;
+    w->wcur = i;
     return 0;
 }
 
@@ -1092,178 +1321,271 @@ shard_err(struct writer *w, int r, struct esd_err *err)
 {
     struct shard_name sn;
 
-    shard_fmt(&sn, w->cur, w->j->o->num_shards);
+    shard_fmt(&sn, w->wcur, w->j->o->num_shards);
     return err_sys(err, r, "cannot write shard %s/%s", w->j->staging, sn.rel);
 }
 
-static int
-writer_flush(struct writer *w, const char *p, size_t n, struct esd_err *err)
-{
-    struct shard_out *s = &w->shards[w->cur];
-    int r;
-
-    if (n == 0)
-        return 0;
-    if ((r = fs_write_all(s->fd, p, n)) < 0)
-        return shard_err(w, r, err);
-    shard_hash(w, p, (long long)n);
-    hashq_update(w->j->hq, &w->all, p, n);
-    return 0;
-}
-
 /*
- * Closes the current shard without syncing it: the whole staging directory
- * is made durable at once before publication (stage_sync). Its digest is
- * finished on the hashing thread, ready after hashq_sync of hq2.
+ * Closes the shard being written without syncing it: the whole staging
+ * directory is made durable at once before publication (stage_sync).
  */
 static int
 shard_close(struct writer *w, struct esd_err *err)
 {
-    struct shard_out *s = &w->shards[w->cur];
-    int r = writer_flush(w, w->buf, w->len, err);
+    struct shard_out *s = &w->shards[w->wcur];
+    int r = 0;
 
-    w->len = 0;
     /* A big shard's pages start for the disk now, beside the rest of the
      * pass, so that the sync before publication finds little left to write;
      * small ones are left to that sync, which writes them together. Best
      * effort: a write error is reported by that sync. */
-    if (r == 0 && s->bytes >= WBUF)
+    if (s->bytes >= CHUNK_BYTES)
         (void)sync_file_range(s->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
     /* NFS reports a write error of the flush at close at the latest */
-    if (close(s->fd) < 0 && errno != EINTR && r == 0)
+    if (close(s->fd) < 0 && errno != EINTR)
         r = shard_err(w, -errno, err);
     s->fd = -1;
-    if (r == 0)
-        shard_hash(w, NULL, SHARD_END);
     return r;
 }
 
-/* Appends one record and its "\n" to the current shard. */
-static int
-shard_put(struct writer *w, const char *p, size_t n, struct esd_err *err)
+static void
+chunk_slice(struct pchunk *c, long long shard, size_t off, size_t len, bool close)
 {
-    struct shard_out *s = &w->shards[w->cur];
-    int r;
+    if (len == 0 && !close)
+        return;
+    if (c->nsl == c->slcap) {
+        c->slcap = c->slcap ? c->slcap * 2 : 16;
+        c->sl = xrealloc(c->sl, c->slcap * sizeof(*c->sl));
+    }
+    c->sl[c->nsl++] = (struct slice){ shard, off, len, close };
+}
 
-    if (w->len + n + 1 > WBUF) {
-        if ((r = writer_flush(w, w->buf, w->len, err)) < 0)
-            return r;
-        w->len = 0;
-        if (n + 1 > WBUF) {
-            if ((r = writer_flush(w, p, n, err)) < 0 || (r = writer_flush(w, "\n", 1, err)) < 0)
-                return r;
-            goto counted;
+/*
+ * The balancing rule of spec §6.5, in exact integer arithmetic, over the
+ * chunk's records in order: each counted into the current shard, the chunk
+ * cut into slices where a shard ends. total is the normalised bytes; the
+ * rule's second clause (the records left are as many as the shards left)
+ * needs the records' total, which one pass does not know yet: there
+ * (remaining false) it is left out, and scan_pass checks afterwards that
+ * it never applied (one_pass_held).
+ */
+static void
+balance(struct pass *ps, struct pchunk *c, uint64_t total, bool remaining)
+{
+    struct writer *w = ps->w;
+    const long long N = ps->j->o->num_shards;
+    size_t start = 0;
+
+    for (uint64_t k = 0; k < c->nok; k++) {
+        size_t end = c->ends[k], len = end - (k ? c->ends[k - 1] : 0);
+        struct shard_out *s = &w->shards[w->cur];
+
+        s->rows++;
+        s->bytes += len;
+        ps->written += len;
+        ps->remaining -= remaining ? 1 : 0;
+        ps->index++;
+        ps->file_rows++;
+        if (w->cur < N - 1 && ((unsigned __int128)ps->written * (unsigned __int128)N >=
+                                   (unsigned __int128)total * (unsigned __int128)(w->cur + 1) ||
+                               (remaining && ps->remaining == (uint64_t)(N - w->cur - 1)))) {
+            chunk_slice(c, w->cur, start, end - start, true);
+            start = end;
+            w->cur++;
         }
     }
-    memcpy(w->buf + w->len, p, n);
-    w->buf[w->len + n] = '\n';
-    w->len += n + 1;
-counted:
-    s->rows++;
-    s->bytes += n + 1;
+    chunk_slice(c, w->cur, start, (c->nok ? c->ends[c->nok - 1] : 0) - start, false);
+}
+
+/* Pass 2's ordered stage: every record counted into its shard by the
+ * balancing rule, in order, and the chunk cut into slices; a file's
+ * checks against pass 1 at its end. */
+static int
+write_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+    struct job *j = ps->j;
+    struct infile *f = &j->files.v[c->file];
+
+    (void)seq;
+    c->nsl = 0;
+    if (c->end) {
+        /* A file none of whose records needed an edit in pass 1 is copied
+         * as read: its bytes are checked against pass 1's here (rows,
+         * size, fast hash), and a mismatch fails the prepare, whose
+         * staging directory then goes, so an unchecked record never
+         * reaches a published shard. */
+        uint64_t fast = ps->fast, rows = ps->file_rows;
+
+        ps->fast = 0;
+        ps->file_rows = 0;
+        if (rows != f->rows || f->seen != f->text_size || fast != f->fast)
+            return err_set(err, -ESTALE,
+                           "Input content changed between the scan and write passes: %s", f->path);
+        return 0;
+    }
+    ps->fast = fast_combine(ps->fast, c);
+    /* more records than pass 1 counted: the input changed; stop before
+     * writing one (remaining, unsigned, would also wrap and upset the
+     * balancing) */
+    if (c->nok > ps->remaining)
+        return err_set(err, -ESTALE,
+                       "Input changed between the scan and write passes: %s has more records",
+                       f->path);
+    balance(ps, c, j->bytes, true);
+    if (c->r < 0) {
+        *err = c->err;
+        return c->r;
+    }
+    ps->done += c->inlen;
+    report(j, 2, ps->done, ps->index, false);
+    return cancelled(j, err);
+}
+
+/* Writes the chunk's slices, each to its shard; a shard that ends is
+ * closed and the next one made. */
+static int
+write_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+    struct writer *w = ps->w;
+    int r;
+
+    (void)seq;
+    for (size_t i = 0; i < c->nsl; i++) {
+        const struct slice *sl = &c->sl[i];
+
+        if (sl->len && (r = fs_write_all(w->shards[sl->shard].fd, c->outp + sl->off, sl->len)) < 0)
+            return shard_err(w, r, err);
+        if (sl->close &&
+            ((r = shard_close(w, err)) < 0 || (r = shard_open(w, sl->shard + 1, err)) < 0))
+            return r;
+    }
     return 0;
 }
 
+/* Each shard's digest, in order. */
+static int
+shardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+
+    (void)seq, (void)err;
+    for (size_t i = 0; i < c->nsl; i++) {
+        const struct slice *sl = &c->sl[i];
+        struct shard_out *s = &ps->w->shards[sl->shard];
+
+        if (!s->sha.ctx)
+            sha256_init(&s->sha);
+        sha256_update(&s->sha, c->outp + sl->off, sl->len);
+        if (sl->close)
+            sha256_final(&s->sha, s->sha256);
+    }
+    return 0;
+}
+
+/* The normalised stream's digest. */
+static int
+allhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct pass *ps = ctx;
+    struct pchunk *c = chunk;
+
+    (void)seq, (void)err;
+    if (!c->end && (ps->phase == 2 || c->laid))
+        sha256_update(&ps->w->all, c->outp, c->outlen);
+    return 0;
+}
+
+/* After the last record: the last shard closed and its digest final, and
+ * every shard made. */
+static int
+shards_end(struct job *j, struct writer *w, struct esd_err *err)
+{
+    const long long N = j->o->num_shards;
+    struct shard_out *last = &w->shards[w->wcur];
+    int r;
+
+    if ((r = shard_close(w, err)) < 0)
+        return r;
+    if (!last->sha.ctx)
+        sha256_init(&last->sha);
+    sha256_final(&last->sha, last->sha256);
+    if (w->cur != N - 1 || w->shards[N - 1].rows == 0)
+        return err_set(err, -EIO, "Internal partitioning error: %lld of %lld shards written",
+                       w->cur + 1, N);
+    return 0;
+}
+
+/* Pass 2 (spec §6.5): the records again, into their shards. */
 static int
 write_pass(struct job *j, struct writer *w, struct esd_err *err)
 {
-    const long long N = j->o->num_shards;
-    struct jsonl_record rec;
-    struct buf norm;
-    uint64_t written = 0, remaining = j->rows, index = 0, done = 0;
+    static const struct pipeline_stage st[] = {
+        { src_run, true },   { work_run, false },     { write_apply, true },
+        { write_run, true }, { shardhash_run, true }, { allhash_run, true },
+    };
+    /* without the last when the stream's digest is known (norm_is_raw) */
+    const size_t nst = sizeof(st) / sizeof(st[0]) - (j->norm_is_raw ? 1 : 0);
+    struct pass ps = { .j = j, .phase = 2, .w = w, .remaining = j->rows };
     int r;
 
-    jsonl_record_init(&rec, true);
-    buf_init(&norm);
     j->progress_next = 0;
-    r = shard_open(w, 0, err);
-    for (size_t i = 0; i < j->files.n && r == 0; i++) {
-        struct infile *f = &j->files.v[i];
-        struct raw_sink sink = { j->hq, NULL, { { 0 }, 0, { 0 }, 0 } };
-        struct jsonl_reader rd;
-        uint64_t rows = 0;
-        const char *line;
-        size_t len;
-        bool nl;
-
-        if ((r = input_open(j, i, &rd, err)) < 0)
-            break;
-        fh_init(&sink.fh);
-        rd.on_data = raw_sink_data;
-        rd.on_data_ctx = &sink;
-        while ((r = jsonl_reader_next(&rd, &line, &len, &nl, err)) == 1) {
-            const char *out = line;
-            size_t out_len = len;
-
-            /* A file none of whose records needed an edit in pass 1 is
-             * copied as read: its bytes are checked against pass 1's at
-             * the file's end (rows, size, fast hash), and a mismatch
-             * fails the prepare, whose staging directory then goes, so
-             * an unchecked record never reaches a published shard. */
-            if (f->edited) {
-                bool edited = false;
-
-                if (jsonl_check(&rec, line, len, &j->lim) < 0) {
-                    r = jsonl_error(&rec, &j->lim, f->path, rd.lineno, err);
-                    break;
-                }
-                r = record_normalize(&j->rctx, line, len, &rec, index, &norm, &edited, f->path,
-                                     rd.lineno, err);
-                if (r < 0)
-                    break;
-                if (edited)
-                    out = norm.p, out_len = norm.len;
-            }
-            /* more records than pass 1 counted: the input changed; stop
-             * before writing one (remaining, unsigned, would also wrap and
-             * upset the balancing below) */
-            if (remaining == 0) {
-                r = err_set(err, -ESTALE,
-                            "Input changed between the scan and write passes: %s has more records",
-                            f->path);
-                break;
-            }
-            if ((r = shard_put(w, out, out_len, err)) < 0)
-                break;
-            written += out_len + 1;
-            remaining--;
-            index++;
-            rows++;
-            /* The balancing rule of spec §6.5, in exact integer arithmetic. */
-            if (w->cur < N - 1 &&
-                ((unsigned __int128)written * (unsigned __int128)N >=
-                     (unsigned __int128)j->bytes * (unsigned __int128)(w->cur + 1) ||
-                 remaining == (uint64_t)(N - w->cur - 1))) {
-                if ((r = shard_close(w, err)) < 0 || (r = shard_open(w, w->cur + 1, err)) < 0)
-                    break;
-            }
-            report(j, 2, done + rd.offset, index, false);
-            if ((r = cancelled(j, err)) < 0)
-                break;
-        }
-        done += rd.offset;
-        jsonl_reader_close(&rd);
-        if (r < 0)
-            break;
-        if (rows != f->rows || sink.fh.total != f->text_size || fh_final(&sink.fh) != f->fast)
-            r = err_set(err, -ESTALE, "Input content changed between the scan and write passes: %s",
-                        f->path);
-        else
-            r = input_done(j, i, err);
-    }
+    if ((r = shard_open(w, 0, err)) < 0)
+        return r;
+    r = pass_run(&ps, st, nst, err);
     if (r == 0)
-        r = shard_close(w, err);
-    hashq_sync(j->hq);
-    hashq_sync(j->hq2); /* every shard's digest is final */
-    if (r == 0 && (w->cur != N - 1 || w->shards[N - 1].rows == 0))
-        r = err_set(err, -EIO, "Internal partitioning error: %lld of %lld shards written",
-                    w->cur + 1, N);
-    if (r == 0 && (written != j->bytes || remaining != 0))
+        r = shards_end(j, w, err);
+    if (r == 0 && (ps.written != j->bytes || ps.remaining != 0))
         r = err_set(err, -ESTALE, "Input changed between the scan and write passes");
-    report(j, 2, done, index, r == 0);
-    jsonl_record_free(&rec);
-    buf_free(&norm);
+    report(j, 2, ps.done, ps.index, r == 0);
     return r;
+}
+
+/* Whether the shards one pass wrote are those of the balancing rule: the
+ * guess held (the stream is the files' bytes, of the total balanced on),
+ * and the rule's second clause, left out there, never applied: shard k's
+ * last record, the (c_k+1)-th, came no later than where records left =
+ * shards left would have closed it (c_k <= rows - N + k), so every shard is
+ * where the rule puts it and the last one has records. */
+static bool
+one_pass_held(const struct job *j, const struct writer *w)
+{
+    const long long N = j->o->num_shards;
+    uint64_t upto = 0;
+
+    if (j->spec_failed || j->bytes != j->total_raw || w->cur != N - 1 || j->rows < (uint64_t)N)
+        return false;
+    for (long long k = 0; k < N - 1; k++) {
+        upto += w->shards[k].rows;
+        if (upto - 1 + (uint64_t)N > j->rows + (uint64_t)k)
+            return false;
+    }
+    return w->shards[N - 1].rows > 0;
+}
+
+/* Forgets what one pass wrote, for pass 2 to write the shards again. */
+static void
+one_pass_undo(struct job *j, struct writer *w)
+{
+    for (long long i = 0; i <= w->wcur && i < j->o->num_shards; i++) {
+        struct shard_out *s = &w->shards[i];
+        struct shard_name sn;
+
+        if (s->fd >= 0)
+            close(s->fd);
+        shard_fmt(&sn, i, j->o->num_shards);
+        (void)unlinkat(j->shards_fd, sn.name, 0);
+        sha256_abort(&s->sha);
+        memset(s, 0, sizeof(*s));
+        s->fd = -1;
+    }
+    w->cur = w->wcur = 0;
+    sha256_abort(&w->all);
+    sha256_init(&w->all);
 }
 
 /* ---- manifest and publication ---- */
@@ -1472,7 +1794,7 @@ write_shards(int fd, const struct writer *w, long long n, struct buf *b)
                    "      \"size_bytes\": %llu\n    }",
                    i ? "," : "", sn.id_len, sn.name, i, sn.rel, (unsigned long long)s->rows,
                    s->sha256, (unsigned long long)s->bytes);
-        if (b->len >= WBUF || i == n - 1) {
+        if (b->len >= CHUNK_BYTES || i == n - 1) {
             r = fs_write_all(fd, b->p, b->len);
             b->len = 0;
         }
@@ -1839,8 +2161,18 @@ job_free(struct job *j)
     if (j->parent_fd >= 0)
         close(j->parent_fd);
     strv_free(&j->warnings);
-    hashq_free(j->hq);
-    hashq_free(j->hq2);
+}
+
+/* What the scan found that no job can be made of. */
+static int
+input_check(const struct job *j, struct esd_err *err)
+{
+    if (j->rows == 0)
+        return err_set(err, -EINVAL, "Input dataset contains no records");
+    if ((uint64_t)j->o->num_shards > j->rows)
+        return err_set(err, -EINVAL, "--num-shards (%lld) exceeds input records (%llu)",
+                       j->o->num_shards, (unsigned long long)j->rows);
+    return 0;
 }
 
 int
@@ -1858,6 +2190,7 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     j.o = o;
     j.lim = o->limits ? *o->limits : jsonl_default_limits;
     j.t0 = time_mono();
+    j.threads = o->threads ? o->threads : pipeline_cpus();
     j.parent_fd = j.staging_fd = j.shards_fd = -1;
     strv_init(&j.warnings);
     if ((r = load_request(&j, err)) < 0)
@@ -1882,26 +2215,23 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
         }
         goto done;
     }
-    j.hq = hashq_new();
-    j.hq2 = hashq_new();
-    /* a compressed input's text is spooled there in the scan */
+    /* One pass where it can work: a shard needs a record, of 3 bytes at
+     * least ("{}" and its "\n"); with more shards than that allows, the
+     * scan alone says what is wrong, before anything is made. */
+    j.spec = o->num_shards <= (long long)((j.total_raw + 1) / 3);
+    /* a compressed input: its records are not its bytes (no one pass),
+     * and its text is spooled in the staging directory during the scan */
     for (size_t i = 0; i < j.files.n; i++)
         if (j.files.v[i].kind != ZSRC_PLAIN) {
+            j.spec = false;
             if ((r = staging_begin(&j, parent, err)) < 0)
                 goto out;
             break;
         }
-    if ((r = scan_pass(&j, err)) < 0)
+    if (!j.spec && (r = scan_pass(&j, err)) < 0)
         goto out;
-    if (j.rows == 0) {
-        r = err_set(err, -EINVAL, "Input dataset contains no records");
+    if (!j.spec && (r = input_check(&j, err)) < 0)
         goto out;
-    }
-    if ((uint64_t)o->num_shards > j.rows) {
-        r = err_set(err, -EINVAL, "--num-shards (%lld) exceeds input records (%llu)", o->num_shards,
-                    (unsigned long long)j.rows);
-        goto out;
-    }
     if (j.staging_fd < 0 && (r = staging_begin(&j, parent, err)) < 0)
         goto out;
     if ((r = write_recipe_copy(&j, err)) < 0 || (r = make_dirs(&j, err)) < 0)
@@ -1910,12 +2240,27 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
     w.shards = xcalloc((size_t)o->num_shards, sizeof(*w.shards));
     for (long long i = 0; i < o->num_shards; i++)
         w.shards[i].fd = -1;
-    w.buf = xmalloc(WBUF);
-    w.sh.shards = w.shards;
     sha256_init(&w.all);
-    if ((r = write_pass(&j, &w, err)) < 0)
+    j.w = &w;
+    if (j.spec) {
+        if ((r = shard_open(&w, 0, err)) < 0 || (r = scan_pass(&j, err)) < 0 ||
+            (r = input_check(&j, err)) < 0)
+            goto out;
+        if (one_pass_held(&j, &w)) {
+            if ((r = shards_end(&j, &w, err)) < 0)
+                goto out;
+            report(&j, 2, j.total_raw, j.rows, true);
+        } else {
+            one_pass_undo(&j, &w);
+            j.spec = false;
+        }
+    }
+    if (!j.spec && (r = write_pass(&j, &w, err)) < 0)
         goto out;
-    sha256_final(&w.all, all_sha);
+    if (j.norm_is_raw)
+        memcpy(all_sha, j.files.v[0].sha256, sizeof(all_sha));
+    else
+        sha256_final(&w.all, all_sha);
     manifest = build_manifest(&j, all_sha);
     if ((r = write_manifest(&j, &w, manifest, err)) < 0 || (r = stage_sync(&j, &w, err)) < 0 ||
         (r = publish(&j, err)) < 0)
@@ -1936,11 +2281,6 @@ done:
     strv_init(&j.recipe.global_ops);
     r = 0;
 out:
-    /* No digest may still be in flight when the contexts are released. */
-    if (j.hq)
-        hashq_sync(j.hq);
-    if (j.hq2)
-        hashq_sync(j.hq2);
     if (w.shards) {
         for (long long i = 0; i < o->num_shards; i++) {
             if (w.shards[i].fd >= 0)
@@ -1950,7 +2290,6 @@ out:
         free(w.shards);
     }
     sha256_abort(&w.all);
-    free(w.buf);
     cJSON_Delete(manifest);
     /* after the shards are closed: nothing of ours is open inside any more */
     staging_remove(&j);

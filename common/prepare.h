@@ -26,7 +26,8 @@
 #include "util.h"
 
 struct prepare_progress {
-    int phase;            /* 1: scan, 2: write */
+    int phase;            /* 1: scan, 2: write (when the scan wrote the shards
+                             itself, one report of phase 2, done) */
     uint64_t bytes_done;  /* input bytes read in this phase */
     uint64_t bytes_total; /* input bytes: in the scan the sum of file sizes, in the write
                              pass the same with a compressed file's decompressed size */
@@ -73,6 +74,10 @@ struct prepare_opts {
      * with -ECANCELED and leaves nothing behind. May be NULL. */
     const volatile sig_atomic_t *cancel;
     enum prepare_sync sync; /* default AUTO */
+    /* Threads of the passes (reading, validation, the digests, writing;
+     * common/pipeline.h): 0 for the CPUs available (pipeline_cpus), 1 for
+     * none beside the caller's. The job is the same byte for byte. */
+    unsigned threads;
 };
 
 struct prepare_result {

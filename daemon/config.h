@@ -44,6 +44,7 @@ struct esd_conf {
     char *path;                     /* the file it was read from (NULL: defaults only) */
     char *node_name;                /* node_name; default the host name made a file name */
     long slots;                     /* slots: attempts run at once; default 1 */
+    long threads;                   /* threads: of prepare and merge; 0 (default): the CPUs */
     long lease_secs;                /* lease_secs: default 60 */
     long poll_interval_secs;        /* poll_interval_secs: idle poll, jittered; default 20 */
     struct strv processor;          /* processor: command words (a string split on blanks, or

@@ -303,6 +303,7 @@ static void __attribute__((noreturn)) fin_merge_child(struct fin *f, int fd)
         o.job_fd = dfd;
         o.before_publish = fin_fence;
         o.publish_ctx = f;
+        o.threads = (unsigned)F.conf->threads;
         r = merge_run(m, &o, &res, &err);
     }
     /* (a merge that failed before it came to publish takes the fence now,

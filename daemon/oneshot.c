@@ -81,7 +81,7 @@ static struct {
     /* the command line */
     char *job_dir, *recipe, *dataset, *output, *run_id, *node, *state_dir, *esd_config;
     char *processor, *dj_root, *ray_mode, *ray_address, *ray_command;
-    long long num_shards, nodes, slots, lease, max_retries, lock_timeout, attempt_timeout;
+    long long num_shards, nodes, slots, threads, lease, max_retries, lock_timeout, attempt_timeout;
     struct strv allow, deny;
     bool strict, nodes_given, no_global_stage;
     double wait_timeout, poll, deadline;
@@ -745,6 +745,7 @@ static void __attribute__((noreturn)) prepare_child(int fd)
     env.cancel = &stop_sig;
     env.processor = R.conf->processor.n ? (const char *const *)R.conf->processor.v : NULL;
     env.dj_root = R.conf->dj_root;
+    env.threads = (unsigned)R.conf->threads;
     r = op_run(CMD_PREPARE, args, &env, &res, &err);
     json_add_bool(rep, "ok", r == 0);
     if (r < 0)
@@ -1734,6 +1735,8 @@ usage(FILE *f)
             "                            Slurm: SLURM_JOB_END_TIME, else squeue's %%e)\n"
             "  --node NAME               this node's name (default: the host name)\n"
             "  --slots N                 attempts at once on this node\n"
+            "  --threads N               threads of the prepare and the merge (default: the\n"
+            "                            CPUs available)\n"
             "  --lease-secs N            lease of claims and elections (default 60)\n"
             "  --attempt-timeout-secs N  stop an attempt after N s\n"
             "  --processor CMD           Data-Juicer's process_data (default dj-process)\n"
@@ -1762,6 +1765,7 @@ enum {
     OPT_DEADLINE,
     OPT_NODE,
     OPT_SLOTS,
+    OPT_THREADS,
     OPT_LEASE,
     OPT_RETRIES,
     OPT_LOCK_TIMEOUT,
@@ -1888,6 +1892,7 @@ parse_args(int argc, char **argv)
         { "deadline", required_argument, NULL, OPT_DEADLINE },
         { "node", required_argument, NULL, OPT_NODE },
         { "slots", required_argument, NULL, OPT_SLOTS },
+        { "threads", required_argument, NULL, OPT_THREADS },
         { "lease-secs", required_argument, NULL, OPT_LEASE },
         { "max-retries", required_argument, NULL, OPT_RETRIES },
         { "lock-timeout-secs", required_argument, NULL, OPT_LOCK_TIMEOUT },
@@ -1945,6 +1950,10 @@ parse_args(int argc, char **argv)
             break;
         case OPT_SLOTS:
             if (num_opt("--slots", optarg, 1, &R.slots) < 0)
+                return -1;
+            break;
+        case OPT_THREADS:
+            if (num_opt("--threads", optarg, 1, &R.threads) < 0)
                 return -1;
             break;
         case OPT_LEASE:
@@ -2126,6 +2135,8 @@ build_conf(struct esd_err *err)
     R.node = xstrdup(c->node_name);
     if (R.slots)
         c->slots = R.slots;
+    if (R.threads)
+        c->threads = R.threads > OPS_MAX_THREADS ? OPS_MAX_THREADS : R.threads;
     if (R.lease)
         c->lease_secs = R.lease;
     if (R.attempt_timeout)

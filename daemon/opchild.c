@@ -131,6 +131,7 @@ static void __attribute__((noreturn)) child_main(enum cmd_id id, const cJSON *ar
         env.confined = true;
         env.processor = O.conf->processor.n ? (const char *const *)O.conf->processor.v : NULL;
         env.dj_root = O.conf->dj_root;
+        env.threads = (unsigned)O.conf->threads;
         r = op_run(id, args, &env, &res, &err);
     }
     if (r == 0) {

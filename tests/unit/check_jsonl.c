@@ -287,6 +287,101 @@ START_TEST(test_reader_small)
 }
 END_TEST
 
+/* Reads path in blocks of want bytes: "lines:len|…" and the bytes, which
+ * must be the file's. */
+static char *
+read_blocks(const char *path, size_t want, size_t max_line, struct buf *bytes, int *ret_r,
+            struct esd_err *err)
+{
+    struct jsonl_reader rd;
+    unsigned long long lines;
+    struct buf out;
+    const char *p;
+    size_t len;
+    int r;
+
+    buf_init(&out);
+    ck_assert_int_eq(jsonl_reader_open(&rd, path, max_line, err), 0);
+    while ((r = jsonl_reader_block(&rd, want, &p, &len, &lines, err)) == 1) {
+        buf_printf(&out, "%llu:%zu|", lines, len);
+        buf_append(bytes, p, len);
+    }
+    *ret_r = r;
+    jsonl_reader_close(&rd);
+    return buf_steal(&out);
+}
+
+START_TEST(test_reader_block)
+{
+    char *dir = tu_tmpdir(), *p, *s;
+    struct esd_err err;
+    struct buf b, big;
+    int r;
+
+    buf_init(&b);
+    /* a block ends at the first record end at or after want bytes */
+    p = tu_write(dir, "a.jsonl", "{}\n{\"a\":1}\n{}\n\n{\"b\":2}", (size_t)-1);
+    s = read_blocks(p, 4, 0, &b, &r, &err);
+    ck_assert_int_eq(r, 0);
+    ck_assert_str_eq(s, "2:11|2:4|1:7|");
+    ck_assert_str_eq(b.p, "{}\n{\"a\":1}\n{}\n\n{\"b\":2}");
+    free(s);
+    buf_reset(&b);
+    s = read_blocks(p, 1, 0, &b, &r, &err);
+    ck_assert_str_eq(s, "1:3|1:8|1:3|1:1|1:7|");
+    free(s);
+    free(p);
+    buf_reset(&b);
+    p = tu_write(dir, "empty.jsonl", "", 0);
+    s = read_blocks(p, 4, 0, &b, &r, &err);
+    ck_assert_int_eq(r, 0);
+    ck_assert_str_eq(s, "");
+    free(s);
+    free(p);
+    /* a record over the bound: the records before it first, then the error */
+    p = tu_write(dir, "b.jsonl", "{\"a\":1}\n{}\n{\"a\":12}\n{}\n", (size_t)-1);
+    s = read_blocks(p, 100, 7, &b, &r, &err);
+    ck_assert_int_eq(r, -EFBIG);
+    ck_assert_str_eq(s, "2:11|");
+    ck_assert_ptr_nonnull(strstr(err.msg, "JSONL record longer than 7 bytes at "));
+    ck_assert_ptr_nonnull(strstr(err.msg, "b.jsonl:3"));
+    free(s);
+    free(p);
+    /* ... also unterminated at the end of the file */
+    p = tu_write(dir, "c.jsonl", "{}\n{\"a\":123}", (size_t)-1);
+    s = read_blocks(p, 100, 7, &b, &r, &err);
+    ck_assert_int_eq(r, -EFBIG);
+    ck_assert_str_eq(s, "1:3|");
+    ck_assert_ptr_nonnull(strstr(err.msg, "c.jsonl:2"));
+    free(s);
+    free(p);
+    /* 9 MiB across several reads: the blocks are the file, their bounds
+     * the records' */
+    buf_init(&big);
+    for (int i = 0; big.len < (9u << 20); i++)
+        buf_printf(&big, "{\"i\":%d,\"pad\":\"%0*d\"}\n", i, i % 997, 0);
+    p = tu_write(dir, "big.jsonl", big.p, big.len);
+    buf_reset(&b);
+    s = read_blocks(p, 1 << 20, 0, &b, &r, &err);
+    ck_assert_int_eq(r, 0);
+    ck_assert_uint_eq(b.len, big.len);
+    ck_assert(memcmp(b.p, big.p, big.len) == 0);
+    for (char *q = s; *q; q = strchr(q, '|') + 1) {
+        size_t len = strtoull(strchr(q, ':') + 1, NULL, 10);
+
+        /* at least want bytes, except the last; never more than want + a record */
+        ck_assert(len >= (1u << 20) || strchr(q, '|')[1] == '\0');
+        ck_assert_uint_lt(len, (1u << 20) + 1100);
+    }
+    free(s);
+    free(p);
+    buf_free(&big);
+    buf_free(&b);
+    fs_rm_rf(dir);
+    free(dir);
+}
+END_TEST
+
 struct count {
     size_t bytes;
 };
@@ -364,6 +459,7 @@ jsonl_suite(void)
     tcase_add_test(tc, test_unescape);
     tcase_add_test(tc, test_utf8);
     tcase_add_test(tc, test_reader_small);
+    tcase_add_test(tc, test_reader_block);
     tcase_add_test(tc, test_reader_large);
     suite_add_tcase(s, tc);
     return s;
