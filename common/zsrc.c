@@ -220,6 +220,32 @@ member_start(struct zsrc *z, bool first)
                    z->name, what, (unsigned long long)at(z));
 }
 
+/*
+ * Before a step of either decompressor: outside a member (frame), the next
+ * one begun (member_start); inside one whose output did not fill, more
+ * input read. 1 to go on, 0 at the end of the file between members, or a
+ * negative errno with z->perr set (a file that ends inside one: truncated).
+ */
+static int
+step_in(struct zsrc *z, bool *inside, bool *first, bool full, const char *kind)
+{
+    int r;
+
+    if (!*inside) {
+        if ((r = member_start(z, *first)) <= 0)
+            return r;
+        *inside = true;
+        *first = false;
+    } else if (z->in_pos == z->in_len && !full) {
+        if ((r = refill(z)) < 0)
+            return r;
+        if (r == 0)
+            return err_set(&z->perr, -EINVAL, "%s: truncated %s stream at byte %llu", z->name, kind,
+                           (unsigned long long)z->raw_total);
+    }
+    return 1;
+}
+
 static int
 run_gzip(struct zsrc *z)
 {
@@ -234,20 +260,8 @@ run_gzip(struct zsrc *z)
     for (;;) {
         struct ent *e;
 
-        if (!inside) {
-            if ((r = member_start(z, first)) <= 0)
-                break;
-            inside = true;
-            first = false;
-        } else if (z->in_pos == z->in_len && !full) {
-            if ((r = refill(z)) < 0)
-                break;
-            if (r == 0) {
-                r = err_set(&z->perr, -EINVAL, "%s: truncated gzip stream at byte %llu", z->name,
-                            (unsigned long long)z->raw_total);
-                break;
-            }
-        }
+        if ((r = step_in(z, &inside, &first, full, "gzip")) <= 0)
+            break;
         if (!(e = text_room(z))) {
             r = -ECANCELED;
             break;
@@ -292,20 +306,8 @@ run_zstd(struct zsrc *z)
         struct ent *e;
         size_t zr;
 
-        if (!inside) {
-            if ((r = member_start(z, first)) <= 0)
-                break;
-            inside = true;
-            first = false;
-        } else if (z->in_pos == z->in_len && !full) {
-            if ((r = refill(z)) < 0)
-                break;
-            if (r == 0) {
-                r = err_set(&z->perr, -EINVAL, "%s: truncated zstd stream at byte %llu", z->name,
-                            (unsigned long long)z->raw_total);
-                break;
-            }
-        }
+        if ((r = step_in(z, &inside, &first, full, "zstd")) <= 0)
+            break;
         if (!(e = text_room(z))) {
             r = -ECANCELED;
             break;
