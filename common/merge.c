@@ -211,7 +211,7 @@ mwork_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 {
     struct mpass *ps = ctx;
     struct mchunk *k = chunk;
-    const char *p = k->text.p, *e = k->text.p + k->text.len;
+    const char *p = k->text.p, *e = p ? p + k->text.len : p; /* an end chunk has no text */
 
     (void)seq, (void)err;
     k->nok = 0;

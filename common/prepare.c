@@ -1067,7 +1067,7 @@ work_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
      * (there, only what it read: pass 1 may not look at f->edited, which
      * its apply stage is still making) */
     bool lay = ps->phase == 2 || j->spec, from_out = ps->phase == 2 && f->edited;
-    const char *p = c->text.p, *e = c->text.p + c->inlen;
+    const char *p = c->text.p, *e = p ? p + c->inlen : p; /* an empty chunk has no text */
     struct fasthash fh;
 
     (void)seq, (void)err;
