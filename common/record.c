@@ -29,13 +29,12 @@ record_media_item_kept(const char *item, size_t len)
     return false;
 }
 
-/* Does member m's key equal name? Escaped keys are decoded first. */
+/* Does member m's key equal name (len bytes)? Escaped keys are decoded
+ * first; one never decodes longer than it is written. */
 static bool
-key_is(const char *p, const struct jsonl_member *m, const char *name, struct buf *tmp)
+key_is(const char *p, const struct jsonl_member *m, const char *name, size_t len, struct buf *tmp)
 {
-    size_t len = strlen(name);
-
-    if (!m->key_escaped)
+    if (!m->key_escaped || m->key_len < len)
         return m->key_len == len && memcmp(p + m->key_off, name, len) == 0;
     buf_reset(tmp);
     jsonl_unescape(p + m->key_off, m->key_len, tmp);
@@ -157,8 +156,9 @@ record_normalize(const struct record_ctx *ctx, const char *p, size_t n,
      * occurrence of a key is checked and rewritten. */
     for (size_t k = 0; ctx->media_keys && k < ctx->media_keys->n && r == 0; k++) {
         const char *key = ctx->media_keys->v[k];
+        size_t klen = strlen(key);
         for (size_t j = scan->nmembers; j-- > 0;) {
-            if (key_is(p, &scan->members[j], key, &tmp)) {
+            if (key_is(p, &scan->members[j], key, klen, &tmp)) {
                 r = media_value(ctx, p, &scan->members[j], key, &e, file, line, err);
                 break;
             }
@@ -167,9 +167,10 @@ record_normalize(const struct record_ctx *ctx, const char *p, size_t n,
     /* Index keys, sorted, appended after the last member when absent. */
     for (size_t k = 0; ctx->index_keys && k < ctx->index_keys->n && r == 0; k++) {
         const char *key = ctx->index_keys->v[k];
+        size_t klen = strlen(key);
         bool present = false;
         for (size_t j = 0; j < scan->nmembers && !present; j++)
-            present = key_is(p, &scan->members[j], key, &tmp);
+            present = key_is(p, &scan->members[j], key, klen, &tmp);
         if (present)
             continue;
         if (scan->nmembers > 0 || append.len > 0)
