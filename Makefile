@@ -244,16 +244,20 @@ unit: $(UNIT_BINS)
 
 # The unit suites again under valgrind. Check's fork mode stays on (tests
 # that expect a signal need it): valgrind follows each forked test, and an
-# error or a leak there makes that test fail with --error-exitcode.
+# error or a leak there makes that test fail with --error-exitcode. The
+# suites run VALGRIND_JOBS at a time (the CPUs), each printed when it ends.
+VALGRIND_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 VALGRIND := valgrind -q --leak-check=full --show-leak-kinds=definite,indirect \
 	--errors-for-leak-kinds=definite,indirect --error-exitcode=99
 valgrind: $(UNIT_BINS)
 	$(Q)command -v valgrind >/dev/null || \
 		{ echo "esd: missing test tool: valgrind; run \`make test-deps\` (as root) to install it" >&2; exit 1; }
-	$(Q)fail=0; for t in $(UNIT_BINS); do \
-		echo "== valgrind $$t"; \
-		CK_DEFAULT_TIMEOUT=600 ESD_TEST_DATA=$(CURDIR)/tests/data $(VALGRIND) $$t || fail=1; \
-	done; exit $$fail
+	$(Q)mkdir -p $(BUILD)/valgrind && printf '%s\n' $(UNIT_BINS) | \
+		VG='$(VALGRIND)' LOGS=$(BUILD)/valgrind ESD_TEST_DATA=$(CURDIR)/tests/data \
+		xargs -P $(VALGRIND_JOBS) -I{} sh -c \
+		'l=$$LOGS/$$(basename {}).log; CK_DEFAULT_TIMEOUT=600 $$VG {} >$$l 2>&1; rc=$$?; \
+		 echo "== valgrind {}"; cat $$l; [ $$rc -eq 0 ] || echo "FAIL: valgrind {} (exit status $$rc)"; \
+		 exit $$((rc != 0))' || { echo "valgrind: a suite failed (FAIL above)"; exit 1; }
 
 # integration: every script (tests/integration/run prints a tally at the
 # end), or TESTS="nodes history" a few of them; INTEGRATION_SKIP applies.

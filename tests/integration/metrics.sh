@@ -41,7 +41,8 @@ text_dataset 120
 PROM=$W/textfile/esd.prom
 
 # (a) the directory is missing at first
-daemon_conf m metrics.path="$PROM" metrics.interval_secs=1
+# (a stop does not wait for the hanging attempts below)
+daemon_conf m metrics.path="$PROM" metrics.interval_secs=1 drain_timeout_secs=1 attempt_kill_grace_secs=1
 MINI_DJ_EXIT=2 MINI_DJ_ONLY=part-00002 MINI_DJ_FAIL_ONCE=$W/once start_daemon m
 mkdir -p "$W/once" && chmod 777 "$W/once"
 warned() { grep -q "metrics: .*$PROM" "$W/m/log"; }

@@ -313,7 +313,7 @@ read_blocks(const char *path, size_t want, size_t max_line, struct buf *bytes, i
 
 START_TEST(test_reader_block)
 {
-    char *dir = tu_tmpdir(), *p, *s;
+    char *dir = tu_tmpdir(), *p, *s, *s2;
     struct esd_err err;
     struct buf b, big;
     int r;
@@ -373,6 +373,14 @@ START_TEST(test_reader_block)
         ck_assert(len >= (1u << 20) || strchr(q, '|')[1] == '\0');
         ck_assert_uint_lt(len, (1u << 20) + 1100);
     }
+    /* the same blocks from the record by record loop, which a bound
+     * shorter than a block makes read them */
+    buf_reset(&b);
+    s2 = read_blocks(p, 1 << 20, 2000, &b, &r, &err);
+    ck_assert_int_eq(r, 0);
+    ck_assert_str_eq(s2, s);
+    ck_assert_uint_eq(b.len, big.len);
+    free(s2);
     free(s);
     free(p);
     buf_free(&big);
