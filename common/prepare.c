@@ -14,9 +14,12 @@
  * pipelines over o->threads threads (common/pipeline.h): validation runs
  * on every thread, and each digest is an ordered stage of its own, so the
  * digests of the same bytes run side by side. A compressed input is
- * decompressed once, in the scan, on a thread of its own (zsrc); its text
- * is spooled into the staging directory for the write pass, which reads
- * the spool as it would a plain file (spool_open, input_open).
+ * decompressed on a thread of its own (zsrc). One pass needs the text's
+ * size before it is read: gzip and zstd record it (compressed_guess), and
+ * a record that is wrong all the same costs a second pass that
+ * decompresses again. Where no size can be believed, the scan spools the
+ * text into the staging directory for the write pass, which reads the
+ * spool as it would a plain file (spool_open, input_open).
  *
  * What a shard costs, for jobs of 100,000 shards: one create, a write a
  * chunk and one close, no sync (the staging directory is made durable at
@@ -154,7 +157,9 @@ struct infile {
     uint64_t fast;       /* its chunks' fasthashes combined, scan pass */
     uint64_t seen;       /* raw bytes read in this pass */
     uint64_t text_size;  /* bytes of the text: size, or a compressed file's decompressed size */
+    int64_t guess;       /* a compressed file's text size as its format tells it, or -1 */
     enum zsrc_kind kind; /* as its name says */
+    bool spooled;        /* its text is spooled by the scan for the write pass */
     bool edited;         /* some record needed a normalisation edit */
     bool decoded;        /* its records are not its bytes (jsonl_reader's decoded) */
     char sha256[SHA256_HEX_LEN + 1];
@@ -428,7 +433,8 @@ struct job {
     struct record_ctx rctx;
     struct strv warnings;
     uint64_t total_raw;
-    uint64_t total_text; /* what the write pass reads: the spools of compressed files */
+    uint64_t total_text;  /* what the write pass reads: the spools of compressed files */
+    uint64_t total_guess; /* what one pass balances on: the plain files' sizes and the guesses */
     uint64_t rows;
     uint64_t bytes;
     double t0;
@@ -786,8 +792,9 @@ struct pass {
     bool open;
     struct jsonl_reader rd;
     uint64_t rows;
-    struct buf *raw; /* pass 1: where the reader's raw bytes go */
-    bool spooling;   /* pass 1: the current file's text goes to spool_fd */
+    struct buf *raw;    /* pass 1: where the reader's raw bytes go */
+    bool spooling;      /* pass 1: the current file's text goes to spool_fd */
+    uint64_t text_read; /* of the current file */
     int spool_fd;
     int spool_werr; /* its first write error, a negative errno */
     uint64_t spool_bytes;
@@ -903,7 +910,8 @@ spool_end(struct pass *ps, int r, struct esd_err *err)
     return r;
 }
 
-/* The write pass's reader of input i: the file, or the spool of its text. */
+/* The write pass's reader of input i: the file (a compressed one
+ * decompressed again), or the spool of its text. */
 static int
 input_open(struct job *j, size_t i, struct jsonl_reader *rd, struct esd_err *err)
 {
@@ -911,8 +919,8 @@ input_open(struct job *j, size_t i, struct jsonl_reader *rd, struct esd_err *err
     char name[40], *shown;
     int fd;
 
-    if (f->kind == ZSRC_PLAIN)
-        return jsonl_reader_open(rd, f->path, j->lim.max_line, err);
+    if (!f->spooled)
+        return jsonl_reader_open_as(rd, f->path, f->kind, j->lim.max_line, err);
     spool_name(name, sizeof(name), i);
     shown = fs_join(j->staging, name);
     fd = openat(j->staging_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -939,7 +947,7 @@ input_done(struct job *j, size_t i, struct esd_err *err)
     struct stat st;
     char name[40];
 
-    if (f->kind == ZSRC_PLAIN)
+    if (!f->spooled)
         return 0;
     spool_name(name, sizeof(name), i);
     if (unlinkat(j->staging_fd, name, 0) < 0)
@@ -981,9 +989,10 @@ src_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
         ps->rd.on_data = pass_on_data;
         ps->rd.on_data_ctx = ps;
         f->seen = 0;
+        ps->text_read = 0;
         if (ps->phase == 1)
             sha256_init(&f->sha);
-        if (ps->phase == 1 && f->kind != ZSRC_PLAIN && (r = spool_open(ps, err)) < 0)
+        if (ps->phase == 1 && f->spooled && (r = spool_open(ps, err)) < 0)
             return r;
     }
     buf_trim(&c->text);
@@ -1004,6 +1013,7 @@ src_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
         c->inlen = len;
         c->lines = lines;
         ps->rows += lines;
+        ps->text_read += len;
         return 1;
     }
     c->end = true;
@@ -1011,7 +1021,7 @@ src_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     jsonl_reader_close(&ps->rd);
     ps->open = false;
     if (ps->phase == 1) {
-        j->files.v[ps->file].text_size = j->files.v[ps->file].size;
+        j->files.v[ps->file].text_size = ps->text_read;
         r = spool_end(ps, 0, err); /* a compressed file's: its text's */
     } else {
         r = input_done(j, ps->file, err);
@@ -1169,13 +1179,13 @@ scan_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
         *err = c->err;
         return c->r;
     }
-    /* One pass while the records are the bytes read: none edited, none
-     * decoded, every one ended by its "\n" */
+    /* One pass while the records are the text read (none edited, every
+     * one ended by its "\n") and no more than the guess of its size */
     if (j->spec && !j->spec_failed) {
-        if (c->edited || !c->raw_is_text || c->text.p[c->inlen - 1] != '\n')
+        if (c->edited || c->text.p[c->inlen - 1] != '\n' || ps->written + c->inlen > j->total_guess)
             j->spec_failed = true;
         else
-            c->laid = true, balance(ps, c, j->total_raw, false);
+            c->laid = true, balance(ps, c, j->total_guess, false);
     }
     ps->done += c->raw_is_text ? c->inlen : c->raw.len; /* (the raw bytes: of total_raw) */
     report(j, 1, ps->done, j->rows, false);
@@ -1237,7 +1247,7 @@ scan_pass(struct job *j, struct esd_err *err)
     };
     /* the scan alone, or with the writes and digests of one pass, without
      * the stream's when it is the one input file's */
-    size_t nst = !j->spec ? 4 : j->files.n == 1 ? 6 : 7;
+    size_t nst = !j->spec ? 4 : j->files.n == 1 && j->files.v[0].kind == ZSRC_PLAIN ? 6 : 7;
     struct pass ps = { .j = j, .phase = 1, .w = j->w };
     int r = pass_run(&ps, st, nst, err);
 
@@ -1420,7 +1430,10 @@ write_apply(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 
         ps->fast = 0;
         ps->file_rows = 0;
-        if (rows != f->rows || f->seen != f->text_size || fast != f->fast)
+        /* (seen: raw bytes, those of the text but for a file decompressed again) */
+        if (rows != f->rows ||
+            f->seen != (f->kind == ZSRC_PLAIN || f->spooled ? f->text_size : f->size) ||
+            fast != f->fast)
             return err_set(err, -ESTALE,
                            "Input content changed between the scan and write passes: %s", f->path);
         return 0;
@@ -1557,7 +1570,7 @@ one_pass_held(const struct job *j, const struct writer *w)
     const long long N = j->o->num_shards;
     uint64_t upto = 0;
 
-    if (j->spec_failed || j->bytes != j->total_raw || w->cur != N - 1 || j->rows < (uint64_t)N)
+    if (j->spec_failed || j->bytes != j->total_guess || w->cur != N - 1 || j->rows < (uint64_t)N)
         return false;
     for (long long k = 0; k < N - 1; k++) {
         upto += w->shards[k].rows;
@@ -2163,6 +2176,45 @@ job_free(struct job *j)
     strv_free(&j->warnings);
 }
 
+/*
+ * The size one pass balances on (total_guess): a plain file's own, a
+ * compressed one's text as its format records it (zsrc_text_guess; gzip
+ * and zstd write one member or one frame, whose size is recorded). False
+ * when some compressed file tells none, or one that cannot be right: its
+ * text smaller than its compressed bytes (a file of many members, like
+ * bgzip's, whose last one alone is told, or a text of 4 GiB or more, told
+ * modulo 2^32). A guess that is wrong all the same is found in the scan
+ * (one_pass_held), and pass 2 then decompresses the file again.
+ */
+static bool
+compressed_guess(struct job *j)
+{
+    bool ok = true;
+
+    j->total_guess = 0;
+    for (size_t i = 0; i < j->files.n; i++) {
+        struct infile *f = &j->files.v[i];
+
+        f->guess =
+            f->kind == ZSRC_PLAIN ? (int64_t)f->size : zsrc_text_guess(f->path, f->kind, f->size);
+        if (f->guess < 0 || (uint64_t)f->guess < f->size)
+            ok = false;
+        j->total_guess += f->guess > 0 ? (uint64_t)f->guess : 0;
+    }
+    if (!ok)
+        j->total_guess = 0;
+    return ok;
+}
+
+static bool
+files_spooled(const struct job *j)
+{
+    for (size_t i = 0; i < j->files.n; i++)
+        if (j->files.v[i].spooled)
+            return true;
+    return false;
+}
+
 /* What the scan found that no job can be made of. */
 static int
 input_check(const struct job *j, struct esd_err *err)
@@ -2215,19 +2267,17 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
         }
         goto done;
     }
-    /* One pass where it can work: a shard needs a record, of 3 bytes at
-     * least ("{}" and its "\n"); with more shards than that allows, the
-     * scan alone says what is wrong, before anything is made. */
-    j.spec = o->num_shards <= (long long)((j.total_raw + 1) / 3);
-    /* a compressed input: its records are not its bytes (no one pass),
-     * and its text is spooled in the staging directory during the scan */
-    for (size_t i = 0; i < j.files.n; i++)
-        if (j.files.v[i].kind != ZSRC_PLAIN) {
-            j.spec = false;
-            if ((r = staging_begin(&j, parent, err)) < 0)
-                goto out;
-            break;
-        }
+    /* One pass where it can work: the normalised stream's size guessed
+     * (compressed_guess); a shard needs a record, of 3 bytes at least
+     * ("{}" and its "\n"); with more shards than that allows, the scan
+     * alone says what is wrong, before anything is made. */
+    j.spec = compressed_guess(&j) && o->num_shards <= (long long)((j.total_guess + 1) / 3);
+    /* without a guess, compressed inputs' text is spooled in the staging
+     * directory during the scan, for the write pass */
+    for (size_t i = 0; !j.spec && i < j.files.n; i++)
+        j.files.v[i].spooled = j.files.v[i].kind != ZSRC_PLAIN;
+    if (files_spooled(&j) && (r = staging_begin(&j, parent, err)) < 0)
+        goto out;
     if (!j.spec && (r = scan_pass(&j, err)) < 0)
         goto out;
     if (!j.spec && (r = input_check(&j, err)) < 0)
@@ -2249,7 +2299,7 @@ prepare_run(const struct prepare_opts *o, struct prepare_result *ret, struct esd
         if (one_pass_held(&j, &w)) {
             if ((r = shards_end(&j, &w, err)) < 0)
                 goto out;
-            report(&j, 2, j.total_raw, j.rows, true);
+            report(&j, 2, j.total_text, j.rows, true);
         } else {
             one_pass_undo(&j, &w);
             j.spec = false;
@@ -2275,6 +2325,8 @@ done:
     ret->bytes = j.bytes;
     ret->warnings = j.warnings;
     strv_init(&j.warnings);
+    ret->passes = match ? 0 : j.spec ? 1 : 2;
+    ret->spooled = !match && files_spooled(&j);
     ret->nprocess = j.recipe.nprocess;
     ret->split = j.recipe.split;
     ret->global_ops = j.recipe.global_ops;

@@ -90,6 +90,11 @@ struct prepare_result {
     size_t nprocess;        /* items of the recipe's process list */
     size_t split;           /* the items that run per shard; nprocess: no global stage */
     struct strv global_ops; /* the names of the items that run once after the shards */
+    /* How the input was read (0 when unchanged): 1, the shards written by
+     * the scan; 2, by a second pass; spooled, compressed inputs' text kept
+     * by the scan for it (none of their sizes could be known before). */
+    int passes;
+    bool spooled;
 };
 
 /* Default values for the options above. */

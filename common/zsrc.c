@@ -9,6 +9,8 @@
 #include "zsrc.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -449,4 +451,36 @@ zsrc_free(struct zsrc *z)
     free(z->in);
     free(z->name);
     free(z);
+}
+
+int64_t
+zsrc_text_guess(const char *path, enum zsrc_kind kind, uint64_t size)
+{
+    unsigned char b[18]; /* ZSTD_FRAMEHEADERSIZE_MAX, a static-only name */
+    int64_t guess = -1;
+    struct stat st;
+    ssize_t got;
+    int fd;
+
+    if (size == 0)
+        return 0;
+    /* (a link to a file as the reader follows it; a FIFO never waited on) */
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)) < 0)
+        return -1;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size) {
+        close(fd);
+        return -1;
+    }
+    if (kind == ZSRC_GZIP) {
+        /* a member is at least 18 bytes: a 10-byte header, 8 of trailer */
+        if (size >= 18 && pread(fd, b, 4, (off_t)(size - 4)) == 4)
+            guess = (int64_t)b[0] | (int64_t)b[1] << 8 | (int64_t)b[2] << 16 | (int64_t)b[3] << 24;
+    } else if (kind == ZSRC_ZSTD && (got = pread(fd, b, sizeof(b), 0)) > 0) {
+        unsigned long long n = ZSTD_getFrameContentSize(b, (size_t)got);
+
+        if (n != ZSTD_CONTENTSIZE_UNKNOWN && n != ZSTD_CONTENTSIZE_ERROR && n <= INT64_MAX)
+            guess = (int64_t)n;
+    }
+    close(fd);
+    return guess;
 }

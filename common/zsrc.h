@@ -55,6 +55,17 @@ struct zsrc *zsrc_new(int fd, enum zsrc_kind kind, const char *name);
 ssize_t zsrc_read(struct zsrc *z, char *buf, size_t n, void (*on_raw)(void *, const char *, size_t),
                   void *ctx, uint64_t *raw_done, struct esd_err *err);
 
+/*
+ * A guess at the size of the text of the file at path (size bytes, kind
+ * not ZSRC_PLAIN), from what the format says of it without decompressing:
+ * a gzip file's last member's ISIZE (its text modulo 2^32), a zstd file's
+ * first frame's content size. Exact for a file of one member or one frame
+ * (what gzip and zstd write), too small for more; 0 for an empty file; -1
+ * when there is no guess (the size is not recorded, the file cannot be
+ * read). A prepare in one pass takes it for the text's size and checks it.
+ */
+int64_t zsrc_text_guess(const char *path, enum zsrc_kind kind, uint64_t size);
+
 /* Stops the thread and frees z (NULL-safe); fd is not closed. */
 void zsrc_free(struct zsrc *z);
 

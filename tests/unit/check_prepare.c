@@ -1171,6 +1171,160 @@ START_TEST(test_compressed_inputs)
 }
 END_TEST
 
+/* text as gzip members, cut at the offsets in cuts (ascending, then 0). */
+static void
+gzip_members(struct buf *out, const char *text, size_t n, const size_t *cuts)
+{
+    size_t at = 0;
+
+    for (size_t k = 0;; k++) {
+        size_t end = cuts[k] ? cuts[k] : n;
+        z_stream zs = { 0 };
+        size_t cap = compressBound((uLong)(end - at)) + 64;
+        unsigned char *o = malloc(cap);
+
+        ck_assert_int_eq(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+        zs.next_in = (unsigned char *)(uintptr_t)(text + at);
+        zs.avail_in = (uInt)(end - at);
+        zs.next_out = o;
+        zs.avail_out = (uInt)cap;
+        ck_assert_int_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
+        buf_append(out, (char *)o, cap - zs.avail_out);
+        deflateEnd(&zs);
+        free(o);
+        at = end;
+        if (!cuts[k])
+            break;
+    }
+}
+
+/* text as zstd frames cut at cuts (as above), each recording its content
+ * size or not. */
+static void
+zstd_frames(struct buf *out, const char *text, size_t n, const size_t *cuts, bool sized)
+{
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    size_t at = 0;
+
+    ck_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, sized)));
+    for (size_t k = 0;; k++) {
+        size_t end = cuts[k] ? cuts[k] : n, cap = ZSTD_compressBound(end - at);
+        char *o = malloc(cap);
+        ZSTD_inBuffer in = { text + at, end - at, 0 };
+        ZSTD_outBuffer ob = { o, cap, 0 };
+
+        if (sized)
+            ck_assert(!ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(cc, end - at)));
+        ck_assert_uint_eq(ZSTD_compressStream2(cc, &ob, &in, ZSTD_e_end), 0);
+        buf_append(out, o, ob.pos);
+        free(o);
+        at = end;
+        if (!cuts[k])
+            break;
+    }
+    ZSTD_freeCCtx(cc);
+}
+
+/*
+ * The three ways a compressed input is read give the same job as its
+ * plain text: one pass, on the size its format records (one gzip member,
+ * one zstd frame with its size); a second pass decompressing it again,
+ * when the recorded size was wrong (the last of two members, the first of
+ * two frames); its text spooled by the scan, when no size can be believed
+ * (a member a record, as bgzip writes; frames without their size).
+ */
+START_TEST(test_compressed_paths)
+{
+    static const struct {
+        const char *name;
+        int form; /* 0 plain, 1 gzip, 2 zstd sized, 3 zstd unsized */
+        int cut;  /* 0 one member or frame, 1 two (a short then a long one, or the
+                     reverse for zstd), 2 a member or frame a record */
+        int passes;
+        bool spooled;
+    } c[] = {
+        { "d.jsonl", 0, 0, 1, false },     { "d.jsonl.gz", 1, 0, 1, false },
+        { "d.jsonl.zst", 2, 0, 1, false }, { "d.json.gz", 1, 1, 2, false },
+        { "d.json.zst", 2, 1, 2, false },  { "d.jsonl.gz", 1, 2, 2, true },
+        { "d.jsonl.zst", 3, 0, 2, true },  { "d.jsonl.zst", 2, 2, 2, true },
+    };
+    struct fixture f;
+    struct buf text, raw;
+    char *want_shards = NULL, *want_sum = NULL, *want_text[3] = { NULL };
+
+    fixture_init(&f, RECIPE_PLAIN);
+    buf_init(&text);
+    for (int i = 0; i < 3000; i++)
+        buf_printf(&text, "{\"id\":%d,\"text\":\"%.*s\"}\n", i, 1 + (i * 37) % 200,
+                   "the quick brown fox jumps over the lazy dog, again and again and again; "
+                   "the quick brown fox jumps over the lazy dog, again and again and again; "
+                   "the quick brown fox jumps over the lazy dog, again and again and again.");
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        size_t cuts[3001] = { 0 }, k = 0;
+        struct prepare_result res;
+        struct esd_err err;
+        cJSON *doc = NULL;
+        struct manifest m;
+        char *ds = xasprintf("%s/ds%zu", f.dir, i), *sum, *shards;
+
+        if (c[i].cut == 1)
+            cuts[0] = c[i].form == 1 ? text.len / 10 : text.len * 9 / 10;
+        for (const char *p = text.p;
+             c[i].cut == 2 && (p = memchr(p, '\n', text.len - (size_t)(p - text.p)));)
+            if ((size_t)(++p - text.p) < text.len)
+                cuts[k++] = (size_t)(p - text.p);
+        buf_init(&raw);
+        if (c[i].form == 0)
+            buf_append(&raw, text.p, text.len);
+        else if (c[i].form == 1)
+            gzip_members(&raw, text.p, text.len, cuts);
+        else
+            zstd_frames(&raw, text.p, text.len, cuts, c[i].form == 2);
+        free(tu_write(ds, c[i].name, raw.p, raw.len));
+        buf_free(&raw);
+        ck_assert_msg(run_prepare(&f, ds, 3, &res, &err) == 0, "case %zu: %s", i, err.msg);
+        ck_assert_msg(res.passes == c[i].passes && res.spooled == c[i].spooled,
+                      "case %zu: %d passes, spooled %d", i, res.passes, res.spooled);
+        ck_assert_uint_eq(res.rows, 3000);
+        prepare_result_free(&res);
+        /* nothing else in the job: no spool left */
+        ck_assert_int_eq(tu_count_entries(f.job), 5);
+        ck_assert_int_eq(manifest_load_doc(f.job, &m, &doc, &err), 0);
+        sum = xasprintf("%s %.0f %.0f", json_get_str(doc, "normalized_sha256"),
+                        cJSON_GetObjectItemCaseSensitive(doc, "total_rows")->valuedouble,
+                        cJSON_GetObjectItemCaseSensitive(doc, "total_size_bytes")->valuedouble);
+        shards = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(doc, "shards"));
+        for (int s = 0; s < 3; s++) {
+            char *p = xasprintf("%s/shards/part-%05d-of-00003.jsonl", f.job, s),
+                 *got = tu_read(p, NULL);
+
+            if (i == 0)
+                want_text[s] = got;
+            else
+                ck_assert_msg(!strcmp(got, want_text[s]), "case %zu: shard %d differs", i, s),
+                    free(got);
+            free(p);
+        }
+        if (i == 0) {
+            want_sum = sum, want_shards = shards;
+        } else {
+            ck_assert_str_eq(sum, want_sum);
+            ck_assert_str_eq(shards, want_shards);
+            free(sum), free(shards);
+        }
+        manifest_free(&m);
+        cJSON_Delete(doc);
+        fs_rm_rf(f.job);
+        free(ds);
+    }
+    for (int s = 0; s < 3; s++)
+        free(want_text[s]);
+    free(want_sum), free(want_shards);
+    buf_free(&text);
+    fixture_free(&f);
+}
+END_TEST
+
 static Suite *
 prepare_suite(void)
 {
@@ -1186,6 +1340,7 @@ prepare_suite(void)
     tcase_add_test(tc, test_reprepare);
     tcase_add_test(tc, test_errors_leave_nothing);
     tcase_add_test(tc, test_compressed_inputs);
+    tcase_add_test(tc, test_compressed_paths);
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_ray_address_warning);
     tcase_add_test(tc, test_cancel);
