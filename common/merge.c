@@ -305,23 +305,12 @@ mouthash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     return 0;
 }
 
-/* Each result's digest, and at its end its rows and digest against its
- * done record. */
+/* At a result's end: its rows and digest against its done record. */
 static int
-mshardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+result_end(struct mpass *ps, struct result *x, struct esd_err *err)
 {
-    struct mpass *ps = ctx;
-    struct mchunk *k = chunk;
-    struct result *x = &ps->c->res[k->res];
     char hex[SHA256_HEX_LEN + 1];
 
-    (void)seq;
-    if (!x->sha.ctx)
-        sha256_init(&x->sha);
-    if (!k->end) {
-        sha256_update(&x->sha, k->text.p, k->text.len);
-        return 0;
-    }
     sha256_final(&x->sha, hex);
     if (x->seen_rows != x->rows || strcmp(hex, x->sha256) != 0)
         return err_set(err, -EINVAL,
@@ -333,6 +322,43 @@ mshardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     return 0;
 }
 
+/* Each result's digest, and its end. */
+static int
+mshardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+    struct result *x = &ps->c->res[k->res];
+
+    (void)seq;
+    if (!x->sha.ctx)
+        sha256_init(&x->sha);
+    if (k->end)
+        return result_end(ps, x, err);
+    sha256_update(&x->sha, k->text.p, k->text.len);
+    return 0;
+}
+
+/* Both digests of the same bytes at once (sha256_update2), for few
+ * threads: mouthash_run and mshardhash_run in one stage. */
+static int
+mbothhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
+{
+    struct mpass *ps = ctx;
+    struct mchunk *k = chunk;
+    struct result *x = &ps->c->res[k->res];
+
+    (void)seq;
+    if (!x->sha.ctx)
+        sha256_init(&x->sha);
+    if (k->end)
+        return result_end(ps, x, err);
+    sha256_update2(&ps->c->out_sha, k->text.p, k->text.len, &x->sha, k->text.p, k->text.len);
+    if (k->no_nl)
+        sha256_update(&ps->c->out_sha, "\n", 1);
+    return 0;
+}
+
 /* Validates, hashes and (when writing) copies every result in order. */
 static int
 stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
@@ -341,7 +367,15 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
         { msrc_run, true },   { mwork_run, false },   { mapply_run, true },
         { mwrite_run, true }, { mouthash_run, true }, { mshardhash_run, true },
     };
-    const size_t nst = sizeof(st) / sizeof(st[0]);
+    /* the digests side by side on many threads, where one alone bounds
+     * the pipeline; on few, both in one stage, where the CPU time is the
+     * bound (SHA256_PAIR_THREADS) */
+    static const struct pipeline_stage few[] = {
+        { msrc_run, true },   { mwork_run, false },    { mapply_run, true },
+        { mwrite_run, true }, { mbothhash_run, true },
+    };
+    const bool pair = c->threads <= SHA256_PAIR_THREADS;
+    const size_t nst = pair ? sizeof(few) / sizeof(few[0]) : sizeof(st) / sizeof(st[0]);
     size_t n = pipeline_chunks_for(c->threads, nst);
     struct mchunk **v = xcalloc(n, sizeof(*v));
     struct mpass ps = { .c = c, .res = res };
@@ -352,7 +386,7 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
         buf_init(&v[i]->text);
         jsonl_record_init(&v[i]->rec, false);
     }
-    r = pipeline_run(st, nst, &ps, (void **)v, n, c->threads, err);
+    r = pipeline_run(pair ? few : st, nst, &ps, (void **)v, n, c->threads, err);
     if (ps.open)
         jsonl_reader_close(&ps.rd);
     for (size_t i = 0; i < n; i++) {

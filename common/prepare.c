@@ -792,7 +792,11 @@ struct pass {
     bool open;
     struct jsonl_reader rd;
     uint64_t rows;
-    struct buf *raw;    /* pass 1: where the reader's raw bytes go */
+    struct buf *raw; /* pass 1: where the reader's raw bytes go */
+    /* the digest that shardhash_run pairs with the shards' (few threads,
+     * SHA256_PAIR_THREADS): the normalised stream's, or in one pass of
+     * one plain file, that file's (its bytes are the stream's) */
+    enum { PAIR_NONE, PAIR_ALL, PAIR_RAW } pair;
     bool spooling;      /* pass 1: the current file's text goes to spool_fd */
     uint64_t text_read; /* of the current file */
     int spool_fd;
@@ -1032,20 +1036,32 @@ src_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     return 1;
 }
 
+/* The raw bytes of chunk c for its file's digest in pass 1: its text, or
+ * a compressed file's bytes read with it. */
+static struct sha256 *
+chunk_raw(struct pass *ps, struct pchunk *c, const char **p, size_t *n)
+{
+    struct infile *f = &ps->j->files.v[c->file];
+
+    *p = c->raw_is_text ? c->text.p : c->raw.p;
+    *n = c->raw_is_text ? c->inlen : c->raw.len;
+    if (!c->raw_is_text)
+        f->decoded = true;
+    return &f->sha;
+}
+
 /* Pass 1's raw digest of each file, in order. */
 static int
 rawhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 {
     struct pass *ps = ctx;
-    struct pchunk *c = chunk;
+    const char *p;
+    size_t n;
+    struct sha256 *sha = chunk_raw(ps, chunk, &p, &n);
 
     (void)seq, (void)err;
-    if (c->raw_is_text && c->inlen)
-        sha256_update(&ps->j->files.v[c->file].sha, c->text.p, c->inlen);
-    else if (!c->raw_is_text && c->raw.len)
-        sha256_update(&ps->j->files.v[c->file].sha, c->raw.p, c->raw.len);
-    if (!c->raw_is_text)
-        ps->j->files.v[c->file].decoded = true;
+    if (n)
+        sha256_update(sha, p, n);
     return 0;
 }
 
@@ -1241,15 +1257,28 @@ pass_run(struct pass *ps, const struct pipeline_stage *st, size_t nst, struct es
 static int
 scan_pass(struct job *j, struct esd_err *err)
 {
-    static const struct pipeline_stage st[] = {
-        { src_run, true },   { rawhash_run, true },   { work_run, false },   { scan_apply, true },
-        { write_run, true }, { shardhash_run, true }, { allhash_run, true },
-    };
     /* the scan alone, or with the writes and digests of one pass, without
      * the stream's when it is the one input file's */
-    size_t nst = !j->spec ? 4 : j->files.n == 1 && j->files.v[0].kind == ZSRC_PLAIN ? 6 : 7;
+    bool one_plain = j->files.n == 1 && j->files.v[0].kind == ZSRC_PLAIN;
     struct pass ps = { .j = j, .phase = 1, .w = j->w };
-    int r = pass_run(&ps, st, nst, err);
+    struct pipeline_stage st[8];
+    size_t nst = 0;
+    int r;
+
+    if (j->spec && j->threads <= SHA256_PAIR_THREADS)
+        ps.pair = one_plain ? PAIR_RAW : PAIR_ALL;
+    st[nst++] = (struct pipeline_stage){ src_run, true };
+    if (ps.pair != PAIR_RAW)
+        st[nst++] = (struct pipeline_stage){ rawhash_run, true };
+    st[nst++] = (struct pipeline_stage){ work_run, false };
+    st[nst++] = (struct pipeline_stage){ scan_apply, true };
+    if (j->spec) {
+        st[nst++] = (struct pipeline_stage){ write_run, true };
+        st[nst++] = (struct pipeline_stage){ shardhash_run, true };
+        if (!one_plain && ps.pair == PAIR_NONE)
+            st[nst++] = (struct pipeline_stage){ allhash_run, true };
+    }
+    r = pass_run(&ps, st, nst, err);
 
     for (size_t i = 0; i < j->files.n; i++)
         if (j->files.v[i].sha.ctx) {
@@ -1479,24 +1508,42 @@ write_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     return 0;
 }
 
-/* Each shard's digest, in order. */
+/*
+ * Each shard's digest, in order; with ps->pair, another digest of the
+ * chunk's bytes beside them, in the same blocks (sha256_update2): there
+ * is then no stage of its own for that one (allhash_run, rawhash_run).
+ */
 static int
 shardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 {
     struct pass *ps = ctx;
     struct pchunk *c = chunk;
+    struct sha256 *one = NULL;
+    const char *p = NULL;
+    size_t n = 0;
 
     (void)seq, (void)err;
+    if (ps->pair == PAIR_RAW)
+        one = chunk_raw(ps, c, &p, &n);
+    else if (ps->pair == PAIR_ALL && !c->end && (ps->phase == 2 || c->laid))
+        one = &ps->w->all, p = c->outp, n = c->outlen;
     for (size_t i = 0; i < c->nsl; i++) {
         const struct slice *sl = &c->sl[i];
         struct shard_out *s = &ps->w->shards[sl->shard];
+        size_t k = n < sl->len ? n : sl->len;
 
         if (!s->sha.ctx)
             sha256_init(&s->sha);
-        sha256_update(&s->sha, c->outp + sl->off, sl->len);
+        if (k)
+            sha256_update2(&s->sha, c->outp + sl->off, sl->len, one, p, k);
+        else
+            sha256_update(&s->sha, c->outp + sl->off, sl->len);
+        p += k, n -= k;
         if (sl->close)
             sha256_final(&s->sha, s->sha256);
     }
+    if (n)
+        sha256_update(one, p, n);
     return 0;
 }
 
@@ -1541,10 +1588,16 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
         { src_run, true },   { work_run, false },     { write_apply, true },
         { write_run, true }, { shardhash_run, true }, { allhash_run, true },
     };
-    /* without the last when the stream's digest is known (norm_is_raw) */
-    const size_t nst = sizeof(st) / sizeof(st[0]) - (j->norm_is_raw ? 1 : 0);
     struct pass ps = { .j = j, .phase = 2, .w = w, .remaining = j->rows };
+    /* without the last when the stream's digest is known (norm_is_raw) or
+     * made beside the shards' (pair) */
+    size_t nst = sizeof(st) / sizeof(st[0]);
     int r;
+
+    if (j->norm_is_raw)
+        nst--;
+    else if (j->threads <= SHA256_PAIR_THREADS)
+        ps.pair = PAIR_ALL, nst--;
 
     j->progress_next = 0;
     if ((r = shard_open(w, 0, err)) < 0)

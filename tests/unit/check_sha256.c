@@ -1,7 +1,10 @@
 /*
  * check_sha256: the FIPS 180-2 test vectors through the buffer, streaming
  * and file interfaces (the file one across its 1 MiB read chunks), and the
- * errors sha256_file reports for what it cannot read.
+ * errors sha256_file reports for what it cannot read; each case once on
+ * the CPU's SHA extensions (where it has them) and once on OpenSSL's code.
+ * sha256_update2, two digests interleaved, against two sha256_update and
+ * against OpenSSL, over every alignment of two streams' partial blocks.
  */
 #include <check.h>
 #include <sys/stat.h>
@@ -161,19 +164,117 @@ START_TEST(test_file_errors)
 }
 END_TEST
 
+/* Two streams of random lengths, in random pieces, some fed together:
+ * each digest equals OpenSSL's of the same bytes. */
+START_TEST(test_update2)
+{
+    enum { LEN = 70000 };
+    unsigned char *data = xmalloc(LEN);
+    unsigned seed = 12345;
+    bool accel = sha256_accel(-1);
+
+    for (size_t i = 0; i < LEN; i++)
+        data[i] = (unsigned char)((seed = seed * 1103515245u + 12345u) >> 16);
+    for (int round = 0; round < 300; round++) {
+        size_t na = (seed = seed * 1103515245u + 12345u) >> 8, nb, off_b, at = 0, bt = 0;
+        char ha[SHA256_HEX_LEN + 1], hb[SHA256_HEX_LEN + 1], wa[SHA256_HEX_LEN + 1],
+            wb[SHA256_HEX_LEN + 1];
+        struct sha256 a, b;
+
+        na %= LEN / 2;
+        nb = ((seed = seed * 1103515245u + 12345u) >> 8) % (LEN / 2);
+        off_b = round % 3 == 0 ? 0 : (seed >> 3) % (LEN / 2); /* the same bytes, or others */
+        sha256_init(&a);
+        sha256_init(&b);
+        while (at < na || bt < nb) {
+            size_t r = (seed = seed * 1103515245u + 12345u) >> 8;
+            /* pieces from 0 bytes to a few blocks, each stream its own */
+            size_t ka = (r % 300) < na - at ? r % 300 : na - at;
+            size_t kb = ((r >> 9) % 300) < nb - bt ? (r >> 9) % 300 : nb - bt;
+
+            if (r & (1u << 20)) {
+                sha256_update2(&a, data + at, ka, &b, data + off_b + bt, kb);
+            } else {
+                sha256_update(&a, data + at, ka);
+                sha256_update(&b, data + off_b + bt, kb);
+            }
+            at += ka, bt += kb;
+        }
+        sha256_final(&a, ha);
+        sha256_final(&b, hb);
+        /* what OpenSSL says of the same bytes */
+        sha256_accel(0);
+        sha256_buf(data, na, wa);
+        sha256_buf(data + off_b, nb, wb);
+        sha256_accel(accel);
+        ck_assert_msg(!strcmp(ha, wa) && !strcmp(hb, wb), "round %d: %zu and %zu bytes", round, na,
+                      nb);
+    }
+    free(data);
+}
+END_TEST
+
+/* Long runs of whole blocks together, unequal, from partial blocks. */
+START_TEST(test_update2_long)
+{
+    size_t len = (1 << 20) + 77;
+    unsigned char *data = xmalloc(len);
+    char ha[SHA256_HEX_LEN + 1], hb[SHA256_HEX_LEN + 1], wa[SHA256_HEX_LEN + 1],
+        wb[SHA256_HEX_LEN + 1];
+    struct sha256 a, b;
+    bool accel = sha256_accel(-1);
+
+    for (size_t i = 0; i < len; i++)
+        data[i] = (unsigned char)(i * 7 + (i >> 11));
+    sha256_init(&a);
+    sha256_init(&b);
+    sha256_update2(&a, data, 5, &b, data + 1, 63);
+    sha256_update2(&a, data + 5, len - 5, &b, data + 64, len - 64 - 1000);
+    sha256_update2(&a, "", 0, &b, data + len - 1000, 1000);
+    sha256_final(&a, ha);
+    sha256_final(&b, hb);
+    sha256_accel(0);
+    sha256_buf(data, len, wa);
+    sha256_buf(data + 1, len - 1, wb);
+    sha256_accel(accel);
+    ck_assert_str_eq(ha, wa);
+    ck_assert_str_eq(hb, wb);
+    free(data);
+}
+END_TEST
+
+static void
+accel_on(void)
+{
+    sha256_accel(1);
+}
+
+static void
+accel_off(void)
+{
+    sha256_accel(0);
+    ck_assert(!sha256_accel(-1));
+}
+
 static Suite *
 sha256_suite(void)
 {
     Suite *s = suite_create("sha256");
-    TCase *tc = tcase_create("sha256");
+    /* the CPU's extensions where it has them (accel_on), then OpenSSL's */
+    for (int k = 0; k < 2; k++) {
+        TCase *tc = tcase_create(k ? "openssl" : "cpu");
 
-    tcase_add_test(tc, test_vectors_buf);
-    tcase_add_test(tc, test_vectors_streaming);
-    tcase_add_test(tc, test_million_a);
-    tcase_add_test(tc, test_abort);
-    tcase_add_test(tc, test_file);
-    tcase_add_test(tc, test_file_errors);
-    suite_add_tcase(s, tc);
+        tcase_add_checked_fixture(tc, k ? accel_off : accel_on, NULL);
+        tcase_add_test(tc, test_vectors_buf);
+        tcase_add_test(tc, test_vectors_streaming);
+        tcase_add_test(tc, test_million_a);
+        tcase_add_test(tc, test_abort);
+        tcase_add_test(tc, test_file);
+        tcase_add_test(tc, test_file_errors);
+        tcase_add_test(tc, test_update2);
+        tcase_add_test(tc, test_update2_long);
+        suite_add_tcase(s, tc);
+    }
     return s;
 }
 
