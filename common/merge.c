@@ -305,12 +305,29 @@ mouthash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
     return 0;
 }
 
-/* At a result's end: its rows and digest against its done record. */
+/*
+ * Each result's digest (with_out: and the output's, in one stage,
+ * sha256_update2), and at the result's end its rows and digest against
+ * its done record.
+ */
 static int
-result_end(struct mpass *ps, struct result *x, struct esd_err *err)
+result_hash(struct mpass *ps, struct mchunk *k, bool with_out, struct esd_err *err)
 {
+    struct result *x = &ps->c->res[k->res];
     char hex[SHA256_HEX_LEN + 1];
 
+    if (!x->sha.ctx)
+        sha256_init(&x->sha);
+    if (!k->end) {
+        if (!with_out) {
+            sha256_update(&x->sha, k->text.p, k->text.len);
+            return 0;
+        }
+        sha256_update2(&ps->c->out_sha, k->text.p, k->text.len, &x->sha, k->text.p, k->text.len);
+        if (k->no_nl)
+            sha256_update(&ps->c->out_sha, "\n", 1);
+        return 0;
+    }
     sha256_final(&x->sha, hex);
     if (x->seen_rows != x->rows || strcmp(hex, x->sha256) != 0)
         return err_set(err, -EINVAL,
@@ -322,41 +339,19 @@ result_end(struct mpass *ps, struct result *x, struct esd_err *err)
     return 0;
 }
 
-/* Each result's digest, and its end. */
 static int
 mshardhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 {
-    struct mpass *ps = ctx;
-    struct mchunk *k = chunk;
-    struct result *x = &ps->c->res[k->res];
-
     (void)seq;
-    if (!x->sha.ctx)
-        sha256_init(&x->sha);
-    if (k->end)
-        return result_end(ps, x, err);
-    sha256_update(&x->sha, k->text.p, k->text.len);
-    return 0;
+    return result_hash(ctx, chunk, false, err);
 }
 
-/* Both digests of the same bytes at once (sha256_update2), for few
- * threads: mouthash_run and mshardhash_run in one stage. */
+/* For few threads: mouthash_run and mshardhash_run in one stage. */
 static int
 mbothhash_run(void *ctx, void *chunk, uint64_t seq, struct esd_err *err)
 {
-    struct mpass *ps = ctx;
-    struct mchunk *k = chunk;
-    struct result *x = &ps->c->res[k->res];
-
     (void)seq;
-    if (!x->sha.ctx)
-        sha256_init(&x->sha);
-    if (k->end)
-        return result_end(ps, x, err);
-    sha256_update2(&ps->c->out_sha, k->text.p, k->text.len, &x->sha, k->text.p, k->text.len);
-    if (k->no_nl)
-        sha256_update(&ps->c->out_sha, "\n", 1);
-    return 0;
+    return result_hash(ctx, chunk, true, err);
 }
 
 /* Validates, hashes and (when writing) copies every result in order. */
