@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A full disk during prepare (of a plain input, and of a compressed one,
-# whose text is spooled) and during merge (a small tmpfs): esctl exits 2
+# A full disk during prepare (of a plain input, of a compressed one in one
+# pass, and of one whose text is spooled) and during merge (a small tmpfs): esctl exits 2
 # naming the file and ENOSPC, leaves no job directory, no staging directory,
 # no output and no temporary file behind, and an existing output survives.
 # A whole recipe's global stage without room for it fails at once as an
@@ -42,16 +42,35 @@ expect "prepare names the file it was writing" 'grep -q "$small/" "$tmp/err"'
 expect "prepare leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
 sed 's/^/    /' "$tmp/err"
 
-# The same records gzip-compressed (a few KiB): the scan spools their text
-# into the staging directory, which fills the disk before any shard.
+# The same records gzip-compressed (a few KiB), in one member: one pass
+# on the size gzip records, which fills the disk with the shards.
 gzip -c "$tmp/data.jsonl" >"$tmp/data.jsonl.gz"
 rc=0
 "$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl.gz" \
     --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
 expect "prepare of a compressed input on a full disk exits 2" '[ "$rc" -eq 2 ]'
-expect "prepare says the disk is full while it spools the text" \
-    'grep -q "spool-00000.jsonl (the text of $tmp/data.jsonl.gz): No space left on device" "$tmp/err"'
+expect "prepare of a compressed input names the shard it was writing" \
+    'grep -q "cannot write shard $small/.*No space left on device" "$tmp/err"'
 expect "prepare of a compressed input leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
+sed 's/^/    /' "$tmp/err"
+
+# In a member of 100 records each (as bgzip and parallel compressors
+# write): no size to believe, so the scan spools the text into the staging
+# directory, which fills the disk before any shard.
+python3 - "$tmp/data.jsonl" "$tmp/many.jsonl.gz" <<'PY'
+import gzip, sys
+lines = open(sys.argv[1], "rb").read().splitlines(keepends=True)
+with open(sys.argv[2], "wb") as f:
+    for i in range(0, len(lines), 100):
+        f.write(gzip.compress(b"".join(lines[i:i + 100])))
+PY
+rc=0
+"$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/many.jsonl.gz" \
+    --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
+expect "prepare of a many-member input on a full disk exits 2" '[ "$rc" -eq 2 ]'
+expect "prepare says the disk is full while it spools the text" \
+    'grep -q "spool-00000.jsonl (the text of $tmp/many.jsonl.gz): No space left on device" "$tmp/err"'
+expect "prepare of a many-member input leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
 sed 's/^/    /' "$tmp/err"
 
 # A finished job on the big disk, merged into the small one.
