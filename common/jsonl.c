@@ -239,20 +239,19 @@ run_end(const unsigned char *s, size_t i, size_t n, unsigned kind)
 }
 
 /*
- * A string whose opening quote is at s[i]. Returns the offset past the
- * closing quote, with *ret_escaped telling whether a backslash occurred,
- * or 0 with the fault recorded.
+ * The rest of a string whose opening quote is at s[start], from s[i], the
+ * first byte that stops a run of plain bytes (or n). Returns the offset
+ * past the closing quote, with *ret_escaped telling whether a backslash
+ * occurred, or 0 with the fault recorded.
  */
 static size_t
-scan_string(struct scan *sc, size_t i, bool *ret_escaped)
+string_rest(struct scan *sc, size_t start, size_t i, bool *ret_escaped)
 {
     const unsigned char *s = sc->s;
-    size_t n = sc->n, start = i;
+    size_t n = sc->n;
     bool escaped = false;
 
-    i++;
-    for (;;) {
-        i = run_end(s, i, n, RUN_STR);
+    for (;; i = run_end(s, i, n, RUN_STR)) {
         if (i >= n)
             return fail(sc, JSONL_SYNTAX, start, "unterminated string");
         unsigned char c = s[i];
@@ -317,6 +316,24 @@ scan_string(struct scan *sc, size_t i, bool *ret_escaped)
             return fail(sc, JSONL_SURROGATE, i, "lone surrogate escape");
         i += 6;
     }
+}
+
+/*
+ * A string whose opening quote is at s[i]. Returns the offset past the
+ * closing quote, with *ret_escaped telling whether a backslash occurred,
+ * or 0 with the fault recorded. Inline for the common case, a string of
+ * plain bytes; any other byte is left to string_rest.
+ */
+static inline size_t
+scan_string(struct scan *sc, size_t i, bool *ret_escaped)
+{
+    size_t end = run_end(sc->s, i + 1, sc->n, RUN_STR);
+
+    if (end < sc->n && sc->s[end] == '"') {
+        *ret_escaped = false;
+        return end + 1;
+    }
+    return string_rest(sc, i, end, ret_escaped);
 }
 
 /* Whether the literal lit (len bytes) is at s[i]. */
