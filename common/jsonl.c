@@ -132,10 +132,15 @@ hex4(const unsigned char *s)
     return v;
 }
 
+/*
+ * The scanner's state. Offsets travel as arguments and return values, so
+ * that they live in registers: a scanning function returns the offset past
+ * what it scanned, or 0 after recording a fault (whatever it scanned was
+ * at least one byte, so the offset past it is never 0).
+ */
 struct scan {
     const unsigned char *s;
     size_t n;
-    size_t i;
     struct jsonl_record *rec;
 };
 
@@ -148,84 +153,135 @@ fault(struct scan *sc, enum jsonl_fault f, size_t off, const char *detail)
     return -EINVAL;
 }
 
+/* fault for the scanning functions, which return 0 on a fault; cold, so
+ * that the compiler lays out the paths of valid records first */
+static size_t __attribute__((cold, noinline))
+fail(struct scan *sc, enum jsonl_fault f, size_t off, const char *detail)
+{
+    fault(sc, f, off, detail);
+    return 0;
+}
+
 /* JSON's whitespace, Python json's WHITESPACE: " \t\n\r" and nothing
  * else ("\v" and "\f" are syntax errors between tokens, though is_blank
  * counts them). "\n" cannot occur in a line, but jsonl_check takes any
- * buffer. */
-static inline void
-skip_ws(struct scan *sc)
+ * buffer. Most tokens follow each other without any: one comparison
+ * decides that case. */
+static inline size_t
+skip_ws(const unsigned char *s, size_t i, size_t n)
 {
-    while (sc->i < sc->n) {
-        unsigned char c = sc->s[sc->i];
-        if (c != ' ' && c != '\t' && c != '\r' && c != '\n')
-            break;
-        sc->i++;
-    }
+    while (i < n && s[i] <= ' ' && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n'))
+        i++;
+    return i;
 }
 
-/* Byte classes for the scalar string loop: 1 = stop (quote, backslash,
- * control, non-ASCII). Non-ASCII stops so that its UTF-8 is validated
- * where it stands; DEL (0x7f) does not: Python's strict mode refuses only
- * the characters below 0x20. */
-static const unsigned char str_stop[256] = {
-    [0 ... 0x1f] = 1,
-    ['"'] = 1,
-    ['\\'] = 1,
-    [0x80 ... 0xff] = 1,
+/* Byte classes, for the scalar loops of run_end: RUN_STR stops a run of
+ * plain string bytes (quote, backslash, control, non-ASCII), RUN_DIGIT a
+ * run of digits. Non-ASCII stops a string run so that its UTF-8 is
+ * validated where it stands; DEL (0x7f) does not: Python's strict mode
+ * refuses only the characters below 0x20. */
+enum { RUN_STR = 1, RUN_DIGIT = 2 };
+static const unsigned char run_stop[256] = {
+    [0 ... 0x1f] = RUN_STR | RUN_DIGIT, /* control characters */
+    [' ' ... '!'] = RUN_DIGIT,
+    ['"'] = RUN_STR | RUN_DIGIT,
+    ['#' ... '/'] = RUN_DIGIT,
+    [':' ... '['] = RUN_DIGIT, /* ('0' to '9': 0) */
+    ['\\'] = RUN_STR | RUN_DIGIT,
+    [']' ... 0x7f] = RUN_DIGIT,
+    [0x80 ... 0xff] = RUN_STR | RUN_DIGIT, /* non-ASCII */
 };
 
+#if defined(__SSE2__)
+/* One bit per byte of the 16 at p: set where the byte stops a run of
+ * kind (RUN_STR or RUN_DIGIT, a constant once inlined). */
+static inline unsigned
+run_mask16(const unsigned char *p, unsigned kind)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p), m;
+
+    /* signed compares: bytes >= 0x80 are negative, below ' ' and '0' */
+    if (kind == RUN_STR)
+        m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')),
+                                      _mm_cmpeq_epi8(v, _mm_set1_epi8('\\'))),
+                         _mm_cmplt_epi8(v, _mm_set1_epi8(0x20)));
+    else
+        m = _mm_or_si128(_mm_cmplt_epi8(v, _mm_set1_epi8('0')),
+                         _mm_cmpgt_epi8(v, _mm_set1_epi8('9')));
+    return (unsigned)_mm_movemask_epi8(m);
+}
+#endif
+
 /*
- * A string starting at sc->i (the opening quote). On success sc->i is past
- * the closing quote and *ret_escaped tells whether a backslash occurred.
+ * The first offset at or after i in s[0..n) whose byte stops a run of
+ * kind, or n. Sixteen bytes at a time with SSE2; where fewer than 16 are
+ * left, the buffer's last 16 are looked at instead (the bytes before i
+ * shifted out), so that a record's last tokens take no byte by byte loop
+ * either. Never reads outside s[0..n).
  */
-static int
-scan_string(struct scan *sc, bool *ret_escaped)
+static inline size_t
+run_end(const unsigned char *s, size_t i, size_t n, unsigned kind)
+{
+#if defined(__SSE2__)
+    unsigned mask;
+
+    for (; i + 16 <= n; i += 16)
+        if ((mask = run_mask16(s + i, kind)))
+            return i + (size_t)__builtin_ctz(mask);
+    if (i < n && n >= 16) {
+        mask = run_mask16(s + n - 16, kind) >> (i - (n - 16));
+        return mask ? i + (size_t)__builtin_ctz(mask) : n;
+    }
+#endif
+    while (i < n && !(run_stop[s[i]] & kind))
+        i++;
+    return i;
+}
+
+/*
+ * The same, the first 16 bytes one by one, for strings: most (keys, short
+ * values) are short and of lengths that repeat from record to record, so
+ * that the processor predicts this loop's branches and goes on to the next
+ * token at once, where the vector loop makes it wait for the mask that
+ * says where the run ends (numbers, of lengths that vary, keep that one).
+ */
+static inline size_t
+run_end_short(const unsigned char *s, size_t i, size_t n, unsigned kind)
+{
+    size_t lim = n - i > 16 ? i + 16 : n;
+
+    while (i < lim && !(run_stop[s[i]] & kind))
+        i++;
+    return i < lim || i == n ? i : run_end(s, i, n, kind);
+}
+
+/*
+ * The rest of a string whose opening quote is at s[start], from s[i], the
+ * first byte that stops a run of plain bytes (or n). Returns the offset
+ * past the closing quote, with *ret_escaped telling whether a backslash
+ * occurred, or 0 with the fault recorded.
+ */
+static size_t
+string_rest(struct scan *sc, size_t start, size_t i, bool *ret_escaped)
 {
     const unsigned char *s = sc->s;
-    size_t n = sc->n, i = sc->i + 1, start = sc->i;
+    size_t n = sc->n;
     bool escaped = false;
 
-    for (;;) {
-#if defined(__SSE2__)
-        {
-            const __m128i quote = _mm_set1_epi8('"');
-            const __m128i bslash = _mm_set1_epi8('\\');
-            const __m128i space = _mm_set1_epi8(0x20);
-
-            while (i + 16 <= n) {
-                __m128i v = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
-                /* signed compare: bytes < 0x20 and bytes >= 0x80 both stop */
-                __m128i m =
-                    _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, bslash)),
-                                 _mm_cmplt_epi8(v, space));
-                unsigned mask = (unsigned)_mm_movemask_epi8(m);
-                if (mask) {
-                    i += (size_t)__builtin_ctz(mask);
-                    goto stop;
-                }
-                i += 16;
-            }
-        }
-#endif
-        while (i < n && !str_stop[s[i]])
-            i++;
-#if defined(__SSE2__)
-stop:
-#endif
+    for (;; i = run_end(s, i, n, RUN_STR)) {
         if (i >= n)
-            return fault(sc, JSONL_SYNTAX, start, "unterminated string");
+            return fail(sc, JSONL_SYNTAX, start, "unterminated string");
         unsigned char c = s[i];
         if (c == '"') {
-            sc->i = i + 1;
             *ret_escaped = escaped;
-            return 0;
+            return i + 1;
         }
         if (c >= 0x80) {
             /* Runs of non-ASCII text (CJK, …) stay in this inner loop. */
             do {
                 size_t k = utf8_seq(s + i, n - i);
                 if (!k)
-                    return fault(sc, JSONL_UTF8, i, "invalid UTF-8 sequence");
+                    return fail(sc, JSONL_UTF8, i, "invalid UTF-8 sequence");
                 i += k;
             } while (i < n && s[i] >= 0x80);
             continue;
@@ -233,11 +289,11 @@ stop:
         /* json.loads is strict by default: a raw tab or newline inside a
          * string is "Invalid control character", as here */
         if (c < 0x20)
-            return fault(sc, JSONL_SYNTAX, i, "raw control character in string");
+            return fail(sc, JSONL_SYNTAX, i, "raw control character in string");
         /* backslash */
         escaped = true;
         if (i + 1 >= n)
-            return fault(sc, JSONL_SYNTAX, start, "unterminated string");
+            return fail(sc, JSONL_SYNTAX, start, "unterminated string");
         c = s[i + 1];
         switch (c) {
         case '"':
@@ -253,13 +309,13 @@ stop:
         case 'u':
             break;
         default:
-            return fault(sc, JSONL_SYNTAX, i, "invalid escape in string");
+            return fail(sc, JSONL_SYNTAX, i, "invalid escape in string");
         }
         if (i + 6 > n)
-            return fault(sc, JSONL_SYNTAX, i, "invalid \\u escape in string");
+            return fail(sc, JSONL_SYNTAX, i, "invalid \\u escape in string");
         long u = hex4(s + i + 2);
         if (u < 0)
-            return fault(sc, JSONL_SYNTAX, i, "invalid \\u escape in string");
+            return fail(sc, JSONL_SYNTAX, i, "invalid \\u escape in string");
         /* Python combines a high surrogate with a following \u low one and
          * keeps any other surrogate as it is: the record then parses but
          * cannot be written as UTF-8 (the reference's crash of spec §6.4,
@@ -269,23 +325,39 @@ stop:
             if (i + 12 <= n && s[i + 6] == '\\' && s[i + 7] == 'u')
                 lo = hex4(s + i + 8);
             if (lo < 0xdc00 || lo > 0xdfff)
-                return fault(sc, JSONL_SURROGATE, i, "lone surrogate escape");
+                return fail(sc, JSONL_SURROGATE, i, "lone surrogate escape");
             i += 12;
             continue;
         }
         if (u >= 0xdc00 && u <= 0xdfff)
-            return fault(sc, JSONL_SURROGATE, i, "lone surrogate escape");
+            return fail(sc, JSONL_SURROGATE, i, "lone surrogate escape");
         i += 6;
     }
 }
 
-static bool
-match_lit(struct scan *sc, const char *lit, size_t len)
+/*
+ * A string whose opening quote is at s[i]. Returns the offset past the
+ * closing quote, with *ret_escaped telling whether a backslash occurred,
+ * or 0 with the fault recorded. Inline for the common case, a string of
+ * plain bytes; any other byte is left to string_rest.
+ */
+static inline size_t
+scan_string(struct scan *sc, size_t i, bool *ret_escaped)
 {
-    if (sc->n - sc->i < len || memcmp(sc->s + sc->i, lit, len) != 0)
-        return false;
-    sc->i += len;
-    return true;
+    size_t end = run_end_short(sc->s, i + 1, sc->n, RUN_STR);
+
+    if (end < sc->n && sc->s[end] == '"') {
+        *ret_escaped = false;
+        return end + 1;
+    }
+    return string_rest(sc, i, end, ret_escaped);
+}
+
+/* Whether the literal lit (len bytes) is at s[i]. */
+static inline bool
+match_lit(const unsigned char *s, size_t i, size_t n, const char *lit, size_t len)
+{
+    return n - i >= len && memcmp(s + i, lit, len) == 0;
 }
 
 static inline bool
@@ -296,51 +368,44 @@ is_digit(unsigned char c)
 
 /*
  * Python's NUMBER_RE, (-?(?:0|[1-9]\d*))(\.\d+)?([eE][-+]?\d+)?, plus
- * -Infinity. The optional parts are taken only when complete, as the
- * regular expression takes them: "01", "1." and "1e" end the number after
- * "0" or "1" and leave the rest to fail as the next token, where Python
- * fails too. The value is never computed: Python accepts any length
- * (arbitrary precision integers, 1e999 as inf), so only the shape matters.
+ * -Infinity, at s[i] (a '-' or a digit). The optional parts are taken only
+ * when complete, as the regular expression takes them: "01", "1." and
+ * "1e" end the number after "0" or "1" and leave the rest to fail as the
+ * next token, where Python fails too. The value is never computed: Python
+ * accepts any length (arbitrary precision integers, 1e999 as inf), so only
+ * the shape matters. Returns the offset past the number, or 0 with the
+ * fault recorded.
  */
-static int
-scan_number(struct scan *sc)
+static size_t
+scan_number(struct scan *sc, size_t i)
 {
     const unsigned char *s = sc->s;
-    size_t n = sc->n, i = sc->i, start = sc->i;
+    size_t n = sc->n, start = i;
 
     if (s[i] == '-') {
         i++;
         if (i < n && s[i] == 'I') {
-            sc->i = i;
-            if (match_lit(sc, "Infinity", 8))
-                return 0;
-            return fault(sc, JSONL_SYNTAX, start, "expected a value");
+            if (match_lit(s, i, n, "Infinity", 8))
+                return i + 8;
+            return fail(sc, JSONL_SYNTAX, start, "expected a value");
         }
     }
     if (i >= n || !is_digit(s[i]))
-        return fault(sc, JSONL_SYNTAX, start, "expected a value");
+        return fail(sc, JSONL_SYNTAX, start, "expected a value");
     if (s[i] == '0')
         i++;
     else
-        while (i < n && is_digit(s[i]))
-            i++;
-    if (i + 1 < n && s[i] == '.' && is_digit(s[i + 1])) {
-        i += 2;
-        while (i < n && is_digit(s[i]))
-            i++;
-    }
+        i = run_end(s, i + 1, n, RUN_DIGIT);
+    if (i + 1 < n && s[i] == '.' && is_digit(s[i + 1]))
+        i = run_end(s, i + 2, n, RUN_DIGIT);
     if (i < n && (s[i] == 'e' || s[i] == 'E')) {
         size_t j = i + 1;
         if (j < n && (s[j] == '+' || s[j] == '-'))
             j++;
-        if (j < n && is_digit(s[j])) {
-            while (j < n && is_digit(s[j]))
-                j++;
-            i = j;
-        }
+        if (j < n && is_digit(s[j]))
+            i = run_end(s, j + 1, n, RUN_DIGIT);
     }
-    sc->i = i;
-    return 0;
+    return i;
 }
 
 static void
@@ -362,143 +427,142 @@ add_member(struct jsonl_record *rec, size_t key_off, size_t key_len, bool key_es
 /*
  * The grammar as a loop over an explicit container stack: one bit per level
  * (1 = object), so depth costs max_depth/8 bytes and no recursion. A
- * max_depth above what the stack holds is lowered to it.
+ * max_depth above what the stack holds is lowered to it. The value starts
+ * at s[i] or after whitespace; returns the offset past it, or 0 with the
+ * fault recorded.
  *
  * Control reaches "after" once per complete value, with depth the level
- * of the container holding it (0: the record itself). For members, a
- * value of the top-level object starts at "value" and ends at "after"
- * with depth 1; a nested container's own values pass there at depth 2 and
- * more. Members are recorded in order, duplicates included: what Python
- * makes of a duplicate key (the last value at the first one's place, spec
- * §6.3) is for the caller to apply.
+ * of the container holding it (0: the record itself) and obj telling
+ * whether that container is an object. For members, a value of the
+ * top-level object starts at "value" and ends at "after" with depth 1
+ * (top is set there and only there); a nested container's own values pass
+ * there at depth 2 and more. Members are recorded in order, duplicates
+ * included: what Python makes of a duplicate key (the last value at the
+ * first one's place, spec §6.3) is for the caller to apply.
  */
-static int
-scan_value(struct scan *sc, unsigned max_depth)
+static size_t
+scan_value(struct scan *sc, size_t i, unsigned max_depth)
 {
     enum { STACK_BYTES = 512 };
     unsigned char stack[STACK_BYTES];
+    const unsigned char *s = sc->s;
+    size_t n = sc->n, kstart;
     unsigned depth = 0;
     struct jsonl_record *rec = sc->rec;
-    bool members = rec->want_members, esc;
-    size_t kstart;
-    int r;
+    bool members = rec->want_members, obj = false, top = false, esc;
 
     if (max_depth > STACK_BYTES * 8)
         max_depth = STACK_BYTES * 8;
 
 value:
-    skip_ws(sc);
-    if (sc->i >= sc->n)
-        return fault(sc, JSONL_SYNTAX, sc->i, "expected a value");
-    if (members && depth == 1 && (stack[0] & 1))
-        rec->members[rec->nmembers - 1].val_off = sc->i;
-    switch (sc->s[sc->i]) {
+    i = skip_ws(s, i, n);
+    if (i >= n)
+        return fail(sc, JSONL_SYNTAX, i, "expected a value");
+    if (top)
+        rec->members[rec->nmembers - 1].val_off = i;
+    switch (s[i]) {
     case '{':
-    case '[': {
-        bool obj = sc->s[sc->i] == '{';
+    case '[':
         if (depth >= max_depth)
-            return fault(sc, JSONL_DEPTH, sc->i, "nested too deeply");
+            return fail(sc, JSONL_DEPTH, i, "nested too deeply");
+        obj = s[i] == '{';
         if (obj)
             stack[depth / 8] |= (unsigned char)(1u << (depth % 8));
         else
             stack[depth / 8] &= (unsigned char)~(1u << (depth % 8));
         if (depth == 0 && obj)
-            rec->obj_open = sc->i;
+            rec->obj_open = i;
         depth++;
-        sc->i++;
-        skip_ws(sc);
-        if (sc->i < sc->n && sc->s[sc->i] == (obj ? '}' : ']')) {
-            sc->i++;
-            depth--;
-            if (depth == 0 && obj)
-                rec->obj_close = sc->i - 1;
-            goto after;
-        }
+        top = members && depth == 1 && obj;
+        i = skip_ws(s, i + 1, n);
+        if (i < n && s[i] == (obj ? '}' : ']'))
+            goto close;
         if (!obj)
             goto value;
         goto key;
-    }
     case '"':
-        if ((r = scan_string(sc, &esc)) < 0)
-            return r;
+        if (!(i = scan_string(sc, i, &esc)))
+            return 0;
         goto after;
     case 't':
-        if (match_lit(sc, "true", 4))
-            goto after;
-        break;
+        if (!match_lit(s, i, n, "true", 4))
+            break;
+        i += 4;
+        goto after;
     case 'f':
-        if (match_lit(sc, "false", 5))
-            goto after;
-        break;
+        if (!match_lit(s, i, n, "false", 5))
+            break;
+        i += 5;
+        goto after;
     case 'n':
-        if (match_lit(sc, "null", 4))
-            goto after;
-        break;
+        if (!match_lit(s, i, n, "null", 4))
+            break;
+        i += 4;
+        goto after;
     case 'N':
-        if (match_lit(sc, "NaN", 3))
-            goto after;
-        break;
+        if (!match_lit(s, i, n, "NaN", 3))
+            break;
+        i += 3;
+        goto after;
     case 'I':
-        if (match_lit(sc, "Infinity", 8))
-            goto after;
-        break;
+        if (!match_lit(s, i, n, "Infinity", 8))
+            break;
+        i += 8;
+        goto after;
     default:
-        if (sc->s[sc->i] == '-' || is_digit(sc->s[sc->i])) {
-            if ((r = scan_number(sc)) < 0)
-                return r;
+        if (s[i] == '-' || is_digit(s[i])) {
+            if (!(i = scan_number(sc, i)))
+                return 0;
             goto after;
         }
         break;
     }
-    return fault(sc, JSONL_SYNTAX, sc->i, "expected a value");
+    return fail(sc, JSONL_SYNTAX, i, "expected a value");
 
 key:
     /* at the first byte after '{' or ',' (whitespace skipped) */
-    if (sc->i >= sc->n || sc->s[sc->i] != '"')
-        return fault(sc, JSONL_SYNTAX, sc->i, "expected a string key");
-    kstart = sc->i;
-    if ((r = scan_string(sc, &esc)) < 0)
-        return r;
-    if (members && depth == 1)
-        add_member(rec, kstart + 1, sc->i - kstart - 2, esc);
-    skip_ws(sc);
-    if (sc->i >= sc->n || sc->s[sc->i] != ':')
-        return fault(sc, JSONL_SYNTAX, sc->i, "expected ':'");
-    sc->i++;
+    if (i >= n || s[i] != '"')
+        return fail(sc, JSONL_SYNTAX, i, "expected a string key");
+    kstart = i;
+    if (!(i = scan_string(sc, i, &esc)))
+        return 0;
+    if (top)
+        add_member(rec, kstart + 1, i - kstart - 2, esc);
+    i = skip_ws(s, i, n);
+    if (i >= n || s[i] != ':')
+        return fail(sc, JSONL_SYNTAX, i, "expected ':'");
+    i++;
     goto value;
+
+close:
+    /* at the closing bracket of the innermost container, which obj tells */
+    i++;
+    depth--;
+    if (depth == 0 && obj)
+        rec->obj_close = i - 1;
+    if (depth > 0)
+        obj = (stack[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1;
+    top = members && depth == 1 && obj;
 
 after:
     if (depth == 0)
-        return 0;
-    if (members && depth == 1 && (stack[0] & 1)) {
+        return i;
+    if (top) {
         struct jsonl_member *m = &rec->members[rec->nmembers - 1];
-        m->val_len = sc->i - m->val_off;
+        m->val_len = i - m->val_off;
     }
-    skip_ws(sc);
-    if (sc->i >= sc->n)
-        return fault(sc, JSONL_SYNTAX, sc->i,
-                     (stack[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1 ? "expected ',' or '}'"
-                                                                       : "expected ',' or ']'");
-    {
-        bool obj = (stack[(depth - 1) / 8] >> ((depth - 1) % 8)) & 1;
-        unsigned char c = sc->s[sc->i];
-        if (c == ',') {
-            sc->i++;
-            if (obj) {
-                skip_ws(sc);
-                goto key;
-            }
-            goto value;
+    i = skip_ws(s, i, n);
+    if (i < n && s[i] == ',') {
+        i++;
+        if (obj) {
+            i = skip_ws(s, i, n);
+            goto key;
         }
-        if (c == (obj ? '}' : ']')) {
-            sc->i++;
-            depth--;
-            if (depth == 0 && obj)
-                rec->obj_close = sc->i - 1;
-            goto after;
-        }
-        return fault(sc, JSONL_SYNTAX, sc->i, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+        goto value;
     }
+    if (i < n && s[i] == (obj ? '}' : ']'))
+        goto close;
+    return fail(sc, JSONL_SYNTAX, i, obj ? "expected ',' or '}'" : "expected ',' or ']'");
 }
 
 /* Spec §6.3's blank line: only ASCII whitespace, the six bytes Python's
@@ -517,9 +581,8 @@ is_blank(const char *p, size_t n)
 int
 jsonl_check(struct jsonl_record *rec, const char *p, size_t n, const struct jsonl_limits *lim)
 {
-    struct scan sc = { (const unsigned char *)p, n, 0, rec };
-    size_t bad, first;
-    int r;
+    struct scan sc = { (const unsigned char *)p, n, rec };
+    size_t bad, first, end;
 
     if (!lim)
         lim = &jsonl_default_limits;
@@ -534,15 +597,14 @@ jsonl_check(struct jsonl_record *rec, const char *p, size_t n, const struct json
         return fault(&sc, JSONL_TOO_LONG, lim->max_line, "record too long");
     if (is_blank(p, n))
         return fault(&sc, JSONL_BLANK, 0, NULL);
-    skip_ws(&sc);
-    first = sc.i;
-    r = scan_value(&sc, lim->max_depth ? lim->max_depth : JSONL_MAX_DEPTH_DEFAULT);
-    if (r == 0) {
-        skip_ws(&sc);
-        if (sc.i < n)
-            r = fault(&sc, JSONL_SYNTAX, sc.i, "extra data after the value");
+    first = skip_ws(sc.s, 0, n);
+    end = scan_value(&sc, first, lim->max_depth ? lim->max_depth : JSONL_MAX_DEPTH_DEFAULT);
+    if (end) {
+        end = skip_ws(sc.s, end, n);
+        if (end < n)
+            end = fail(&sc, JSONL_SYNTAX, end, "extra data after the value");
     }
-    if (r < 0) {
+    if (!end) {
         /* Python decodes the whole line before parsing: a bad byte anywhere
          * wins over a syntax error, and a BOM is reported as such. Only a
          * failed scan needs this pass: a byte >= 0x80 outside a string is a
@@ -552,7 +614,7 @@ jsonl_check(struct jsonl_record *rec, const char *p, size_t n, const struct json
             return fault(&sc, JSONL_UTF8, bad, "invalid UTF-8 sequence");
         if (n >= 3 && memcmp(p, "\xef\xbb\xbf", 3) == 0)
             return fault(&sc, JSONL_BOM, 0, "Unexpected UTF-8 BOM");
-        return r;
+        return -EINVAL;
     }
     /* After the whole value, as Python checks the type of what it parsed:
      * a broken array is "Invalid JSON", not "must be an object". */

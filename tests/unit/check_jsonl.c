@@ -454,6 +454,134 @@ START_TEST(test_reader_large)
 }
 END_TEST
 
+/* Checks p[0..n) from an exact-size heap copy (ASan sees any read past
+ * its end): the fault (JSONL_OK: valid) and, for a fault, its offset. */
+static void
+check_at(const char *p, size_t n, bool want_members, enum jsonl_fault fault, size_t off)
+{
+    struct jsonl_record rec;
+    char *copy = xmalloc(n ? n : 1);
+
+    memcpy(copy, p, n);
+    jsonl_record_init(&rec, want_members);
+    jsonl_check(&rec, copy, n, NULL);
+    ck_assert_msg(rec.fault == fault && (fault == JSONL_OK || rec.fault_off == off),
+                  "'%.*s' (%zu bytes): fault %d at %zu, expected %d at %zu", (int)n, p, n,
+                  rec.fault, rec.fault_off, fault, off);
+    jsonl_record_free(&rec);
+    free(copy);
+}
+
+/*
+ * The scanner looks at strings and digits 16 bytes at a time, the first
+ * bytes of a string one by one, and a run's last bytes as the buffer's
+ * last 16: every length of string, key and number around those bounds,
+ * with what ends or breaks them at every place, and the record ending
+ * right after them.
+ */
+START_TEST(test_block_edges)
+{
+    struct jsonl_record rec;
+    struct buf b;
+
+    buf_init(&b);
+    jsonl_record_init(&rec, true);
+    for (size_t len = 0; len <= 70; len++) {
+        /* {"k":"aaa…"}: valid, the record ending 2 bytes after the string */
+        buf_reset(&b);
+        buf_puts(&b, "{\"k\":\"");
+        for (size_t j = 0; j < len; j++)
+            buf_putc(&b, (char)('a' + j % 26));
+        buf_puts(&b, "\"}");
+        check_at(b.p, b.len, true, JSONL_OK, 0);
+        /* the string unterminated, the buffer ending inside it */
+        check_at(b.p, b.len - 2, true, JSONL_SYNTAX, 5);
+        /* ... and without its closing brace */
+        check_at(b.p, b.len - 1, true, JSONL_SYNTAX, b.len - 1);
+        /* as a key, of every length: its span */
+        buf_reset(&b);
+        buf_puts(&b, "{\"");
+        for (size_t j = 0; j < len; j++)
+            buf_putc(&b, 'k');
+        buf_puts(&b, "\":1}");
+        ck_assert_int_eq(jsonl_check(&rec, b.p, b.len, NULL), 0);
+        ck_assert_uint_eq(rec.nmembers, 1);
+        ck_assert_uint_eq(rec.members[0].key_off, 2);
+        ck_assert_uint_eq(rec.members[0].key_len, len);
+        ck_assert_uint_eq(rec.members[0].val_off, len + 4);
+        ck_assert_uint_eq(rec.members[0].val_len, 1);
+        /* a number of every length, and the buffer ending in its digits */
+        buf_reset(&b);
+        buf_puts(&b, "{\"n\":1");
+        for (size_t j = 0; j < len; j++)
+            buf_putc(&b, (char)('0' + j % 10));
+        check_at(b.p, b.len, true, JSONL_SYNTAX, b.len);
+        buf_puts(&b, ".5");
+        for (size_t j = 0; j < len; j++)
+            buf_putc(&b, (char)('9' - j % 10));
+        check_at(b.p, b.len, true, JSONL_SYNTAX, b.len);
+        buf_puts(&b, "e-");
+        for (size_t j = 0; j <= len; j++)
+            buf_putc(&b, '7');
+        check_at(b.p, b.len, true, JSONL_SYNTAX, b.len);
+        buf_putc(&b, '}');
+        ck_assert_int_eq(jsonl_check(&rec, b.p, b.len, NULL), 0);
+        ck_assert_uint_eq(rec.members[0].val_len, b.len - 6);
+        /* the exponent's last digit a letter: the number ends before it,
+         * or before the 'e' when that left it no digit */
+        b.p[b.len - 2] = 'x';
+        check_at(b.p, b.len, true, JSONL_SYNTAX, len ? b.len - 2 : b.len - 4);
+    }
+    /* in a string of 70 bytes, at every place: each byte that stops a run
+     * of plain bytes, as a fault or as valid text, at its offset */
+    for (size_t at = 0; at < 70; at++) {
+        static const struct {
+            const char *put;
+            enum jsonl_fault fault;
+        } edits[] = {
+            { "\x01", JSONL_SYNTAX },
+            { "\x1f", JSONL_SYNTAX },
+            { "\t", JSONL_SYNTAX },
+            { "\xff", JSONL_UTF8 },
+            { "\x80", JSONL_UTF8 },
+            { "\xc3", JSONL_UTF8 },
+            { "\\x", JSONL_SYNTAX },
+            { "\\u12g4", JSONL_SYNTAX },
+            { "\\ud800", JSONL_SURROGATE },
+            { "\xc3\xa9", JSONL_OK },
+            { "\xe6\x95\xb0", JSONL_OK },
+            { "\xf0\x9f\x98\x80", JSONL_OK },
+            { "\\n", JSONL_OK },
+            { "\\\\", JSONL_OK },
+            { "\\\"", JSONL_OK },
+            { "\\u00e9", JSONL_OK },
+            { "\\ud83d\\ude00", JSONL_OK },
+            { "\x7f", JSONL_OK },
+        };
+
+        for (size_t e = 0; e < sizeof(edits) / sizeof(edits[0]); e++) {
+            size_t k = strlen(edits[e].put);
+
+            /* the edit at offset at of the string, the rest after it */
+            buf_reset(&b);
+            buf_puts(&b, "{\"t\":\"");
+            for (size_t j = 0; j < at; j++)
+                buf_putc(&b, 'x');
+            buf_puts(&b, edits[e].put);
+            for (size_t j = at + k; j < 70; j++)
+                buf_putc(&b, 'x');
+            buf_puts(&b, "\",\"n\":0}");
+            check_at(b.p, b.len, true, edits[e].fault, 6 + at);
+            /* the record ending right after the edit, inside the string */
+            if (edits[e].fault == JSONL_OK)
+                check_at(b.p, 6 + at + k, false, JSONL_SYNTAX, 5);
+        }
+    }
+    jsonl_record_free(&rec);
+    buf_free(&b);
+}
+END_TEST
+
 static Suite *
 jsonl_suite(void)
 {
@@ -462,6 +590,7 @@ jsonl_suite(void)
 
     tcase_add_loop_test(tc, test_cases, 0, (int)(sizeof(cases) / sizeof(cases[0])));
     tcase_add_test(tc, test_depth_and_length);
+    tcase_add_test(tc, test_block_edges);
     tcase_add_test(tc, test_messages);
     tcase_add_test(tc, test_members);
     tcase_add_test(tc, test_unescape);
