@@ -2250,9 +2250,12 @@ compressed_guess(struct job *j)
 
         f->guess =
             f->kind == ZSRC_PLAIN ? (int64_t)f->size : zsrc_text_guess(f->path, f->kind, f->size);
-        if (f->guess < 0 || (uint64_t)f->guess < f->size)
+        /* (sizes a hostile header made up could only add up past 2^64) */
+        if (f->guess < 0 || (uint64_t)f->guess < f->size ||
+            (uint64_t)f->guess > UINT64_MAX / 2 - j->total_guess)
             ok = false;
-        j->total_guess += f->guess > 0 ? (uint64_t)f->guess : 0;
+        else
+            j->total_guess += (uint64_t)f->guess;
     }
     if (!ok)
         j->total_guess = 0;

@@ -1325,6 +1325,39 @@ START_TEST(test_compressed_paths)
 }
 END_TEST
 
+/* A size recorded wrong on purpose (a gzip trailer's ISIZE made 4 GiB - 1):
+ * one pass balances on it, and the stream's own check then fails the
+ * prepare, naming the file; nothing is left. */
+START_TEST(test_compressed_lying_size)
+{
+    struct fixture f;
+    struct prepare_result res;
+    struct esd_err err;
+    struct buf text, raw;
+    size_t cuts[1] = { 0 };
+    char *ds, *p;
+
+    fixture_init(&f, RECIPE_PLAIN);
+    ds = fs_join(f.dir, "ds");
+    buf_init(&text);
+    buf_init(&raw);
+    for (int i = 0; i < 500; i++)
+        buf_printf(&text, "{\"id\":%d}\n", i);
+    gzip_members(&raw, text.p, text.len, cuts);
+    memset(raw.p + raw.len - 4, 0xff, 4);
+    p = tu_write(ds, "d.jsonl.gz", raw.p, raw.len);
+    ck_assert_int_eq(run_prepare(&f, ds, 3, &res, &err), -EINVAL);
+    ck_assert_msg(strstr(err.msg, p) && strstr(err.msg, "corrupt gzip data"), "%s", err.msg);
+    ck_assert(!tu_exists(f.job));
+    ck_assert_int_eq(tu_count_entries(f.dir), 2);
+    free(p);
+    free(ds);
+    buf_free(&raw);
+    buf_free(&text);
+    fixture_free(&f);
+}
+END_TEST
+
 static Suite *
 prepare_suite(void)
 {
@@ -1341,6 +1374,7 @@ prepare_suite(void)
     tcase_add_test(tc, test_errors_leave_nothing);
     tcase_add_test(tc, test_compressed_inputs);
     tcase_add_test(tc, test_compressed_paths);
+    tcase_add_test(tc, test_compressed_lying_size);
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_ray_address_warning);
     tcase_add_test(tc, test_cancel);
