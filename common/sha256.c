@@ -228,7 +228,7 @@ fill(struct sha_state *st, const unsigned char **p, size_t *n)
 {
     size_t k;
 
-    if (!st->nbuf)
+    if (!st->nbuf || !*n)
         return;
     k = 64 - st->nbuf < *n ? 64 - st->nbuf : *n;
     memcpy(st->buf + st->nbuf, *p, k);
@@ -245,6 +245,8 @@ fill(struct sha_state *st, const unsigned char **p, size_t *n)
 static void
 keep(struct sha_state *st, const unsigned char *p, size_t n)
 {
+    if (!n) /* (p may then be NULL, which memcpy may not be given) */
+        return;
     memcpy(st->buf + st->nbuf, p, n);
     st->nbuf += n;
 }

@@ -57,6 +57,7 @@ START_TEST(test_vectors_streaming)
         for (size_t k = 0; k < n; k++) {
             sha256_update(&s, vectors[i].msg + k, 1);
             sha256_update(&s, "", 0);
+            sha256_update(&s, NULL, 0);
         }
         sha256_final(&s, hex);
         ck_assert_ptr_null(s.ctx);
@@ -231,6 +232,7 @@ START_TEST(test_update2_long)
     sha256_update2(&a, data, 5, &b, data + 1, 63);
     sha256_update2(&a, data + 5, len - 5, &b, data + 64, len - 64 - 1000);
     sha256_update2(&a, "", 0, &b, data + len - 1000, 1000);
+    sha256_update2(&a, NULL, 0, &b, NULL, 0);
     sha256_final(&a, ha);
     sha256_final(&b, hb);
     sha256_accel(0);
