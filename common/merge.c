@@ -364,12 +364,12 @@ stream_results(struct ctx *c, struct merge_result *res, struct esd_err *err)
     };
     /* the digests side by side on many threads, where one alone bounds
      * the pipeline; on few, both in one stage, where the CPU time is the
-     * bound (SHA256_PAIR_THREADS) */
+     * bound (sha256_pair_pays) */
     static const struct pipeline_stage few[] = {
         { msrc_run, true },   { mwork_run, false },    { mapply_run, true },
         { mwrite_run, true }, { mbothhash_run, true },
     };
-    const bool pair = c->threads <= SHA256_PAIR_THREADS;
+    const bool pair = sha256_pair_pays(c->threads);
     const size_t nst = pair ? sizeof(few) / sizeof(few[0]) : sizeof(st) / sizeof(st[0]);
     size_t n = pipeline_chunks_for(c->threads, nst);
     struct mchunk **v = xcalloc(n, sizeof(*v));

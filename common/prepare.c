@@ -794,7 +794,7 @@ struct pass {
     uint64_t rows;
     struct buf *raw; /* pass 1: where the reader's raw bytes go */
     /* the digest that shardhash_run pairs with the shards' (few threads,
-     * SHA256_PAIR_THREADS): the normalised stream's, or in one pass of
+     * sha256_pair_pays): the normalised stream's, or in one pass of
      * one plain file, that file's (its bytes are the stream's) */
     enum { PAIR_NONE, PAIR_ALL, PAIR_RAW } pair;
     bool spooling;      /* pass 1: the current file's text goes to spool_fd */
@@ -1265,7 +1265,7 @@ scan_pass(struct job *j, struct esd_err *err)
     size_t nst = 0;
     int r;
 
-    if (j->spec && j->threads <= SHA256_PAIR_THREADS)
+    if (j->spec && sha256_pair_pays(j->threads))
         ps.pair = one_plain ? PAIR_RAW : PAIR_ALL;
     st[nst++] = (struct pipeline_stage){ src_run, true };
     if (ps.pair != PAIR_RAW)
@@ -1596,7 +1596,7 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
 
     if (j->norm_is_raw)
         nst--;
-    else if (j->threads <= SHA256_PAIR_THREADS)
+    else if (sha256_pair_pays(j->threads))
         ps.pair = PAIR_ALL, nst--;
 
     j->progress_next = 0;

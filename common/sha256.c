@@ -207,6 +207,12 @@ sha256_accel(int on)
     return use_accel();
 }
 
+bool
+sha256_pair_pays(unsigned nthreads)
+{
+    return nthreads <= 3 && use_accel();
+}
+
 void
 sha256_init(struct sha256 *s)
 {

@@ -28,12 +28,13 @@ void sha256_update(struct sha256 *s, const void *data, size_t len);
 void sha256_update2(struct sha256 *a, const void *pa, size_t na, struct sha256 *b, const void *pb,
                     size_t nb);
 /*
- * A pipeline (common/pipeline.h) of up to this many threads is faster
- * with two digests of the same bytes in one stage (sha256_update2: less
- * CPU time) than in two (two threads, but one digest alone is then the
- * longest stage): with 4 and more, two stages.
+ * Whether a pipeline (common/pipeline.h) of nthreads is faster with two
+ * digests of the same bytes in one stage (sha256_update2: less CPU time)
+ * than in two (two threads, but one digest alone is then the longest
+ * stage): on up to 3 threads, where the CPU has SHA extensions (without
+ * them a pair costs what two do, and two stages share it out).
  */
-#define SHA256_PAIR_THREADS 3
+bool sha256_pair_pays(unsigned nthreads);
 /* Finishes the digest into 64 lower-case hex chars + NUL; frees the context. */
 void sha256_final(struct sha256 *s, char hex[SHA256_HEX_LEN + 1]);
 /* Releases a digest that will not be finished (NULL-safe, idempotent). */
