@@ -157,7 +157,6 @@ struct infile {
     uint64_t fast;       /* its chunks' fasthashes combined, scan pass */
     uint64_t seen;       /* raw bytes read in this pass */
     uint64_t text_size;  /* bytes of the text: size, or a compressed file's decompressed size */
-    int64_t guess;       /* a compressed file's text size as its format tells it, or -1 */
     enum zsrc_kind kind; /* as its name says */
     bool spooled;        /* its text is spooled by the scan for the write pass */
     bool edited;         /* some record needed a normalisation edit */
@@ -442,7 +441,7 @@ struct job {
     unsigned threads; /* of the passes' pipelines */
     bool norm_is_raw; /* the normalised stream is the one input file's bytes */
     /* One pass (see scan_pass): the shards written by the scan, on the
-     * guess that the normalised stream is the input files' bytes */
+     * guess that the normalised stream is the input files' text */
     bool spec, spec_failed;
     struct writer *w;
     enum prepare_sync sync; /* FS or FILES, chosen once the staging directory is open */
@@ -1247,9 +1246,10 @@ pass_run(struct pass *ps, const struct pipeline_stage *st, size_t nst, struct es
  * Pass 1 (spec §6.3): validate and measure every record, hash every file.
  *
  * In one pass (j->spec), it writes the shards too, on the guess that the
- * normalised stream will be the input files' bytes (no record edited or
- * decoded, each file ended by a "\n"), whose total the file sizes give
- * before a byte is read: the balancing rule needs it. The guess is checked
+ * normalised stream will be the input files' text (no record edited, each
+ * file ended by a "\n"), whose total the file sizes and the compressed
+ * files' recorded sizes give before a byte is read (compressed_guess): the
+ * balancing rule needs it. The guess is checked
  * as the records come (a failed one stops the writes, spec_failed) and at
  * the end (one_pass_held); when it did not hold, the shards are made again
  * by pass 2.
@@ -1612,7 +1612,7 @@ write_pass(struct job *j, struct writer *w, struct esd_err *err)
 }
 
 /* Whether the shards one pass wrote are those of the balancing rule: the
- * guess held (the stream is the files' bytes, of the total balanced on),
+ * guess held (the stream is the files' text, of the total balanced on),
  * and the rule's second clause, left out there, never applied: shard k's
  * last record, the (c_k+1)-th, came no later than where records left =
  * shards left would have closed it (c_k <= rows - N + k), so every shard is
@@ -2246,16 +2246,16 @@ compressed_guess(struct job *j)
 
     j->total_guess = 0;
     for (size_t i = 0; i < j->files.n; i++) {
-        struct infile *f = &j->files.v[i];
-
-        f->guess =
+        const struct infile *f = &j->files.v[i];
+        int64_t guess =
             f->kind == ZSRC_PLAIN ? (int64_t)f->size : zsrc_text_guess(f->path, f->kind, f->size);
+
         /* (sizes a hostile header made up could only add up past 2^64) */
-        if (f->guess < 0 || (uint64_t)f->guess < f->size ||
-            (uint64_t)f->guess > UINT64_MAX / 2 - j->total_guess)
+        if (guess < 0 || (uint64_t)guess < f->size ||
+            (uint64_t)guess > UINT64_MAX / 2 - j->total_guess)
             ok = false;
         else
-            j->total_guess += (uint64_t)f->guess;
+            j->total_guess += (uint64_t)guess;
     }
     if (!ok)
         j->total_guess = 0;

@@ -247,6 +247,17 @@ fill(struct sha_state *st, const unsigned char **p, size_t *n)
     }
 }
 
+/* Compresses the whole blocks of *p (st's partial block empty). */
+static void
+whole(struct sha_state *st, const unsigned char **p, size_t *n)
+{
+    if (*n < 64)
+        return;
+    blocks1(st->h, *p, *n / 64);
+    *p += *n & ~(size_t)63;
+    *n &= 63;
+}
+
 /* Keeps what is left of p, less than a block. */
 static void
 keep(struct sha_state *st, const unsigned char *p, size_t n)
@@ -278,11 +289,7 @@ sha256_update(struct sha256 *s, const void *data, size_t len)
     }
     st->total += len;
     fill(st, &p, &len);
-    if (len >= 64) {
-        blocks1(st->h, p, len / 64);
-        p += len & ~(size_t)63;
-        len &= 63;
-    }
+    whole(st, &p, &len);
     keep(st, p, len);
 }
 
@@ -309,18 +316,10 @@ sha256_update2(struct sha256 *a, const void *pa, size_t na, struct sha256 *b, co
         p += 64 * k, na -= 64 * k;
         q += 64 * k, nb -= 64 * k;
     }
-    /* one of them has less than a block left (or both started with a
-     * partial block and one input ran out): the other goes on alone */
-    if (na >= 64 && !x->nbuf) {
-        blocks1(x->h, p, na / 64);
-        p += na & ~(size_t)63;
-        na &= 63;
-    }
-    if (nb >= 64 && !y->nbuf) {
-        blocks1(y->h, q, nb / 64);
-        q += nb & ~(size_t)63;
-        nb &= 63;
-    }
+    /* one of them has less than a block left: the other goes on alone (a
+     * partial block is left only where its input ran out) */
+    whole(x, &p, &na);
+    whole(y, &q, &nb);
     keep(x, p, na);
     keep(y, q, nb);
 }

@@ -33,26 +33,26 @@ PY
 # with ESD_TEST_KEEP_GOING=1; otherwise the first that does not ends it.
 expect() { if eval "$2"; then ok "$1"; else fail "$1" "$(cat "$tmp/err")"; fi; }
 
-rc=0
-"$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl" \
-    --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
-expect "prepare on a full disk exits 2" '[ "$rc" -eq 2 ]'
-expect "prepare says the disk is full" 'grep -q "No space left on device" "$tmp/err"'
-expect "prepare names the file it was writing" 'grep -q "$small/" "$tmp/err"'
-expect "prepare leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
-sed 's/^/    /' "$tmp/err"
+# full_prepare WHAT INPUT PATTERN: a prepare of INPUT onto the full disk
+# exits 2 with an error matching PATTERN (a grep pattern) and leaves
+# nothing there.
+full_prepare() {
+    local what=$1 input=$2 pattern=$3 rc=0
+    "$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$input" \
+        --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
+    expect "prepare of $what on a full disk exits 2" '[ "$rc" -eq 2 ]'
+    expect "prepare of $what says the disk is full, naming the file" 'grep -q "$pattern" "$tmp/err"'
+    expect "prepare of $what leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
+    sed 's/^/    /' "$tmp/err"
+}
+
+full_prepare "a plain input" "$tmp/data.jsonl" "$small/.*No space left on device"
 
 # The same records gzip-compressed (a few KiB), in one member: one pass
 # on the size gzip records, which fills the disk with the shards.
 gzip -c "$tmp/data.jsonl" >"$tmp/data.jsonl.gz"
-rc=0
-"$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl.gz" \
-    --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
-expect "prepare of a compressed input on a full disk exits 2" '[ "$rc" -eq 2 ]'
-expect "prepare of a compressed input names the shard it was writing" \
-    'grep -q "cannot write shard $small/.*No space left on device" "$tmp/err"'
-expect "prepare of a compressed input leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
-sed 's/^/    /' "$tmp/err"
+full_prepare "a compressed input" "$tmp/data.jsonl.gz" \
+    "cannot write shard $small/.*No space left on device"
 
 # In a member of 100 records each (as bgzip and parallel compressors
 # write): no size to believe, so the scan spools the text into the staging
@@ -64,14 +64,8 @@ with open(sys.argv[2], "wb") as f:
     for i in range(0, len(lines), 100):
         f.write(gzip.compress(b"".join(lines[i:i + 100])))
 PY
-rc=0
-"$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/many.jsonl.gz" \
-    --job-dir "$small/job" --num-shards 4 >"$tmp/out" 2>"$tmp/err" || rc=$?
-expect "prepare of a many-member input on a full disk exits 2" '[ "$rc" -eq 2 ]'
-expect "prepare says the disk is full while it spools the text" \
-    'grep -q "spool-00000.jsonl (the text of $tmp/many.jsonl.gz): No space left on device" "$tmp/err"'
-expect "prepare of a many-member input leaves nothing behind" '[ -z "$(ls -A "$small")" ]'
-sed 's/^/    /' "$tmp/err"
+full_prepare "a many-member input" "$tmp/many.jsonl.gz" \
+    "spool-00000.jsonl (the text of $tmp/many.jsonl.gz): No space left on device"
 
 # A finished job on the big disk, merged into the small one.
 "$ESCTL" prepare --local --config "$tmp/recipe.yaml" --dataset-path "$tmp/data.jsonl" \

@@ -1050,32 +1050,75 @@ START_TEST(test_sync_failure)
 }
 END_TEST
 
-/* dir/rel holding text gzip-compressed (zlib's gzwrite) or, for a name
- * ending in .zst, as one zstd frame. */
+/* text as gzip members, cut at the offsets in cuts (ascending, then 0). */
+static void
+gzip_members(struct buf *out, const char *text, size_t n, const size_t *cuts)
+{
+    size_t at = 0;
+
+    for (size_t k = 0;; k++) {
+        size_t end = cuts[k] ? cuts[k] : n;
+        z_stream zs = { 0 };
+        size_t cap = compressBound((uLong)(end - at)) + 64;
+        unsigned char *o = malloc(cap);
+
+        ck_assert_int_eq(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+        zs.next_in = (unsigned char *)(uintptr_t)(text + at);
+        zs.avail_in = (uInt)(end - at);
+        zs.next_out = o;
+        zs.avail_out = (uInt)cap;
+        ck_assert_int_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
+        buf_append(out, (char *)o, cap - zs.avail_out);
+        deflateEnd(&zs);
+        free(o);
+        at = end;
+        if (!cuts[k])
+            break;
+    }
+}
+
+/* text as zstd frames cut at cuts (as above), each recording its content
+ * size or not. */
+static void
+zstd_frames(struct buf *out, const char *text, size_t n, const size_t *cuts, bool sized)
+{
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    size_t at = 0;
+
+    ck_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, sized)));
+    for (size_t k = 0;; k++) {
+        size_t end = cuts[k] ? cuts[k] : n, cap = ZSTD_compressBound(end - at);
+        char *o = malloc(cap);
+        ZSTD_inBuffer in = { text + at, end - at, 0 };
+        ZSTD_outBuffer ob = { o, cap, 0 };
+
+        if (sized)
+            ck_assert(!ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(cc, end - at)));
+        ck_assert_uint_eq(ZSTD_compressStream2(cc, &ob, &in, ZSTD_e_end), 0);
+        buf_append(out, o, ob.pos);
+        free(o);
+        at = end;
+        if (!cuts[k])
+            break;
+    }
+    ZSTD_freeCCtx(cc);
+}
+
+/* dir/rel holding text as one gzip member or, for a name ending in .zst,
+ * one zstd frame recording its size. */
 static void
 write_compressed(const char *dir, const char *rel, const char *text)
 {
-    char *path = fs_join(dir, rel);
-    size_t n = strlen(text);
+    const size_t one[1] = { 0 };
+    struct buf b;
 
-    if (zsrc_kind_of_name(rel) == ZSRC_ZSTD) {
-        size_t cap = ZSTD_compressBound(n), k;
-        char *o = malloc(cap);
-
-        k = ZSTD_compress(o, cap, text, n, 3);
-        ck_assert(!ZSTD_isError(k));
-        free(tu_write(dir, rel, o, k));
-        free(o);
-    } else {
-        gzFile g;
-
-        free(tu_write(dir, rel, "", 0)); /* its directories */
-        g = gzopen(path, "wb");
-        ck_assert_ptr_nonnull(g);
-        ck_assert_int_eq(gzwrite(g, text, (unsigned)n), (int)n);
-        ck_assert_int_eq(gzclose(g), Z_OK);
-    }
-    free(path);
+    buf_init(&b);
+    if (zsrc_kind_of_name(rel) == ZSRC_ZSTD)
+        zstd_frames(&b, text, strlen(text), one, true);
+    else
+        gzip_members(&b, text, strlen(text), one);
+    free(tu_write(dir, rel, b.p, b.len));
+    buf_free(&b);
 }
 
 START_TEST(test_compressed_inputs)
@@ -1170,60 +1213,6 @@ START_TEST(test_compressed_inputs)
     fixture_free(&f);
 }
 END_TEST
-
-/* text as gzip members, cut at the offsets in cuts (ascending, then 0). */
-static void
-gzip_members(struct buf *out, const char *text, size_t n, const size_t *cuts)
-{
-    size_t at = 0;
-
-    for (size_t k = 0;; k++) {
-        size_t end = cuts[k] ? cuts[k] : n;
-        z_stream zs = { 0 };
-        size_t cap = compressBound((uLong)(end - at)) + 64;
-        unsigned char *o = malloc(cap);
-
-        ck_assert_int_eq(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-        zs.next_in = (unsigned char *)(uintptr_t)(text + at);
-        zs.avail_in = (uInt)(end - at);
-        zs.next_out = o;
-        zs.avail_out = (uInt)cap;
-        ck_assert_int_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
-        buf_append(out, (char *)o, cap - zs.avail_out);
-        deflateEnd(&zs);
-        free(o);
-        at = end;
-        if (!cuts[k])
-            break;
-    }
-}
-
-/* text as zstd frames cut at cuts (as above), each recording its content
- * size or not. */
-static void
-zstd_frames(struct buf *out, const char *text, size_t n, const size_t *cuts, bool sized)
-{
-    ZSTD_CCtx *cc = ZSTD_createCCtx();
-    size_t at = 0;
-
-    ck_assert(!ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, sized)));
-    for (size_t k = 0;; k++) {
-        size_t end = cuts[k] ? cuts[k] : n, cap = ZSTD_compressBound(end - at);
-        char *o = malloc(cap);
-        ZSTD_inBuffer in = { text + at, end - at, 0 };
-        ZSTD_outBuffer ob = { o, cap, 0 };
-
-        if (sized)
-            ck_assert(!ZSTD_isError(ZSTD_CCtx_setPledgedSrcSize(cc, end - at)));
-        ck_assert_uint_eq(ZSTD_compressStream2(cc, &ob, &in, ZSTD_e_end), 0);
-        buf_append(out, o, ob.pos);
-        free(o);
-        at = end;
-        if (!cuts[k])
-            break;
-    }
-    ZSTD_freeCCtx(cc);
-}
 
 /*
  * The three ways a compressed input is read give the same job as its
